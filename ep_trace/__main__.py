@@ -1,0 +1,3 @@
+from ep_trace.cli import main
+
+main()

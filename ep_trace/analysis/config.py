@@ -1,0 +1,29 @@
+"""Analysis configuration: a frozen dataclass passed in, never global state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["AnalysisConfig"]
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Knobs of :func:`ep_trace.analysis.analyze`.
+
+    Attributes:
+        steps: Inclusive range ``(first, last)`` of profiler steps to analyze; ``None`` = all.
+        stage_presets: A user TOML file of extra stage-name patterns (merged over the built-ins).
+        hta_compatible: Also compute overlap with HTA's classification and step filter.
+        align_clocks: Estimate and apply per-host clock offsets from matched collectives.
+        representative_step: Step shown in the report timeline; ``None`` = the median-length step.
+        max_timeline_ranks: Ranks drawn in the timeline before sampling (large jobs stay openable).
+    """
+
+    steps: tuple[int, int] | None = None
+    stage_presets: Path | None = None
+    hta_compatible: bool = False
+    align_clocks: bool = True
+    representative_step: int | None = None
+    max_timeline_ranks: int = 16

@@ -1,0 +1,141 @@
+"""The result of an analysis: frozen polars frames plus ranked findings.
+
+This is the contract between ``ep_trace.analysis`` and the present layer (``ep_trace.reports``,
+the CLI): reports read these frames and :meth:`Analysis.summary`, never the trace formats. All
+times are int64 ns; ``*_ns`` columns are durations unless named ``start_ns`` / ``end_ns``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import polars as pl
+
+from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.schema import LoadIssue, TraceTables
+
+__all__ = ["Finding", "Analysis", "SUMMARY_SCHEMA_VERSION", "FRAME_DOCS"]
+
+SUMMARY_SCHEMA_VERSION = 1
+
+FindingKind = Literal[
+    "exposed_comm",
+    "straggler_wait",
+    "routing_imbalance",
+    "host_stall",
+    "small_message_latency",
+    "bandwidth_bound",
+    "pack_unpack_overhead",
+    "split_inconsistency",
+    "missing_collective",
+]
+
+#: Columns of every frame of :class:`Analysis` (documentation; the analysis fills them exactly).
+FRAME_DOCS: dict[str, dict[str, str]] = {
+    "rank_summary": {
+        "rank": "global rank", "host": "host name",
+        "step_time_ns": "P50 over steps of the step length",
+        "step_time_max_ns": "max over steps",
+        "comm_ns": "mean per step |C| (union of comm intervals)",
+        "compute_ns": "mean per step |K|",
+        "exposed_comm_ns": "mean per step |C \\ K|",
+        "overlap_efficiency": "|C ∩ K| / |C| over all analysed steps (NaN when no comm)",
+        "barrier_wait_ns": "mean per step sum of wait_r over matched calls",
+        "transfer_ns": "mean per step sum of transfer_r over matched calls",
+    },
+    "steps": {
+        "rank": "", "step": "", "start_ns": "", "end_ns": "", "step_time_ns": "",
+        "comm_ns": "|C|", "compute_ns": "|K|", "overlapped_ns": "|C ∩ K|", "exposed_comm_ns": "|C \\ K|",
+        "barrier_wait_ns": "", "transfer_ns": "",
+    },
+    "stages": {
+        "(canonical stages table)": "see ep_trace.schema STAGES, plus comm_ns, overlapped_ns, exposed_comm_ns",
+    },
+    "calls": {
+        "match_id": "id of a matched collective instance", "collective": "", "pg_name": "",
+        "key": "'seq' | 'comms_id' | 'ordinal' (how it was matched)", "step": "", "layer": "", "direction": "",
+        "n_ranks": "ranks that took part", "last_rank": "the last arriver (straggler of this call)",
+        "arrival_ns": "a = max_r s_r", "arrival_skew_ns": "max s - min s", "end_skew_ns": "max e - min e",
+        "transfer_ns": "min_r transfer_r (wait-free transfer time)",
+        "bytes_max": "max over ranks of max(sent, received) bytes", "link_class": "'intra_host' | 'inter_host'",
+    },
+    "call_ranks": {
+        "match_id": "", "rank": "", "start_ns": "s_r", "end_ns": "e_r", "wait_ns": "a - s_r",
+        "transfer_ns": "e_r - max(s_r, a)", "bytes_sent": "", "bytes_recv": "", "cross_rank_bytes_sent": "",
+    },
+    "wait_matrix": {"waiter": "rank i", "waited_for": "rank j (the last arriver)", "wait_ns": "total over calls"},
+    "stragglers": {"rank": "", "times_last": "calls where the rank arrived last", "induced_wait_ns": "wait of the others on it"},
+    "expert_load": {"step": "", "layer": "", "expert": "", "count": "n_e summed over source ranks"},
+    "rank_load": {"step": "", "layer": "", "rank": "", "recv_rows": "L_r", "send_rows": ""},
+    "imbalance": {
+        "step": "", "layer": "", "I_e": "max_e n_e / mean_e n_e", "I_r": "max_r L_r / mean_r L_r (receive side)",
+        "I_r_send": "send side", "local_ratio": "trace(C)/sum(C)", "cross_node_ratio": "",
+    },
+    "count_matrix": {"(canonical routing_matrix table)": ""},
+    "split_violations": {"step": "", "call": "", "src": "", "dst": "", "sent": "rank src's send split to dst", "received": "rank dst's receive split from src"},
+    "alpha_beta": {"link_class": "", "alpha_us": "", "beta_gbps": "", "r2": "", "n": "calls in the fit", "verdict": "'latency_bound' | 'bandwidth_bound' | 'insufficient_data'"},
+    "host_stalls": {"rank": "", "step": "", "layer": "", "stage": "", "name": "blocking call", "start_ns": "", "end_ns": "", "stall_ns": "device idle while the host waits"},
+    "clock": {"host": "", "offset_ns": "added to the host's times", "residual_ns": "spread after alignment (uncertainty of wait figures)"},
+    "intervals": {"rank": "", "step": "", "track": "'stage' | 'comm' | 'compute' | 'wait' | 'transfer' | 'exposed_comm'", "name": "", "start_ns": "", "end_ns": ""},
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One ranked finding of the bottleneck verdict.
+
+    Attributes:
+        kind: What kind of bottleneck.
+        severity: ``'high' | 'medium' | 'low'``.
+        title: One sentence a user reads first.
+        est_saving_ns: Estimated step time saved per step by the remedy, ns.
+        evidence: The numbers behind it (JSON-ready).
+        remedy: What to do, in the domain's terms.
+        ranks: Ranks concerned.
+        layers: Layers concerned.
+    """
+
+    kind: str
+    severity: str
+    title: str
+    est_saving_ns: int
+    evidence: dict[str, Any]
+    remedy: str
+    ranks: tuple[int, ...] = ()
+    layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything the analysis computed. Frames follow :data:`FRAME_DOCS`."""
+
+    config: AnalysisConfig
+    tables: TraceTables
+    rank_summary: pl.DataFrame
+    steps: pl.DataFrame
+    stages: pl.DataFrame
+    calls: pl.DataFrame
+    call_ranks: pl.DataFrame
+    wait_matrix: pl.DataFrame
+    stragglers: pl.DataFrame
+    expert_load: pl.DataFrame
+    rank_load: pl.DataFrame
+    imbalance: pl.DataFrame
+    count_matrix: pl.DataFrame
+    split_violations: pl.DataFrame
+    alpha_beta: pl.DataFrame
+    host_stalls: pl.DataFrame
+    clock: pl.DataFrame
+    intervals: pl.DataFrame
+    findings: tuple[Finding, ...]
+    detection_method: str
+    hta_overlap: pl.DataFrame | None = None
+    load_report: tuple[LoadIssue, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""
+        from ep_trace.analysis.summary import build_summary
+
+        return build_summary(self)

@@ -1,0 +1,1 @@
+"""Reference expert-parallel MoE workload (needs torch)."""

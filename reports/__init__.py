@@ -1,0 +1,3 @@
+"""Present layer: HTML report, JSON summary and annotated traces from an ``Analysis``."""
+
+from __future__ import annotations
