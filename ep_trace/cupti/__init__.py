@@ -1,0 +1,1 @@
+"""In-process CUPTI activity collector (extra ``cupti``). Importing this package never needs a GPU."""

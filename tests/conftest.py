@@ -1,0 +1,26 @@
+"""Shared test fixtures: paths to the committed sample traces and to ../shared/external."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+EXTERNAL = SHARED / "external"
+SAMPLES = ROOT / "sample_traces"
+
+
+@pytest.fixture(scope="session")
+def external_dir() -> Path:
+    """``../shared/external`` (CI has ../shared beside the checkout)."""
+    if not EXTERNAL.is_dir():
+        pytest.fail(f"{EXTERNAL} is missing: the tests read the shared external traces from there")
+    return EXTERNAL
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    """The committed sample trace directories (``sample_traces/``)."""
+    return SAMPLES
