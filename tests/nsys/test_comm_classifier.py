@@ -1,0 +1,56 @@
+"""The communication-kernel classifier: exact families for real and documented kernel names."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from ep_trace.comm_classifier import COMM_KERNEL_PATTERNS, comm_family, comm_family_expr, is_comm_expr
+
+CASES = [
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "nccl"),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", "nccl"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<(unsigned long)4096>)", "nccl"),
+    ("ncclDevKernel_SendRecv", "nccl"),
+    ("ncclDevKernel_AllGather_RING_LL", "nccl"),
+    ("ncclDevKernel_Generic_1", "nccl"),
+    ("ncclAllReduceRingLLKernel_sum_f32(CollectiveArgs)", "nccl"),
+    ("ncclDevKernelDebug_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "rccl"),
+    ("mscclKernel_Sum_float_LL(int, int, void*)", "msccl"),
+    ("void deep_ep::intranode::dispatch<8, 768, 8192>(int4*, float*)", "deepep"),
+    ("void deep_ep::internode_ll::combine<false, 7168>(void*)", "deepep"),
+    ("deep_ep::intranode::notify_dispatch", "deepep"),
+    ("void dpsk::ep::dispatch_kernel<128>(void*)", "deepep"),
+    ("void pplx::(anonymous namespace)::dispatchKernel<unsigned int>(int)", "pplx"),
+    ("nvshmemi_transfer_rma_kernel", "nvshmem"),
+    ("void nvshmemx_barrier_all_block_kernel()", "nvshmem"),
+    ("void tensorrt_llm::kernels::moeA2ADispatchKernel<256>(void*)", "trtllm_moe_a2a"),
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(void*)", "custom_allreduce"),
+    ("cross_device_reduce_2stage", "custom_allreduce"),
+    # compute kernels, including ones whose template arguments mention comm libraries
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int)", None),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", None),
+    ("void foo<deep_ep::Config>(int)", None),
+    ("add_one", None),
+    ("my_ncclKernel_lookalike", None),
+    ("saxpy", None),
+]
+
+
+@pytest.mark.parametrize(("name", "family"), CASES)
+def test_scalar_family(name: str, family: str | None) -> None:
+    assert comm_family(name) == family
+
+
+def test_expr_matches_scalar_and_is_comm() -> None:
+    df = pl.DataFrame({"name": [n for n, _ in CASES] + [None]})
+    out = df.select(comm_family_expr(pl.col("name")).alias("f"), is_comm_expr(pl.col("name")).alias("c"))
+    assert out["f"].to_list() == [f for _, f in CASES] + [None]
+    assert out["c"].to_list() == [f is not None for _, f in CASES] + [False]
+    assert out["c"].sum() == 19
+
+
+def test_pattern_table_shape() -> None:
+    families = [f for f, _ in COMM_KERNEL_PATTERNS]
+    assert len(families) == len(set(families)) == 8
+    assert families.index("rccl") < families.index("nccl")
