@@ -1,0 +1,507 @@
+"""Nsight Systems ingest: an nsys SQLite / parquetdir export (or a .nsys-rep) -> canonical tables.
+
+Entry point :func:`read_nsys`. Facts relied on (shared/reference/nsys.md, verified on the four
+exports of schema 2.9.1, 3.24.0, 3.24.14 and 3.25.0 in shared/external/nsys/):
+
+* tables and columns are discovered, never assumed (lazy exports omit empty tables; the metadata
+  table is ``EXPORT_META_DATA`` in schema 2.x and ``META_DATA_EXPORT`` in 3.x);
+* names are ids into ``StringIds``; NVTX names are ``text`` first, else ``textId``;
+* ``globalTid`` = ``<hw:8><vm:8><pid:24><tid:24>``; ``globalPid`` is the same with tid bits 0;
+* kernels join their launch on ``correlationId`` AND process (ids collide across processes), only
+  runtime (eventClass 0) and driver (1) rows: schema 2.9.1 adds eventClass 67 backtrace duplicates;
+* timestamps are capture-relative ns; epoch ns = ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` + ts.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import polars as pl
+
+from ep_trace.comm_classifier import comm_family_expr
+from ep_trace.errors import ConfigError, TraceFormatError
+from ep_trace.parsers.nsys_collectives import group_collectives
+from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
+from ep_trace.parsers.nsys_source import TableSource, open_source
+from ep_trace.schema import LoadIssue, TraceTables, conform, empty, validate
+
+__all__ = ["read_nsys"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, int, int], None]
+
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+GRAPH = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+NVTX = "NVTX_EVENTS"
+
+# ENUM_CUDA_MEMCPY_OPER (hard-coded: schema 2.x has no ENUM_* tables).
+_COPY_KIND = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
+              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
+# ENUM_NSYS_EVENT_TYPE values of NVTX ranges: 59 push/pop, 60 start/end, 70/71 the NVTXT imports.
+_RANGE_TYPES = (59, 60, 70, 71)
+_DOMAIN_CREATE = 75
+_THREAD_NAME = 39
+# emit_nvtx appends ", op_id = N", ", seq = N", ", sizes = [...]", ", input_op_ids = [...]".
+_EMIT_NVTX_SUFFIX = r", (?:op_id|seq|sizes|input_op_ids) = .*$"
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_TID_MASK = 0xFFFFFF
+
+
+def _tid(g: pl.Expr) -> pl.Expr:
+    return g & _TID_MASK
+
+
+def _proc(g: pl.Expr) -> pl.Expr:
+    """Process key of a globalTid: thread bits cleared (works on SQLite's signed int64 too)."""
+    return g - (g & _TID_MASK)
+
+
+def _pid(g: pl.Expr) -> pl.Expr:
+    return ((g - (g & _TID_MASK)) // (1 << 24)) & _TID_MASK
+
+
+def _present(src: TableSource, table: str, wanted: list[str]) -> list[str]:
+    have = src.columns(table)
+    return [c for c in wanted if c in have]
+
+
+def _meta(src: TableSource) -> dict[str, str]:
+    for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
+        if table in src.tables() and {"name", "value"} <= set(src.columns(table)):
+            df = src.read(table, ["name", "value"])
+            return {str(k): str(v) for k, v in zip(df["name"], df["value"]) if k is not None}
+    return {}
+
+
+def _session_offset(src: TableSource, meta: Mapping[str, str], path: Path, issues: list[LoadIssue]) -> int:
+    """ns to add to export timestamps to get epoch ns.
+
+    ``--ts-normalize`` exports are already on the UTC epoch (offset 0); ``--ts-shift X`` added X,
+    which is taken back out. Fallback when ``TARGET_INFO_SESSION_START_TIME`` is absent: offset 0
+    and a warning (times stay capture-relative; cross-file alignment is then impossible).
+    """
+    normalized = meta.get("EXPORT_PARAM_TIME_NORMALIZE", "false").lower() == "true"
+    try:
+        shift = int(meta.get("EXPORT_PARAM_TIME_SHIFT", "0") or 0)
+    except ValueError:
+        shift = 0
+    if normalized:
+        return -shift
+    table = "TARGET_INFO_SESSION_START_TIME"
+    if "utcEpochNs" in src.columns(table):
+        vals = src.read(table, ["utcEpochNs"])["utcEpochNs"].drop_nulls()
+        if len(vals):
+            return int(vals[0]) - shift
+    issues.append(LoadIssue(str(path), None, "warning",
+                            "no TARGET_INFO_SESSION_START_TIME: times are capture-relative, not epoch; "
+                            "files from different processes cannot be aligned"))
+    return -shift
+
+
+def _strings(src: TableSource) -> pl.DataFrame:
+    if "StringIds" not in src.tables():
+        return pl.DataFrame(schema={"_sid": pl.Int64, "_str": pl.Utf8})
+    return src.read("StringIds", ["id", "value"]).rename({"id": "_sid", "value": "_str"}).cast({"_str": pl.Utf8})
+
+
+def _resolve(df: pl.DataFrame, col: str, strings: pl.DataFrame, out: str) -> pl.DataFrame:
+    if col not in df.columns:
+        return df.with_columns(pl.lit(None, dtype=pl.Utf8).alias(out))
+    return df.join(strings.rename({"_sid": col, "_str": out}), on=col, how="left")
+
+
+def _read_gpu(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+    """Kernels, memcpy, memset and whole-graph replays: one frame, capture-relative ns."""
+    base = ["start", "end", "deviceId", "streamId", "correlationId", "globalPid"]
+    parts = []
+    if KERNEL in src.tables():
+        cols = _present(src, KERNEL, base + ["demangledName", "shortName"])
+        k = _resolve(_resolve(src.read(KERNEL, cols), "demangledName", strings, "_dn"), "shortName", strings, "short_name")
+        parts.append(k.select(*base, pl.coalesce("_dn", "short_name", pl.lit("<unnamed kernel>")).alias("name"),
+                              "short_name", pl.lit("gpu_kernel").alias("kind"), pl.lit(KERNEL).alias("category"),
+                              pl.lit(None, dtype=pl.Int64).alias("bytes")))
+    if MEMCPY in src.tables():
+        cols = _present(src, MEMCPY, base + ["bytes", "copyKind"])
+        m = src.read(MEMCPY, cols)
+        kind = pl.col("copyKind").replace_strict(_COPY_KIND, default="Unknown", return_dtype=pl.Utf8) if "copyKind" in m.columns else pl.lit("Unknown")
+        parts.append(m.select(*base, pl.format("Memcpy {}", kind).alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                              pl.lit("gpu_memcpy").alias("kind"), pl.lit(MEMCPY).alias("category"),
+                              (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes")))
+    if MEMSET in src.tables():
+        m = src.read(MEMSET, _present(src, MEMSET, base + ["bytes"]))
+        parts.append(m.select(*base, pl.lit("Memset").alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                              pl.lit("gpu_memset").alias("kind"), pl.lit(MEMSET).alias("category"),
+                              (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes")))
+    if GRAPH in src.tables():
+        # Graph trace mode `Graph`: a replay is one whole-graph row, not kernel rows (nsys >= 2024).
+        g = src.read(GRAPH, _present(src, GRAPH, base + ["graphId", "graphExecId"]))
+        gid = pl.col("graphExecId") if "graphExecId" in g.columns else pl.lit(None)
+        parts.append(g.select(*base, pl.format("CUDA graph (graphExecId={})", gid).alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                              pl.lit("gpu_kernel").alias("kind"), pl.lit(GRAPH).alias("category"), pl.lit(None, dtype=pl.Int64).alias("bytes")))
+    schema = {"start": pl.Int64, "end": pl.Int64, "deviceId": pl.Int64, "streamId": pl.Int64, "correlationId": pl.Int64,
+              "globalPid": pl.Int64, "name": pl.Utf8, "short_name": pl.Utf8, "kind": pl.Utf8, "category": pl.Utf8, "bytes": pl.Int64}
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    return pl.concat([p.select([pl.col(c).cast(t) if c in p.columns else pl.lit(None, dtype=t).alias(c) for c, t in schema.items()]) for p in parts])
+
+
+def _read_runtime(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+    schema = {"start": pl.Int64, "end": pl.Int64, "eventClass": pl.Int64, "globalTid": pl.Int64, "correlationId": pl.Int64, "name": pl.Utf8}
+    if RUNTIME not in src.tables():
+        return pl.DataFrame(schema=schema)
+    cols = _present(src, RUNTIME, ["start", "end", "eventClass", "globalTid", "correlationId", "nameId"])
+    rt = src.read(RUNTIME, cols)
+    if "eventClass" in rt.columns:
+        # eventClass 67 = CUDA backtrace rows duplicating the call (same correlationId; schema 2.9.1).
+        rt = rt.filter(pl.col("eventClass").is_in([0, 1]))
+    else:
+        rt = rt.with_columns(pl.lit(0, dtype=pl.Int64).alias("eventClass"))
+    rt = _resolve(rt, "nameId", strings, "name")
+    # Runtime API names carry a CUDA version suffix (cudaLaunchKernel_v7000); driver names do not.
+    return rt.select("start", "end", "eventClass", "globalTid", "correlationId",
+                     pl.col("name").fill_null("<unknown API>").str.replace(r"_v\d+$", "")).cast(schema)  # type: ignore[arg-type]
+
+
+def _read_nvtx(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
+    schema = {"start": pl.Int64, "end": pl.Int64, "eventType": pl.Int64, "globalTid": pl.Int64,
+              "endGlobalTid": pl.Int64, "domainId": pl.Int64, "name": pl.Utf8}
+    if NVTX not in src.tables():
+        return pl.DataFrame(schema=schema)
+    cols = _present(src, NVTX, ["start", "end", "eventType", "globalTid", "endGlobalTid", "domainId", "text", "textId"])
+    nv = src.read(NVTX, cols)
+    nv = nv.with_columns([pl.lit(None, dtype=pl.Int64).alias(c) for c in ("end", "endGlobalTid", "domainId") if c not in nv.columns])
+    nv = _resolve(nv, "textId", strings, "_reg")
+    text = pl.col("text").cast(pl.Utf8) if "text" in nv.columns else pl.lit(None, dtype=pl.Utf8)
+    return nv.select("start", "end", "eventType", "globalTid", "endGlobalTid", "domainId",
+                     pl.coalesce(text, "_reg").alias("name")).cast(schema)  # type: ignore[arg-type]
+
+
+def _domains(nv: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
+    """Add ``domain`` to ranges: the name of the eventType-75 row of the same process and domainId.
+
+    Fallback when that row is missing (domain created before the capture / outside a time slice,
+    e.g. NCCL's domain in the sliced mfu_2gpu_before export): well-known registered strings name
+    it (``nccl*`` API ranges -> ``NCCL``, ``MPI_*`` -> ``MPI``), else ``domain:<id>``.
+    Domain 0 / null is the default domain (``domain`` null).
+    """
+    created = (
+        nv.filter(pl.col("eventType") == _DOMAIN_CREATE)
+        .select(_proc(pl.col("globalTid")).alias("_proc"), "domainId", pl.col("name").alias("_dname"))
+        .unique(["_proc", "domainId"], keep="last")
+    )
+    guess = (
+        ranges.filter(pl.col("domainId").fill_null(0) != 0)
+        .group_by("_proc", "domainId")
+        .agg(
+            pl.when(pl.col("name").str.contains(r"^nccl[A-Z]").any()).then(pl.lit("NCCL"))
+            .when(pl.col("name").str.contains(r"^MPI_").any()).then(pl.lit("MPI"))
+            .otherwise(pl.format("domain:{}", pl.col("domainId").first()))
+            .alias("_guess")
+        )
+    )
+    return (
+        ranges.join(created, on=["_proc", "domainId"], how="left")
+        .join(guess, on=["_proc", "domainId"], how="left")
+        .with_columns(
+            pl.when(pl.col("domainId").fill_null(0) == 0).then(pl.lit(None, dtype=pl.Utf8))
+            .otherwise(pl.coalesce("_dname", "_guess")).alias("domain")
+        )
+        .drop("_dname", "_guess")
+    )
+
+
+def _mpi_ranks(src: TableSource, nv: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
+    """Process -> MPI rank from ``MPI_RANKS`` or a thread named ``MPI Rank N`` (NVTX eventType 39
+    rows, ``ThreadNames``). Columns ``_proc``, ``_mpi``."""
+    parts = [nv.filter(pl.col("eventType") == _THREAD_NAME).select("globalTid", "name")]
+    if {"nameId", "globalTid"} <= set(src.columns("ThreadNames")):
+        tn = _resolve(src.read("ThreadNames", ["nameId", "globalTid"]), "nameId", strings, "name")
+        parts.append(tn.select("globalTid", "name"))
+    names = pl.concat(parts).select(
+        _proc(pl.col("globalTid")).alias("_proc"), pl.col("name").str.extract(r"^MPI Rank (\d+)$").cast(pl.Int64).alias("_mpi")
+    )
+    if {"globalTid", "rank"} <= set(src.columns("MPI_RANKS")):
+        mr = src.read("MPI_RANKS", ["globalTid", "rank"])
+        names = pl.concat([mr.select(_proc(pl.col("globalTid")).alias("_proc"), pl.col("rank").alias("_mpi")), names])
+    return names.drop_nulls().unique("_proc", keep="first")
+
+
+def _assign_ranks(procs: pl.DataFrame, path: Path, rank: int | None, rank_map: Mapping[object, int] | None,
+                  mpi: pl.DataFrame, issues: list[LoadIssue]) -> pl.DataFrame:
+    """One rank per process. ``procs``: ``_proc``, ``pid``, ``device`` (lowest device or null).
+
+    Single process: rank_map[file] > ``rank`` > MPI rank > ``rank<N>`` in the file name > 0.
+    Several processes: rank_map[pid] for every process, else MPI ranks when every process has
+    one, else order by (device, pid); the mapping goes to the load report.
+    """
+    procs = procs.join(mpi, on="_proc", how="left").sort("device", "pid", nulls_last=True)
+    rmap = {str(k): int(v) for k, v in (rank_map or {}).items()}
+    file_rank = next((rmap[k] for k in (str(path), path.name, path.stem) if k in rmap), None)
+    name_match = _RANK_IN_NAME.search(path.name)
+    if procs.height == 1:
+        if file_rank is not None:
+            r, how = file_rank, "rank_map"
+        elif rank is not None:
+            r, how = int(rank), "file_name"
+        elif procs["_mpi"][0] is not None:
+            r, how = int(procs["_mpi"][0]), "nvtx"
+        elif name_match is not None:
+            r, how = int(name_match.group(1)), "file_name"
+        else:
+            r, how = 0, "process_order"
+        return procs.select("_proc", pl.lit(r, dtype=pl.Int32).alias("rank"), pl.lit(how).alias("rank_source"))
+    pids = [str(p) for p in procs["pid"].to_list()]
+    if rmap and any(p in rmap for p in pids):
+        missing = [p for p in pids if p not in rmap]
+        if missing:
+            raise ConfigError(f"--rank-map: {path} holds GPU processes {', '.join(pids)}; no rank given for pid {', '.join(missing)}")
+        out = procs.select("_proc", pl.Series("rank", [rmap[p] for p in pids], dtype=pl.Int32), pl.lit("rank_map").alias("rank_source"))
+    elif procs["_mpi"].null_count() == 0 and procs["_mpi"].n_unique() == procs.height:
+        out = procs.select("_proc", pl.col("_mpi").cast(pl.Int32).alias("rank"), pl.lit("nvtx").alias("rank_source"))
+    else:
+        if rank is not None or file_rank is not None:
+            raise ConfigError(
+                f"--rank-map: {path} holds {procs.height} GPU processes (pids {', '.join(pids)}) but one rank was given; "
+                "map each pid to its rank, e.g. --rank-map " + ",".join(f"{p}={i}" for i, p in enumerate(pids))
+            )
+        out = procs.select("_proc", pl.int_range(pl.len(), dtype=pl.Int32).alias("rank"), pl.lit("process_order").alias("rank_source"))
+    mapping = ", ".join(
+        f"pid {p} (device {d if d is not None else '-'}) -> rank {r}"
+        for p, d, r in zip(procs["pid"].to_list(), procs["device"].to_list(), out["rank"].to_list())
+    )
+    how = out["rank_source"][0]
+    issues.append(LoadIssue(str(path), None, "warning",
+                            f"{procs.height} GPU processes in one file, one rank each ({how}): {mapping}; pass a rank map to override"))
+    return out
+
+
+def _hostname(src: TableSource) -> str | None:
+    if {"name", "value"} <= set(src.columns("TARGET_INFO_SYSTEM_ENV")):
+        env = src.read("TARGET_INFO_SYSTEM_ENV", ["name", "value"]).filter(pl.col("name") == "Hostname")
+        if env.height:
+            return str(env["value"][0])
+    return None
+
+
+def _check_nsys(src: TableSource, path: Path) -> None:
+    tables = src.tables()
+    looks = ("StringIds" in tables) and (
+        bool({"META_DATA_EXPORT", "EXPORT_META_DATA"} & tables) or any(t.startswith(("CUPTI_ACTIVITY_KIND_", "NVTX_", "TARGET_INFO_")) for t in tables)
+    )
+    if not looks:
+        raise TraceFormatError(path, "not an Nsight Systems export (no StringIds / META_DATA_EXPORT / CUPTI_* tables)",
+                               "pass the output of 'nsys export --type sqlite' (or --type parquetdir)")
+
+
+def read_nsys(
+    path: str | Path,
+    rank: int | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    *,
+    cache_dir: Path | None = None,
+    progress: Progress | None = None,
+) -> TraceTables:
+    """Read one Nsight Systems export into canonical tables (one or several ranks).
+
+    Args:
+        path: ``.sqlite`` export, ``parquetdir`` export folder, or ``.nsys-rep`` (exported once with
+            ``nsys export --type sqlite`` into ``cache_dir``; needs ``nsys`` on PATH).
+        rank: Rank of the file's single GPU process, from the caller (e.g. the file name).
+        rank_map: ``{pid: rank}`` for multi-process files, or ``{file name: rank}``.
+        cache_dir: Where a ``.nsys-rep`` is exported (default ``<dir>/.ep-trace-cache``).
+        progress: Optional callback ``progress(stage, done, total)``.
+
+    Returns:
+        Validated :class:`TraceTables` with ``ranks``, ``events`` (times in epoch ns) and
+        ``collectives`` (no split sizes: ``splits_source`` None); ``load_report`` holds warnings.
+
+    Raises:
+        TraceFormatError: not SQLite, truncated, not an nsys export, or no CUDA / NVTX events.
+        MissingDependencyError: a ``.nsys-rep`` and no ``nsys`` on PATH.
+        ConfigError: ``rank`` / ``rank_map`` do not fit the processes of the file.
+    """
+    path = Path(path)
+    src = open_source(path, cache_dir)
+    try:
+        return _read(src, path, rank, rank_map, progress or (lambda stage, done, total: None))
+    finally:
+        src.close()  # type: ignore[attr-defined]
+
+
+def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[object, int] | None, progress: Progress) -> TraceTables:
+    issues: list[LoadIssue] = []
+    _check_nsys(src, path)
+    meta = _meta(src)
+    offset = _session_offset(src, meta, path, issues)
+    strings = _strings(src)
+    progress("read", 1, 4)
+    gpu = _read_gpu(src, strings)
+    progress("read", 2, 4)
+    rt = _read_runtime(src, strings)
+    progress("read", 3, 4)
+    nv = _read_nvtx(src, strings)
+    progress("read", 4, 4)
+    ranges = nv.filter(pl.col("eventType").is_in(_RANGE_TYPES))
+    if gpu.is_empty() and rt.is_empty() and ranges.is_empty():
+        raise TraceFormatError(path, "the export holds no CUDA activity, CUDA API calls or NVTX ranges",
+                               "profile with 'nsys profile --trace=cuda,nvtx' and export again")
+
+    # uids: one id space across tables until event_id is assigned per rank at the end.
+    n_gpu, n_rt = gpu.height, rt.height
+    gpu = gpu.with_row_index("_uid").with_columns(pl.col("_uid").cast(pl.Int64), pl.col("globalPid").alias("_proc"))
+    rt = rt.with_row_index("_uid", offset=n_gpu).with_columns(pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc"))
+    ranges = ranges.with_row_index("_uid", offset=n_gpu + n_rt).with_columns(pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc"))
+    trace_end = max(v for v in (gpu["end"].max(), rt["end"].max(), nv["start"].max(), nv["end"].max()) if v is not None)
+
+    # Launch join on (process, correlationId): ids are per process (mfu_2gpu_before: 4280 rows on
+    # correlationId alone vs 3986 with the process). Runtime rows first, then driver, one per key.
+    launches = (
+        rt.filter(pl.col("correlationId").is_not_null() & (pl.col("correlationId") != 0))
+        .sort("eventClass")
+        .unique(["_proc", "correlationId"], keep="first")
+        .select("_proc", "correlationId", pl.col("_uid").alias("_launch_uid"), pl.col("start").alias("_ls"),
+                pl.col("end").alias("_le"), pl.col("globalTid").alias("_gtid"))
+    )
+    gpu = gpu.join(launches, on=["_proc", "correlationId"], how="left")
+
+    # NVTX ranges: a range still open at the end of the capture ends at the end of the trace;
+    # ranges ending on another thread (endGlobalTid) are kept on the CPU side but never projected.
+    ranges = _domains(nv, ranges.with_columns(
+        pl.col("end").fill_null(trace_end),
+        pl.col("name").fill_null("<unnamed range>").str.replace(_EMIT_NVTX_SUFFIX, ""),
+    )).with_columns(
+        (pl.col("endGlobalTid").is_null() | (pl.col("endGlobalTid") == pl.col("globalTid"))).alias("_same_thread")
+    )
+    proj_ranges = ranges.filter(pl.col("_same_thread")).select(
+        "_uid", pl.col("globalTid").alias("_gtid"), pl.col("start").alias("_rs"), pl.col("end").alias("_re"), "name")
+    launched = gpu.filter(pl.col("_ls").is_not_null())
+    pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), proj_ranges)
+    progress("project", 1, 2)
+    gpu = gpu.join(innermost_range(pairs).rename({"_op": "_uid", "_range": "_op_uid"}), on="_uid", how="left")
+    env = range_envelopes(pairs, gpu.select("_uid", "start", "end", pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream")))
+    annotations = env.join(ranges.select(pl.col("_uid").alias("_range"), "_proc", "name", "domain"), on="_range")
+    progress("project", 2, 2)
+
+    comm = gpu.filter(pl.col("kind") == "gpu_kernel").with_columns(comm_family_expr(pl.col("name")).alias("family")).filter(
+        pl.col("family").is_not_null())
+    calls, members = group_collectives(comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges)
+
+    # Ranks: processes that own GPU activity; CPU-only exports fall back to processes with API
+    # calls or NVTX ranges (and say so).
+    if gpu.height:
+        owners = gpu.group_by("_proc").agg(pl.col("deviceId").min().cast(pl.Int64).alias("device"))
+    else:
+        issues.append(LoadIssue(str(path), None, "warning",
+                                "no GPU activity in the export (no kernel / memcpy / memset rows): only the CPU side "
+                                "(CUDA API calls, NVTX ranges) was read; device time, overlap and collectives are empty"))
+        owners = pl.concat([rt.select("_proc"), ranges.select("_proc")]).unique().with_columns(pl.lit(None, dtype=pl.Int64).alias("device"))
+    owners = owners.with_columns(_pid(pl.col("_proc")).alias("pid"))
+    rank_of = _assign_ranks(owners, path, rank, rank_map, _mpi_ranks(src, nv, strings), issues)
+
+    no_launch = gpu.height - launched.height
+    if no_launch:
+        issues.append(LoadIssue(str(path), None, "warning",
+                                f"{no_launch} of {gpu.height} GPU ops have no launching API call in the export "
+                                "(outside the capture / slice window): kept, with no stage attribution"))
+    if GRAPH in src.tables() and gpu.filter(pl.col("category") == GRAPH).height:
+        issues.append(LoadIssue(str(path), None, "warning",
+                                "CUDA graph replays were traced as whole-graph rows (graph trace mode 'Graph'): "
+                                "their kernels are not listed individually"))
+
+    events, collectives = _assemble(gpu, rt, ranges, annotations, calls, members, rank_of, offset)
+    ranks = _ranks_table(events, collectives, rank_of, owners, path, _hostname(src))
+    dropped = pl.concat([gpu.select("_proc"), rt.select("_proc"), ranges.select("_proc")]).filter(
+        ~pl.col("_proc").is_in(rank_of["_proc"].implode())).height
+    if dropped:
+        issues.append(LoadIssue(str(path), None, "warning",
+                                f"{dropped} CPU-side rows of processes without GPU activity (launchers, tools) were skipped"))
+    src_name = str(path)
+    return TraceTables(
+        ranks=validate("ranks", ranks, src_name),
+        events=validate("events", events, src_name),
+        collectives=validate("collectives", collectives, src_name),
+        load_report=tuple(issues),
+    )
+
+
+def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotations: pl.DataFrame, calls: pl.DataFrame,
+              members: pl.DataFrame, rank_of: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Concatenate the per-table frames, keep ranked processes, shift to epoch ns, assign ids."""
+    i64, s = pl.Int64, pl.Utf8
+    null_i, null_s = pl.lit(None, dtype=i64), pl.lit(None, dtype=s)
+    n_before = gpu.height + rt.height + ranges.height
+    gpu_ev = gpu.join(members.rename({"_uid": "_u"}), left_on="_uid", right_on="_u", how="left").select(
+        "_uid", "_proc", "kind", "name", "category", null_s.alias("domain"), pl.col("deviceId").alias("device"),
+        pl.col("streamId").alias("stream"), _pid(pl.col("_proc")).alias("pid"), pl.col("streamId").alias("tid"),
+        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "_call", "bytes")
+    rt_ev = rt.select(
+        "_uid", "_proc", pl.lit("runtime").alias("kind"), "name",
+        pl.when(pl.col("eventClass") == 1).then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
+        null_s.alias("domain"), null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"),
+        _tid(pl.col("globalTid")).alias("tid"), "start", "end", pl.col("correlationId").alias("correlation"),
+        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("_call"), null_i.alias("bytes"))
+    nv_ev = ranges.select(
+        "_uid", "_proc", pl.lit("cpu_annotation").alias("kind"), "name", pl.lit("nvtx").alias("category"), "domain",
+        null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"), _tid(pl.col("globalTid")).alias("tid"),
+        "start", "end", null_i.alias("correlation"), null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("_call"),
+        null_i.alias("bytes"))
+    ann_ev = annotations.with_row_index("_uid", offset=n_before).select(
+        pl.col("_uid").cast(i64), "_proc", pl.lit("gpu_annotation").alias("kind"), "name", pl.lit("nvtx_projection").alias("category"),
+        "domain", "device", "stream", _pid(pl.col("_proc")).alias("pid"), pl.col("stream").alias("tid"), "start", "end",
+        null_i.alias("correlation"), null_i.alias("_launch_uid"), pl.col("_range").alias("_op_uid"), null_i.alias("_call"),
+        null_i.alias("bytes"))
+    parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
+    ev = (
+        pl.concat(parts, how="vertical_relaxed")
+        .join(rank_of.select("_proc", "rank"), on="_proc", how="inner")
+        .with_columns((pl.col("start") + offset).alias("start_ns"), (pl.col("end") + offset).alias("end_ns"))
+        .sort(["rank", "start_ns", "end_ns", "_uid"], descending=[False, False, True, False])
+        .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("event_id"))
+    )
+    ids = ev.select("_uid", "event_id")
+    # Calls: ordered per rank by host start (device start without a host range); coll_id = ordinal.
+    cols = (
+        calls.join(rank_of.select("_proc", "rank"), on="_proc", how="inner")
+        .with_columns((pl.col(c) + offset).alias(f"{c}_ns") for c in ("cpu_start", "cpu_end", "start", "end"))
+        .sort(["rank", pl.coalesce("cpu_start_ns", "start_ns"), "start_ns", "_call"])
+        .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("coll_id"))
+        .join(ids.rename({"_uid": "_op_uid", "event_id": "op_id"}), on="_op_uid", how="left")
+    )
+    ev = (
+        ev.join(ids.rename({"_uid": "_launch_uid", "event_id": "launch_id"}), on="_launch_uid", how="left")
+        .join(ids.rename({"_uid": "_op_uid", "event_id": "op_id"}), on="_op_uid", how="left")
+        .join(cols.select("_call", "coll_id"), on="_call", how="left")
+        .sort("rank", "event_id")
+    )
+    collectives = conform("collectives", cols.with_columns(
+        pl.col("coll_id").alias("ordinal"), pl.lit(False).alias("splits_truncated")))
+    return conform("events", ev), collectives
+
+
+def _ranks_table(events: pl.DataFrame, collectives: pl.DataFrame, rank_of: pl.DataFrame, owners: pl.DataFrame,
+                 path: Path, host: str | None) -> pl.DataFrame:
+    span = events.group_by("rank").agg(pl.col("start_ns").min().alias("trace_start_ns"), pl.col("end_ns").max().alias("trace_end_ns"))
+    backend = collectives.group_by("rank").agg(pl.col("backend").drop_nulls().first())
+    df = (
+        rank_of.join(owners.select("_proc", "device"), on="_proc", how="left")
+        .join(span, on="rank", how="left")
+        .join(backend, on="rank", how="left")
+        .select(
+            "rank", pl.lit(host, dtype=pl.Utf8).alias("host"),
+            pl.when(pl.col("device").is_not_null()).then(pl.format("cuda:{}", pl.col("device"))).alias("device"),
+            "backend", pl.lit(str(path)).alias("source_file"), pl.lit("nsys").alias("format"), "trace_start_ns", "trace_end_ns",
+            pl.lit(0, dtype=pl.Int64).alias("clock_offset_ns"), "rank_source", pl.lit(False).alias("has_sidecar"),
+        )
+        .sort("rank")
+    )
+    if df["rank"].n_unique() != df.height:
+        dup = df.filter(pl.col("rank").is_duplicated())["rank"][0]
+        raise ConfigError(f"--rank-map: rank {dup} is given to two processes of {path}")
+    return conform("ranks", df)
