@@ -1,0 +1,106 @@
+"""`ep-trace analyze`: ingest + analyze + HTML report, with a progress bar and a terminal summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ep_trace.cli.app import app, console, err_console
+from ep_trace.errors import ConfigError
+
+__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar"]
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """``'2:5'`` -> ``(2, 5)``, ``'3'`` -> ``(3, 3)``, ``None`` -> ``None``.
+
+    Raises:
+        ConfigError: naming ``--steps`` when the text is not ``FIRST:LAST`` with 0 <= FIRST <= LAST.
+    """
+    if text is None:
+        return None
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            first = last = int(parts[0])
+        elif len(parts) == 2:
+            first, last = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError(text)
+    except ValueError:
+        raise ConfigError(f"--steps: expected FIRST:LAST or N (e.g. 2:5), got {text!r}") from None
+    if first < 0 or last < first:
+        raise ConfigError(f"--steps: need 0 <= FIRST <= LAST, got {text!r}")
+    return first, last
+
+
+def check_format(fmt: str) -> str:
+    """Validate ``--format``."""
+    if fmt not in ("auto", "kineto", "nsys"):
+        raise ConfigError(f"--format: unknown format {fmt!r}; use auto, kineto or nsys")
+    return fmt
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress display on stderr fed by ``progress(stage, done, total)`` callbacks."""
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, transient=True) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=max(total, 1))
+            bar.update(tasks[stage], completed=done, total=max(total, 1))
+
+        yield update
+
+
+@app.command("analyze")
+def analyze_cmd(
+    dirs: list[Path] = typer.Argument(..., help="Trace directories (or files) of one job: Kineto rank*.pt.trace.json.gz and/or Nsight *.sqlite, with optional rank*.ep.jsonl sidecars."),
+    out: Path = typer.Option(Path("report.html"), "-o", "--out", help="HTML report to write."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON summary (docs/summary.md) here."),
+    fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
+    steps: Optional[str] = typer.Option(None, "--steps", help="Analyze only profiler steps FIRST:LAST (inclusive), e.g. 2:5."),
+    stages: Optional[Path] = typer.Option(None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks (named in the report) instead of stopping."),
+    hta_compatible: bool = typer.Option(False, "--hta-compatible", help="Also compute overlap exactly as HolisticTraceAnalysis does."),
+    with_hta: bool = typer.Option(False, "--with-hta", help="Add HTA's temporal and idle-time breakdowns (needs: pip install 'ep-trace\\[hta]')."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
+) -> None:
+    """Analyze EP MoE traces and write a self-contained HTML report.
+
+    Examples:
+
+      ep-trace analyze demo_traces -o report.html --json summary.json
+
+      ep-trace analyze node0/ node1/ --steps 2:5 --keep-going
+
+      ep-trace analyze run.sqlite --format nsys -o nsys_report.html
+    """
+    from ep_trace.analysis.config import AnalysisConfig
+    from ep_trace.reports.pipeline import build_report
+    from ep_trace.reports.terminal import summary_renderables
+
+    if stages is not None and not stages.is_file():
+        raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
+    config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
+    with progress_bar() as progress:
+        analysis = build_report(dirs, out, json_path=json_out, config=config, fmt=check_format(fmt),  # type: ignore[arg-type]
+                                on_error="skip" if keep_going else "raise", progress=progress, with_hta=with_hta)
+    if not quiet:
+        for r in summary_renderables(analysis):
+            console.print(r)
+    console.print(f"report: {out}", markup=False, highlight=False)
+    if json_out is not None:
+        console.print(f"summary: {json_out}", markup=False, highlight=False)

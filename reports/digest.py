@@ -1,0 +1,105 @@
+"""What a person reads first, as data: the verdict, the ranked findings and the per-rank table.
+
+Shared by the HTML page and the terminal summary so both say the same thing. Pure functions over
+:class:`~ep_trace.analysis.result.Analysis`; durations stay in ns here and are formatted by the
+renderers (``reports.units``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from ep_trace.analysis.result import Analysis, Finding
+from ep_trace.reports.units import fmt_ns, fmt_pct
+
+__all__ = ["Verdict", "StepStats", "step_stats", "ranked_findings", "verdict", "rank_table"]
+
+_SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """Step time of the job (per step: its slowest rank), ns, over the analysed steps."""
+
+    n_steps: int
+    n_ranks: int
+    p50_ns: float | None
+    p95_ns: float | None
+    p99_ns: float | None
+    max_ns: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The first lines of the report.
+
+    Attributes:
+        headline: One plain sentence: the main bottleneck (or that none was found).
+        detail: The saving and remedy of the top finding, or what was checked.
+        context: Size of the run and its step time (P50 / P99 / max).
+        severity: ``'high' | 'medium' | 'low' | 'none'``.
+    """
+
+    headline: str
+    detail: str
+    context: str
+    severity: str
+
+
+def step_stats(analysis: Analysis) -> StepStats:
+    """P50 / P95 / P99 / max over steps of the step time of the slowest rank."""
+    st = analysis.steps
+    n_ranks = int(analysis.rank_summary.height or analysis.tables.ranks.height)
+    if st.height == 0:
+        return StepStats(0, n_ranks, None, None, None, None)
+    per = st.group_by("step").agg(pl.col("step_time_ns").max())["step_time_ns"].cast(pl.Float64)
+    q = [per.quantile(x, interpolation="linear") for x in (0.5, 0.95, 0.99)]
+    return StepStats(per.len(), n_ranks, q[0], q[1], q[2], per.max())  # type: ignore[arg-type]
+
+
+def ranked_findings(analysis: Analysis) -> list[Finding]:
+    """Findings by estimated saving (largest first), then severity."""
+    return sorted(analysis.findings, key=lambda f: (-int(f.est_saving_ns or 0), _SEVERITY_RANK.get(f.severity, 3)))
+
+
+def verdict(analysis: Analysis) -> Verdict:
+    """The verdict: main bottleneck, its saving as a share of the P50 step, and the run's size."""
+    ss = step_stats(analysis)
+    context = f"{ss.n_ranks} rank{'s' if ss.n_ranks != 1 else ''}, {ss.n_steps} step{'s' if ss.n_steps != 1 else ''} analysed"
+    if ss.p50_ns is not None:
+        context += f"; step time P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, max {fmt_ns(ss.max_ns)} (slowest rank per step)"
+    found = ranked_findings(analysis)
+    if not found:
+        return Verdict(
+            "No EP bottleneck found.",
+            "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
+            context, "none")
+    top = found[0]
+    share = f" ({fmt_pct(top.est_saving_ns / ss.p50_ns)} of the P50 step)" if ss.p50_ns else ""
+    detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
+    return Verdict(top.title, detail, context, top.severity)
+
+
+def rank_table(analysis: Analysis) -> pl.DataFrame:
+    """One row per rank: step time P50/P95/P99/max over steps and the per-step mean of comm metrics.
+
+    Columns: rank, host, step_p50_ns, step_p95_ns, step_p99_ns, step_max_ns, comm_ns, exposed_comm_ns,
+    overlap_efficiency, barrier_wait_ns, transfer_ns.
+    """
+    rs = analysis.rank_summary
+    cols = ["rank", "host", "comm_ns", "exposed_comm_ns", "overlap_efficiency", "barrier_wait_ns", "transfer_ns"]
+    base = rs.select([c for c in cols if c in rs.columns])
+    st = analysis.steps
+    if st.height:
+        q = st.group_by("rank").agg(
+            *[pl.col("step_time_ns").cast(pl.Float64).quantile(x, interpolation="linear").alias(f"step_{n}_ns")
+              for n, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))],
+            pl.col("step_time_ns").max().cast(pl.Float64).alias("step_max_ns"),
+        ).with_columns(pl.col("rank").cast(base.schema.get("rank", pl.Int32)))
+        base = base.join(q, on="rank", how="full", coalesce=True) if base.height else q
+    for c in ("host", "step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns", *cols[2:]):
+        if c not in base.columns:
+            base = base.with_columns(pl.lit(None, dtype=pl.Utf8 if c == "host" else pl.Float64).alias(c))
+    return base.select("rank", "host", "step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns", *cols[2:]).sort("rank")

@@ -1,0 +1,419 @@
+"""The report's figures: one function per figure, each returning a plotly ``Figure`` (or ``None``).
+
+Every function reads only :class:`~ep_trace.analysis.result.Analysis` frames and returns ``None``
+when its frame is empty (e.g. a trace without routing data), so the page can say why instead of
+drawing an empty chart. Durations are drawn in milliseconds (ns / 1e6) and say so on the axis.
+Large jobs stay openable: heatmaps are binned beyond ``max_cells`` ranks, the timeline draws a
+sample of ranks (:func:`timeline_selection`), the α–β scatter is thinned to ``max_points``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+
+from ep_trace.analysis.result import Analysis
+from ep_trace.stage_names import STAGES
+
+__all__ = [
+    "TimelineSelection",
+    "n_ranks",
+    "stage_breakdown",
+    "timeline_selection",
+    "step_timeline",
+    "count_matrix_heatmap",
+    "expert_load_bars",
+    "imbalance_per_layer",
+    "overlap_per_rank",
+    "overlap_per_stage",
+    "barrier_wait_per_rank",
+    "wait_matrix_heatmap",
+    "alpha_beta_scatter",
+]
+
+MS = 1e6
+_TEMPLATE = "plotly_white"
+_STAGE_COLORS = {
+    "route": "#8c6bb1", "permute": "#6baed6", "dispatch": "#fd8d3c", "expert": "#41ab5d",
+    "combine": "#e6550d", "unpermute": "#9ecae1", "shared_expert": "#a1d99b", "attn": "#bdbdbd",
+}
+_TRACK_COLORS = {"comm": "#9ecae1", "wait": "#d62728", "exposed_comm": "#8c564b", "transfer": "#3182bd", "compute": "#74c476"}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 15}}, template=_TEMPLATE, height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"orientation": "h", "y": -0.18, "traceorder": "normal"}, **kw,
+    )
+    return fig
+
+
+def _stage_order(names: list[str]) -> list[str]:
+    known = [s for s in STAGES if s in names]
+    return known + sorted(n for n in names if n not in STAGES)
+
+
+def _n_steps(analysis: Analysis) -> int:
+    if analysis.steps.height:
+        return max(int(analysis.steps["step"].n_unique()), 1)
+    if analysis.stages.height and "step" in analysis.stages.columns:
+        return max(int(analysis.stages["step"].n_unique()), 1)
+    return 1
+
+
+def stage_breakdown(analysis: Analysis) -> go.Figure | None:
+    """Per-rank × stage stacked bars of busy and window time, ms per step (mean over steps).
+
+    Each rank has two stacked columns: ``busy`` (|union of the stage's device intervals|) and
+    ``window`` (first start → last end). Windows longer than busy time mean idle gaps (waiting).
+    """
+    st = analysis.stages
+    if st.height == 0:
+        return None
+    per = (
+        st.group_by("rank", "step", "stage")
+        .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
+        .group_by("rank", "stage")
+        .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+        .sort("rank")
+    )
+    ranks = per["rank"].unique().sort().to_list()
+    labels = [f"r{r}" for r in ranks]
+    x = [labels * 2, ["busy"] * len(ranks) + ["window"] * len(ranks)]
+    fig = go.Figure()
+    for stage in _stage_order(per["stage"].unique().to_list()):
+        sub = pl.DataFrame({"rank": ranks}, schema={"rank": per.schema["rank"]}).join(
+            per.filter(pl.col("stage") == stage), on="rank", how="left").fill_null(0)
+        y = np.concatenate([sub["busy_ns"].to_numpy(), sub["window_ns"].to_numpy()]) / MS
+        fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage),
+                             hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>"))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text="ms per step (mean over steps)")
+    return _layout(fig, "Stage time per rank: busy vs window", height=420)
+
+
+@dataclass(frozen=True)
+class TimelineSelection:
+    """Which step and ranks the timeline draws.
+
+    Attributes:
+        step: The representative step (the one whose slowest-rank length is the median).
+        ranks: Ranks drawn, ascending.
+        n_ranks_total: Ranks in the analysis.
+        min_interval_ns: Intervals shorter than this were left out to bound the page size (0 = none).
+    """
+
+    step: int | None
+    ranks: tuple[int, ...]
+    n_ranks_total: int
+    min_interval_ns: int = 0
+
+    @property
+    def sampled(self) -> bool:
+        """True when not every rank is drawn."""
+        return len(self.ranks) < self.n_ranks_total
+
+
+def timeline_selection(analysis: Analysis, max_intervals: int = 20_000) -> TimelineSelection:
+    """Choose the timeline's step and ranks.
+
+    The step is ``config.representative_step`` when given, else the step whose length on its slowest
+    rank is the median over steps. With more than ``config.max_timeline_ranks`` ranks, the ranks that
+    induce the most wait (stragglers) and the ranks that wait most are kept first, then evenly spaced
+    ranks fill the budget.
+    """
+    iv = analysis.intervals
+    all_ranks = sorted(set(analysis.rank_summary["rank"].to_list()) | set(iv["rank"].unique().to_list()))
+    step: int | None = analysis.config.representative_step
+    if step is None:
+        if analysis.steps.height:
+            per = analysis.steps.group_by("step").agg(pl.col("step_time_ns").max()).sort("step_time_ns", "step")
+            step = int(per["step"][(per.height - 1) // 2])
+        elif iv.height:
+            step = int(iv["step"].drop_nulls().min()) if iv["step"].drop_nulls().len() else None
+    budget = max(int(analysis.config.max_timeline_ranks), 1)
+    if len(all_ranks) <= budget:
+        chosen = list(all_ranks)
+    else:
+        first: list[int] = []
+        if analysis.stragglers.height:
+            first += analysis.stragglers.sort("induced_wait_ns", descending=True)["rank"].head(2).to_list()
+        if analysis.rank_summary.height:
+            first += analysis.rank_summary.sort("barrier_wait_ns", descending=True)["rank"].head(1).to_list()
+        first = list(dict.fromkeys(int(r) for r in first))[: budget // 2]
+        rest = [r for r in all_ranks if r not in first]
+        idx = np.linspace(0, len(rest) - 1, budget - len(first)).round().astype(int)
+        chosen = sorted(set(first) | {rest[i] for i in idx})
+    sel = iv.filter(pl.col("rank").is_in(chosen))
+    if step is not None:
+        sel = sel.filter(pl.col("step") == step)
+    min_ns = 0
+    if sel.height > max_intervals:
+        durs = np.sort((sel["end_ns"] - sel["start_ns"]).to_numpy())[::-1]
+        min_ns = int(durs[max_intervals - 1]) + 1
+    return TimelineSelection(step, tuple(int(r) for r in chosen), len(all_ranks), min_ns)
+
+
+def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None) -> go.Figure | None:
+    """Per-rank timeline of one step: stage ranges, comm (with barrier wait on top) and exposed comm.
+
+    Time is ms since the start of the step on the earliest drawn rank. Three rows per rank:
+    ``stages``, ``comm`` (light bars = communication, red = waiting for the last arriver),
+    ``exposed`` (comm not hidden under compute).
+    """
+    sel = selection or timeline_selection(analysis)
+    iv = analysis.intervals.filter(pl.col("rank").is_in(list(sel.ranks)))
+    if sel.step is not None:
+        iv = iv.filter(pl.col("step") == sel.step)
+    iv = iv.filter((pl.col("end_ns") - pl.col("start_ns")) >= sel.min_interval_ns)
+    if iv.height == 0:
+        return None
+    t0 = int(iv["start_ns"].min())  # type: ignore[arg-type]
+    row_of = {"stage": "stages", "comm": "comm", "wait": "comm", "transfer": "comm", "exposed_comm": "exposed"}
+    iv = iv.filter(pl.col("track").is_in(list(row_of))).with_columns(
+        ((pl.col("start_ns") - t0) / MS).round(4).alias("x0"),
+        ((pl.col("end_ns") - pl.col("start_ns")) / MS).round(4).alias("dx"),
+        (pl.lit("r") + pl.col("rank").cast(pl.Utf8) + pl.lit(" ")
+         + pl.col("track").replace_strict(row_of, default="comm")).alias("row"),
+    )
+    order = [f"r{r} {k}" for r in sel.ranks for k in ("stages", "comm", "exposed")]
+    fig = go.Figure()
+
+    def add(sub: pl.DataFrame, name: str, color: str | None, width: float) -> None:
+        if sub.height == 0:
+            return
+        fig.add_trace(go.Bar(
+            name=name, orientation="h", y=sub["row"].to_list(), x=sub["dx"].to_numpy(), base=sub["x0"].to_numpy(),
+            marker_color=color, width=width, hovertext=sub["name"].to_list(),
+            hovertemplate="%{hovertext}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>",
+        ))
+
+    stages = iv.filter(pl.col("track") == "stage").with_columns(
+        pl.col("name").str.extract(r"^ep:([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage"))
+    for stage in _stage_order(stages["stage"].unique().to_list()):
+        add(stages.filter(pl.col("stage") == stage), stage, _STAGE_COLORS.get(stage), 0.8)
+    add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.8)
+    add(iv.filter(pl.col("track") == "wait"), "barrier wait", _TRACK_COLORS["wait"], 0.45)
+    add(iv.filter(pl.col("track") == "exposed_comm"), "exposed comm", _TRACK_COLORS["exposed_comm"], 0.8)
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category")
+    fig.update_xaxes(title_text="ms since step start")
+    title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
+    if sel.sampled:
+        title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
+    return _layout(fig, title, height=120 + 3 * 16 * len(sel.ranks))
+
+
+def _binned_matrix(df: pl.DataFrame, row: str, col: str, val: str, n: int, max_cells: int) -> tuple[np.ndarray, list[str], int]:
+    """Sum ``val`` into an n×n matrix indexed by rank, binning ranks in groups beyond ``max_cells``."""
+    size = max(int(np.ceil(n / max_cells)), 1)
+    nb = int(np.ceil(n / size))
+    z = np.zeros((nb, nb))
+    if df.height:
+        np.add.at(z, (df[row].to_numpy() // size, df[col].to_numpy() // size), df[val].to_numpy().astype(float))
+    labels = [f"r{i * size}" if size == 1 else f"r{i * size}-{min((i + 1) * size, n) - 1}" for i in range(nb)]
+    return z, labels, size
+
+
+def n_ranks(analysis: Analysis) -> int:
+    """Number of ranks (highest rank id + 1) seen in the rank summary or the ranks table."""
+    parts = [analysis.rank_summary["rank"], analysis.tables.ranks["rank"]]
+    m = max((int(p.max()) for p in parts if p.len()), default=-1)  # type: ignore[arg-type]
+    return m + 1
+
+
+def count_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | None:
+    """Heatmap of dispatched rows C[src][dst], mean per step, summed over layers and micro-batches.
+
+    Beyond ``max_cells`` ranks, ranks are binned into equal groups (cells sum their members).
+    """
+    cm = analysis.count_matrix
+    if cm.height == 0:
+        return None
+    if (cm["direction"] == "dispatch").any():
+        cm = cm.filter(pl.col("direction") == "dispatch")
+    n = max(n_ranks(analysis), int(cm["src"].max()) + 1, int(cm["dst"].max()) + 1)  # type: ignore[arg-type]
+    agg = cm.group_by("src", "dst").agg(pl.col("rows").sum())
+    z, labels, size = _binned_matrix(agg, "src", "dst", "rows", n, max_cells)
+    z = z / max(int(cm["step"].n_unique()), 1)
+    local = float(np.trace(z) / z.sum()) if z.sum() and size == 1 else float("nan")
+    fig = go.Figure(go.Heatmap(z=np.round(z, 2), x=labels, y=labels, colorscale="Blues", colorbar={"title": "rows"},
+                               hovertemplate="src %{y} → dst %{x}: %{z:.1f} rows/step<extra></extra>"))
+    fig.update_xaxes(title_text="destination rank", type="category")
+    fig.update_yaxes(title_text="source rank", autorange="reversed", type="category")
+    title = "Dispatch count matrix (rows per step)"
+    if size > 1:
+        title += f", ranks binned by {size}"
+    elif local == local:
+        title += f", local ratio {local:.0%}"
+    return _layout(fig, title, height=440)
+
+
+def expert_load_bars(analysis: Analysis) -> go.Figure | None:
+    """Assignments per expert (n_e, mean per step) per layer, with the per-layer I_e in the legend.
+
+    Up to 8 layers as grouped bars; more layers as a layer × expert heatmap.
+    """
+    el = analysis.expert_load
+    if el.height == 0:
+        return None
+    per = el.group_by("layer", "expert").agg(pl.col("count").sum()).with_columns(
+        (pl.col("count") / max(int(el["step"].n_unique()), 1)).alias("n_e")).sort("layer", "expert")
+    layers = per["layer"].unique().sort().to_list()
+    ie = _per_layer(analysis, "I_e")
+    fig = go.Figure()
+    if len(layers) <= 8:
+        for layer in layers:
+            sub = per.filter(pl.col("layer") == layer)
+            tag = f"layer {layer}" + (f" (I_e {ie[layer]:.2f})" if layer in ie else "")
+            fig.add_trace(go.Bar(name=tag, x=sub["expert"].to_numpy(), y=np.round(sub["n_e"].to_numpy(), 2),
+                                 hovertemplate=f"{tag}<br>expert %{{x}}: %{{y:.1f}} assignments/step<extra></extra>"))
+        mean = float(per["n_e"].mean())  # type: ignore[arg-type]
+        fig.add_hline(y=mean, line_dash="dot", line_color="#555", annotation_text=f"mean {mean:.1f}")
+        fig.update_layout(barmode="group")
+        fig.update_xaxes(title_text="expert")
+        fig.update_yaxes(title_text="assignments per step")
+    else:
+        experts = per["expert"].unique().sort().to_list()
+        piv = per.pivot(on="expert", index="layer", values="n_e").sort("layer").fill_null(0)
+        z = piv.select([str(e) for e in experts]).to_numpy()
+        fig.add_trace(go.Heatmap(z=np.round(z, 2), x=experts, y=[f"l{x}" for x in piv["layer"].to_list()],
+                                 colorscale="Oranges", colorbar={"title": "n_e"}))
+        fig.update_xaxes(title_text="expert")
+    return _layout(fig, "Expert load n_e (assignments per step)", height=400)
+
+
+def _per_layer(analysis: Analysis, col: str) -> dict[int, float]:
+    imb = analysis.imbalance
+    if imb.height == 0 or col not in imb.columns:
+        return {}
+    agg = imb.drop_nulls(col).group_by("layer").agg(pl.col(col).median())
+    return {int(k): float(v) for k, v in agg.iter_rows() if k is not None}
+
+
+def imbalance_per_layer(analysis: Analysis) -> go.Figure | None:
+    """I_e and I_r per layer: bars = median over steps, whiskers up to the max over steps."""
+    imb = analysis.imbalance
+    if imb.height == 0:
+        return None
+    agg = imb.group_by("layer").agg(
+        *[pl.col(c).median().alias(f"{c}_p50") for c in ("I_e", "I_r")],
+        *[pl.col(c).max().alias(f"{c}_max") for c in ("I_e", "I_r")],
+    ).sort("layer")
+    x = [f"l{v}" for v in agg["layer"].to_list()]
+    fig = go.Figure()
+    for c, color in (("I_e", "#e6550d"), ("I_r", "#3182bd")):
+        p50 = agg[f"{c}_p50"].to_numpy()
+        mx = agg[f"{c}_max"].to_numpy()
+        fig.add_trace(go.Bar(name=f"{c} (P50 over steps)", x=x, y=np.round(p50, 4), marker_color=color,
+                             error_y={"type": "data", "symmetric": False, "array": np.round(mx - p50, 4), "arrayminus": np.zeros(len(x))},
+                             hovertemplate=f"{c} %{{x}}: %{{y:.2f}}×<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="balanced = 1")
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="max / mean")
+    return _layout(fig, "Routing imbalance per layer (whiskers: max over steps)", height=340)
+
+
+def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
+    """Per rank: communication hidden under compute vs exposed, ms per step (mean over steps)."""
+    rs = analysis.rank_summary
+    if rs.height == 0 or rs["comm_ns"].fill_null(0).sum() == 0:
+        return None
+    x = [f"r{r}" for r in rs["rank"].to_list()]
+    comm = rs["comm_ns"].fill_null(0).to_numpy().astype(float)
+    exposed = rs["exposed_comm_ns"].fill_null(0).to_numpy().astype(float)
+    fig = go.Figure([
+        go.Bar(name="overlapped |C ∩ K|", x=x, y=np.round((comm - exposed) / MS, 4), marker_color="#74c476"),
+        go.Bar(name="exposed |C \\ K|", x=x, y=np.round(exposed / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"]),
+    ])
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title_text="ms per step")
+    return _layout(fig, "Communication per rank: overlapped vs exposed", height=340)
+
+
+def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
+    """Per stage: overlapped vs exposed comm, ms per step, mean over ranks (hover: max over ranks)."""
+    st = analysis.stages
+    if st.height == 0 or not {"comm_ns", "exposed_comm_ns"} <= set(st.columns) or st["comm_ns"].fill_null(0).sum() == 0:
+        return None
+    n_steps = _n_steps(analysis)
+    per_rank = st.group_by("stage", "rank").agg(pl.col("comm_ns").sum() / n_steps, pl.col("exposed_comm_ns").sum() / n_steps)
+    agg = per_rank.group_by("stage").agg(
+        pl.col("comm_ns").mean(), pl.col("exposed_comm_ns").mean(), pl.col("exposed_comm_ns").max().alias("exposed_max"))
+    agg = agg.filter(pl.col("comm_ns") > 0)
+    order = _stage_order(agg["stage"].to_list())
+    agg = pl.DataFrame({"stage": order}).join(agg, on="stage", how="left")
+    comm = agg["comm_ns"].to_numpy()
+    exp_ = agg["exposed_comm_ns"].to_numpy()
+    fig = go.Figure([
+        go.Bar(name="overlapped", x=order, y=np.round((comm - exp_) / MS, 4), marker_color="#74c476"),
+        go.Bar(name="exposed", x=order, y=np.round(exp_ / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"],
+               customdata=np.round(agg["exposed_max"].to_numpy() / MS, 4),
+               hovertemplate="%{x}: exposed %{y:.3f} ms (max rank %{customdata:.3f} ms)<extra></extra>"),
+    ])
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title_text="ms per step (mean over ranks)")
+    return _layout(fig, "Communication per stage: overlapped vs exposed", height=340)
+
+
+def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
+    """Per rank: time in collectives split into barrier wait (a − s_r) and transfer, ms per step."""
+    rs = analysis.rank_summary
+    if rs.height == 0 or (rs["barrier_wait_ns"].fill_null(0).sum() + rs["transfer_ns"].fill_null(0).sum()) == 0:
+        return None
+    x = [f"r{r}" for r in rs["rank"].to_list()]
+    fig = go.Figure([
+        go.Bar(name="barrier wait", x=x, y=np.round(rs["barrier_wait_ns"].fill_null(0).to_numpy() / MS, 4), marker_color=_TRACK_COLORS["wait"]),
+        go.Bar(name="transfer", x=x, y=np.round(rs["transfer_ns"].fill_null(0).to_numpy() / MS, 4), marker_color=_TRACK_COLORS["transfer"]),
+    ])
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(title_text="ms per step")
+    return _layout(fig, "Collective time per rank: barrier wait vs transfer", height=340)
+
+
+def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | None:
+    """N×N wait matrix: M[i][j] = ms rank i waited for rank j (the last arriver), total over calls."""
+    wm = analysis.wait_matrix
+    if wm.height == 0 or wm["wait_ns"].sum() == 0:
+        return None
+    n = max(n_ranks(analysis), int(wm["waiter"].max()) + 1, int(wm["waited_for"].max()) + 1)  # type: ignore[arg-type]
+    z, labels, size = _binned_matrix(wm, "waiter", "waited_for", "wait_ns", n, max_cells)
+    fig = go.Figure(go.Heatmap(z=np.round(z / MS, 4), x=labels, y=labels, colorscale="Reds", colorbar={"title": "ms"},
+                               hovertemplate="rank %{y} waited %{z:.3f} ms for rank %{x}<extra></extra>"))
+    fig.update_xaxes(title_text="waited for (last arriver)", type="category")
+    fig.update_yaxes(title_text="waiting rank", autorange="reversed", type="category")
+    title = "Wait matrix (ms, total over calls)" + (f", ranks binned by {size}" if size > 1 else "")
+    return _layout(fig, title, height=440)
+
+
+def alpha_beta_scatter(analysis: Analysis, max_points: int = 4000) -> go.Figure | None:
+    """Wait-free transfer time vs bytes per call, per link class, with the fitted T = α + B/β line."""
+    calls = analysis.calls
+    if calls.height == 0:
+        return None
+    pts = calls.filter(pl.col("bytes_max").is_not_null() & (pl.col("bytes_max") > 0) & pl.col("transfer_ns").is_not_null())
+    if pts.height == 0:
+        return None
+    fig = go.Figure()
+    fits = {r["link_class"]: r for r in analysis.alpha_beta.iter_rows(named=True)} if analysis.alpha_beta.height else {}
+    for cls in sorted(pts["link_class"].fill_null("unknown").unique().to_list()):
+        sub = pts.filter(pl.col("link_class").fill_null("unknown") == cls)
+        if sub.height > max_points:  # thin deterministically to bound the page size
+            sub = sub.gather_every(int(np.ceil(sub.height / max_points)))
+        fig.add_trace(go.Scatter(name=f"{cls} calls", x=sub["bytes_max"].to_numpy(), y=np.round(sub["transfer_ns"].to_numpy() / 1e3, 3),
+                                 mode="markers", marker={"size": 5, "opacity": 0.6},
+                                 hovertemplate="%{x} B in %{y:.1f} µs<extra></extra>"))
+        fit = fits.get(cls)
+        if fit and fit.get("alpha_us") is not None and fit.get("beta_gbps"):
+            bx = np.linspace(0, float(sub["bytes_max"].max()), 50)  # type: ignore[arg-type]
+            by = fit["alpha_us"] + bx / (fit["beta_gbps"] * 1e9) * 1e6
+            fig.add_trace(go.Scatter(name=f"{cls} fit: α={fit['alpha_us']:.1f} µs, β={fit['beta_gbps']:.2f} GB/s",
+                                     x=np.round(bx, 1), y=np.round(by, 3), mode="lines"))
+    fig.update_xaxes(title_text="bytes per rank (max of sent, received)")
+    fig.update_yaxes(title_text="wait-free transfer time (µs)")
+    return _layout(fig, "α–β fit: transfer time vs message size", height=380)

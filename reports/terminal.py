@@ -1,0 +1,59 @@
+"""The short terminal summary of ``ep-trace analyze``: rich renderables (the CLI prints them)."""
+
+from __future__ import annotations
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from ep_trace.analysis.result import Analysis
+from ep_trace.reports import digest
+from ep_trace.reports.units import fmt_ns, fmt_pct
+
+__all__ = ["summary_renderables"]
+
+_STYLE = {"high": "bold red", "medium": "bold yellow", "low": "yellow", "none": "green"}
+
+
+def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: int = 16) -> list[RenderableType]:
+    """Verdict panel, top findings with savings, and the per-rank table (slowest ranks first beyond ``max_ranks``).
+
+    Args:
+        analysis: The analysis.
+        max_findings: Findings listed.
+        max_ranks: Ranks listed; with more ranks the ones with the longest max step are kept.
+
+    Returns:
+        Renderables for ``rich.console.Console.print``.
+    """
+    v = digest.verdict(analysis)
+    ss = digest.step_stats(analysis)
+    head = Group(Text(v.headline, style=_STYLE.get(v.severity, "")), Text(v.detail), Text(v.context, style="dim"))
+    out: list[RenderableType] = [Panel(head, title="verdict", title_align="left", border_style=_STYLE.get(v.severity, ""))]
+    found = digest.ranked_findings(analysis)
+    if found:
+        t = Table(title="top findings", title_justify="left", show_edge=False)
+        t.add_column("severity")
+        t.add_column("finding", overflow="fold")
+        t.add_column("saving/step", justify="right")
+        t.add_column("of step", justify="right")
+        for f in found[:max_findings]:
+            t.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.title, fmt_ns(f.est_saving_ns),
+                      fmt_pct(f.est_saving_ns / ss.p50_ns) if ss.p50_ns else "–")
+        out.append(t)
+    rt = digest.rank_table(analysis)
+    if rt.height:
+        title = "per rank (mean per step; step time P50 / P99 / max over steps)"
+        if rt.height > max_ranks:
+            rt = rt.sort("step_max_ns", descending=True, nulls_last=True).head(max_ranks).sort("rank")
+            title += f"; {max_ranks} slowest of {digest.rank_table(analysis).height} ranks"
+        t = Table(title=title, title_justify="left", show_edge=False)
+        for c in ("rank", "host", "step P50", "P99", "max", "comm", "exposed", "overlap", "wait", "transfer"):
+            t.add_column(c, justify="left" if c == "host" else "right")
+        for r in rt.iter_rows(named=True):
+            t.add_row(str(r["rank"]), str(r["host"] or "–"), fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p99_ns"]),
+                      fmt_ns(r["step_max_ns"]), fmt_ns(r["comm_ns"]), fmt_ns(r["exposed_comm_ns"]),
+                      fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]), fmt_ns(r["transfer_ns"]))
+        out.append(t)
+    return out
