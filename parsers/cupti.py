@@ -99,7 +99,7 @@ def read_cupti(path: str | Path) -> TraceTables:
     path = Path(path)
     try:
         pf = pq.ParquetFile(path)
-        footer = pf.schema_arrow.metadata
+        footer = pf.metadata.metadata
         table = pf.read()
     except FileNotFoundError as exc:
         raise TraceFormatError(path, "file not found", "check the path") from exc

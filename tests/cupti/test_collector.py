@@ -1,0 +1,214 @@
+"""CuptiCollector on CPU: an in-test stand-in for cupti-python drives the real collector end to end.
+
+The stand-in (``FakeCupti``) implements the handful of cupti-python calls the collector makes and
+emulates CUPTI's behaviour that matters here: records are handed over only on flush, every CUDA API
+call gets a fresh correlation id, and a call made while an external id is pushed yields an
+EXTERNAL_CORRELATION record with the top of the stack.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from ep_trace.cupti import collector as col
+from ep_trace.errors import ConfigError, EpTraceError, MissingDependencyError
+from ep_trace.parsers.cupti import read_cupti
+
+
+class FakeCupti:
+    class ActivityKind:
+        MEMCPY, MEMSET, DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 1, 2, 4, 5, 10, 39
+
+    class ExternalCorrelationKind:
+        CUSTOM0, CUSTOM1, CUSTOM2 = 3, 4, 5
+
+    class CallbackDomain:
+        DRIVER_API, RUNTIME_API = 1, 2
+
+    def __init__(self, fail_enable: bool = False) -> None:
+        self.fail_enable = fail_enable
+        self.enabled: list[int] = []
+        self.pending: list[SimpleNamespace] = []
+        self.stack: list[tuple[int, int]] = []
+        self.clock = 5_000
+        self.corr = 0
+        self.completed = None
+        self.flushes = 0
+
+    # --- the cupti-python calls the collector makes
+    def activity_register_callbacks(self, requested, completed) -> None:
+        assert requested() == (8 * 1024 * 1024, 0)
+        self.completed = completed
+
+    def activity_enable(self, kind: int) -> None:
+        if self.fail_enable:
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+        self.enabled.append(int(kind))
+
+    def activity_disable(self, kind: int) -> None:
+        self.enabled.remove(int(kind))
+
+    def get_timestamp(self) -> int:
+        self.clock += 10
+        return self.clock
+
+    def activity_push_external_correlation_id(self, kind: int, ext: int) -> None:
+        self.stack.append((kind, ext))
+
+    def activity_pop_external_correlation_id(self, kind: int) -> None:
+        assert self.stack.pop()[0] == kind
+
+    def activity_flush_all(self, flag: int) -> None:
+        assert flag == 1
+        self.flushes += 1
+        batch, self.pending = self.pending, []
+        for i in range(0, len(batch), 3):  # several buffers per flush
+            self.completed(batch[i : i + 3])
+
+    def get_callback_name(self, domain: int, cbid: int) -> str:
+        return {(2, 211): "cudaLaunchKernel_v7000", (1, 652): "cuLaunchKernelEx"}[(domain, cbid)]
+
+    # --- emulation of a CUDA launch as CUPTI reports it
+    def launch(self, name: str, dur: int, stream: int = 7, driver: bool = False) -> None:
+        self.corr += 1
+        t = self.get_timestamp()
+        kind, cbid = (4, 652) if driver else (5, 211)
+        self.pending.append(SimpleNamespace(kind=kind, cbid=cbid, start=t, end=t + 5, process_id=os.getpid(),
+                                            thread_id=threading.get_native_id(), correlation_id=self.corr, return_value=0))
+        if self.stack:
+            self.pending.append(SimpleNamespace(kind=39, external_kind=self.stack[-1][0], external_id=self.stack[-1][1],
+                                                correlation_id=self.corr))
+        self.pending.append(SimpleNamespace(kind=10, start=t + 20, end=t + 20 + dur, device_id=0, context_id=1,
+                                            stream_id=stream, correlation_id=self.corr, name=name, grid_x=1))
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCupti:
+    f = FakeCupti()
+    pkg = types.ModuleType("cupti")
+    pkg.cupti = f  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupti", pkg)
+    monkeypatch.setattr(col, "_cuda_device_count", lambda: 1)
+    yield f
+    assert col.active() is None
+
+
+def test_collector_end_to_end(fake: FakeCupti, tmp_path: Path) -> None:
+    c = col.CuptiCollector(tmp_path, rank=2, world_size=4, job_id="job-7")
+    before = time.time_ns()
+    c.start()
+    assert col.active() is c
+    assert sorted(fake.enabled) == [1, 2, 4, 5, 10, 39]
+    # step 0: one kernel inside a dispatch stage, one outside
+    c.range_push("ep:dispatch:l0:fwd")
+    fake.launch("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 300, stream=13, driver=True)
+    c.range_pop()
+    fake.launch("reduce_kernel", 40)
+    assert c.step_end(0) == 6  # 2 launches + 2 kernels + stage range + ProfilerStep#0
+    # step 1: nested ranges -> the innermost id wins
+    c.range_push("ep:expert:l0:fwd")
+    c.range_push("ep:combine:l0:fwd")
+    fake.launch("gemm", 500)
+    c.range_pop()
+    fake.launch("gemm_tail", 50)
+    c.range_pop()
+    c.step_end(1)
+    path = c.stop()
+    after = time.time_ns()
+    assert col.active() is None and fake.enabled == [] and fake.stack == []
+    assert c.stop() == path  # idempotent
+
+    assert path == tmp_path / "rank2.ep-events.parquet"
+    assert pq.ParquetFile(path).num_row_groups == 2  # one per step
+    t = read_cupti(path)
+    r = t.ranks.row(0, named=True)
+    assert (r["rank"], r["world_size"], r["job_id"], r["format"], r["rank_source"]) == (2, 4, "job-7", "cupti", "cupti_metadata")
+    ev = t.events
+    assert ev["event_id"].to_list() == list(range(ev.height)) and ev.height == 13  # 6 (step 0) + 7 (step 1)
+    # CUPTI time was mapped to epoch ns with the measured offset
+    assert before <= ev["start_ns"].min() and ev["end_ns"].max() <= after + 10_000
+    names = dict(zip(ev["name"], ev["event_id"]))
+    k = {row["name"]: row for row in ev.filter(pl.col("kind") == "gpu_kernel").iter_rows(named=True)}
+    nccl = k["ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"]
+    assert nccl["op_id"] == names["ep:dispatch:l0:fwd"] and nccl["stream"] == 13
+    assert ev.row(nccl["launch_id"], named=True)["name"] == "cuLaunchKernelEx"
+    assert k["reduce_kernel"]["op_id"] is None
+    assert k["gemm"]["op_id"] == names["ep:combine:l0:fwd"]
+    assert k["gemm_tail"]["op_id"] == names["ep:expert:l0:fwd"]
+    steps = ev.filter(pl.col("name").str.starts_with("ProfilerStep#")).select("name", "seq").rows()
+    assert steps == [("ProfilerStep#0", 0), ("ProfilerStep#1", 1)]
+    assert [i.message for i in t.load_report] == [
+        "CUPTI capture records no host collective ops: collectives and split lists come from the sidecar only"
+    ]
+
+
+def test_missing_cupti_message_word_for_word(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "cupti", None)  # import cupti -> ImportError
+    with pytest.raises(MissingDependencyError) as ei:
+        col.CuptiCollector(tmp_path, 0).start()
+    assert str(ei.value) == (
+        "cupti backend: cupti-python is not installed; install it with `pip install 'ep-trace[cupti]'` "
+        "(needs an NVIDIA driver) or use Tracer(..., backend='kineto')"
+    )
+    assert ei.value.exit_code == 2
+    assert col.active() is None and not list(tmp_path.iterdir())
+
+
+def test_missing_gpu_message_word_for_word(fake: FakeCupti, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(col, "_cuda_device_count", lambda: 0)
+    with pytest.raises(MissingDependencyError) as ei:
+        col.CuptiCollector(tmp_path, 0).start()
+    assert str(ei.value) == (
+        "cupti backend: no CUDA GPU is visible to this process (torch.cuda.device_count() == 0); run on a GPU node "
+        "(check CUDA_VISIBLE_DEVICES) or use Tracer(..., backend='kineto'), which also traces CPU-only runs"
+    )
+    assert fake.enabled == []
+
+
+def test_real_device_count_on_this_machine() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    assert col._cuda_device_count() == 0
+
+
+def test_cupti_refuses_to_start(fake: FakeCupti, tmp_path: Path) -> None:
+    fake.fail_enable = True
+    with pytest.raises(EpTraceError) as ei:
+        col.CuptiCollector(tmp_path, 0).start()
+    assert str(ei.value) == (
+        "cupti backend: CUPTI refused to start (RuntimeError: CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED); another "
+        "CUPTI client (Nsight Systems, a running torch.profiler) may own the activity API: stop it or use backend='kineto'"
+    )
+
+
+def test_one_collector_per_process(fake: FakeCupti, tmp_path: Path) -> None:
+    with col.CuptiCollector(tmp_path, 0):
+        with pytest.raises(ConfigError, match="already running"):
+            col.CuptiCollector(tmp_path, 1).start()
+    with pytest.raises(ConfigError, match="call start"):
+        col.CuptiCollector(tmp_path, 0).step_end(0)
+
+
+def test_import_without_cupti_python_in_subprocess(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['cupti'] = None\n"
+        "import ep_trace, ep_trace.cupti, ep_trace.cupti.collector as c, ep_trace.parsers.cupti\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "try:\n    c.CuptiCollector(sys.argv[1], 0).start()\n"
+        "except ep_trace.errors.MissingDependencyError as e:\n    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ERR " + col.NO_CUPTI_MESSAGE
