@@ -5,3 +5,7 @@ detects the format of every file of a directory and dispatches.
 """
 
 from __future__ import annotations
+
+from ep_trace.parsers.kineto import read_kineto
+
+__all__ = ["read_kineto"]

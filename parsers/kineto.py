@@ -1,0 +1,327 @@
+"""Kineto (torch.profiler Chrome trace) -> canonical tables, one rank file at a time.
+
+Rules (facts in ``shared/reference/kineto.md``):
+
+* Only ``ph:"X"`` spans become ``events`` rows; flows (``ac2g`` / legacy ``async_cpu_to_gpu``),
+  metadata (``ph:"M"``) and instants are dropped: linking uses ``args.correlation``, which every
+  era carries, not flow drawing order (kineto#1380: under CUPTI skew a kernel can start before its
+  launch ends, and ``hta_torchrec_pair`` has no flows at all).
+* ``event_id`` = the event's index in ``traceEvents``, so every row points back into the file.
+* Times: ``ts``/``dur`` are µs (ints in 2022-2023 traces, ``"<us>.<3-digit ns>"`` floats since).
+  ``start_ns = baseTimeNanoseconds + round(ts * 1000)`` when the key exists (kineto#928, 2024:
+  relative ts), else ``round(ts * 1000)`` (absolute epoch µs). The integer part is converted
+  exactly and only the fraction is rounded, so epoch-µs ints (> 2^53 once scaled) stay exact.
+  ``end_ns = start_ns + round(dur * 1000)``. ts 5.1 -> base + 5100.
+* Kinds (schema ``EVENT_KINDS``): ``kernel`` -> gpu_kernel, ``gpu_memcpy``, ``gpu_memset``,
+  ``gpu_user_annotation`` -> gpu_annotation, ``user_annotation`` -> cpu_annotation except
+  ``gloo:*`` ranges on a gloo worker thread -> comm_worker, ``cpu_op`` and ``python_function``
+  -> cpu_op (``category`` keeps them apart; python frames are never link targets),
+  ``cuda_runtime`` / ``cuda_driver`` -> runtime, anything else (``Trace``, ``cuda_sync``,
+  ``overhead``, ``mtia_*`` ...) -> other.
+* Kineto GPU rows use ``pid`` = device index and ``tid`` = stream (``device`` / ``stream`` columns).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from ep_trace import schema
+from ep_trace.errors import TraceFormatError
+from ep_trace.parsers import kineto_json
+from ep_trace.parsers.kineto_collectives import build_collectives
+from ep_trace.parsers.kineto_links import link_events
+
+__all__ = ["KinetoFileInfo", "read_kineto", "read_kineto_file", "rank_from_file_name", "ARG_KEEP_PREFIXES"]
+
+log = logging.getLogger(__name__)
+
+_KIND_OF_CAT = {
+    "kernel": "gpu_kernel",
+    "gpu_memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset",
+    "gpu_user_annotation": "gpu_annotation",
+    "user_annotation": "cpu_annotation",
+    "cpu_op": "cpu_op",
+    "python_function": "cpu_op",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+}
+_GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
+
+#: Names whose ``args`` are kept (for the collective builder); all other args are dropped per chunk.
+ARG_KEEP_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
+
+_RANK_FILE_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_.]?(\d+)(?!\d)", re.IGNORECASE)
+_FIX = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
+
+
+@dataclass(frozen=True)
+class KinetoFileInfo:
+    """What one Kineto file says about its job (used by the directory merge to reject mixtures).
+
+    Attributes:
+        path: The file.
+        rank: Rank used for its rows.
+        rank_source: 'distributedInfo', 'rank_map', 'file_name' or 'default'.
+        world_size: ``distributedInfo.world_size`` when present.
+        backend: ``distributedInfo.backend`` when present.
+        default_pg: ``(pg_size, ranks)`` of the default process group from ``pg_config``, if any.
+    """
+
+    path: str
+    rank: int
+    rank_source: str
+    world_size: int | None
+    backend: str | None
+    default_pg: tuple[int | None, tuple[int, ...] | None] | None
+
+
+def rank_from_file_name(name: str) -> int | None:
+    """Rank guessed from a file name: ``rank-3``, ``rank3``, ``rank_3``, ``worker3_step_12...``."""
+    m = _RANK_FILE_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> TraceFormatError:
+    return TraceFormatError(path, problem, fix, record=f"traceEvents[{index}]")
+
+
+def _strict_series(name: str, values: list[Any], dtype: pl.DataType, path: Path, ev_index: list[int], what: str) -> pl.Series:
+    """Build a typed column; on a bad value (string, int beyond the type) name the event."""
+    try:
+        return pl.Series(name, values, dtype=dtype)
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        lo, hi = (-(2**63), 2**63 - 1) if dtype == pl.Int64 else (0, 2**64 - 1)
+        for i, v in enumerate(values):
+            bad = v is not None and (
+                isinstance(v, bool)
+                or (dtype.is_integer() and not (isinstance(v, int) and lo <= v <= hi))
+                or (dtype.is_float() and not isinstance(v, (int, float)))
+            )
+            if bad:
+                raise _event_error(path, ev_index[i], f"{what} has an unusable value {str(v)[:40]!r} (beyond {dtype} or not a number)") from None
+        raise
+
+
+def _to_ns(us: pl.Series) -> pl.Series:
+    """µs (float64 holding ints or ns-fraction floats) -> int64 ns: exact integer part, rounded fraction."""
+    fl = us.floor()
+    return fl.cast(pl.Int64) * 1000 + ((us - fl) * 1000).round(0).cast(pl.Int64)
+
+
+def _chunk_frame(evs: list[Any], offset: int, path: Path, base_ns: int, kept_args: dict[int, dict[str, Any]]) -> pl.DataFrame:
+    """Columns of the X events of one ``traceEvents`` slice (single pass per field, no per-event work)."""
+    try:
+        xi = [i for i, e in enumerate(evs) if e.get("ph") == "X"]
+    except AttributeError:
+        bad = next(i for i, e in enumerate(evs) if not isinstance(e, dict))
+        raise _event_error(path, offset + bad, f"event is a {type(evs[bad]).__name__}, not an object") from None
+    xs = [evs[i] for i in xi]
+    ids = [offset + i for i in xi]
+    cat = [e.get("cat") for e in xs]
+    name = [e.get("name") for e in xs]
+    args = [e.get("args") for e in xs]
+    ts = _strict_series("ts", [e.get("ts") for e in xs], pl.Float64, path, ids, "ts")
+    dur = _strict_series("dur", [e.get("dur") for e in xs], pl.Float64, path, ids, "dur")
+    if ts.null_count() or dur.null_count():
+        j = (ts.is_null() | dur.is_null()).arg_max()
+        raise _event_error(path, ids[j], "complete event (ph 'X') without a numeric ts or dur")
+    neg = dur < 0
+    if neg.any():
+        j = neg.arg_max()
+        raise _event_error(path, ids[j], f"negative duration (dur={dur[j]})", "the trace is corrupt; re-export it")
+    big = (ts.abs() > 9.0e15) | (dur > 9.0e15)  # µs beyond int64 ns
+    if big.any():
+        j = big.arg_max()
+        raise _event_error(path, ids[j], f"timestamp out of range (ts={ts[j]}, dur={dur[j]})")
+    corr = [a.get("correlation") if a else None for a in args]
+    ext = [a.get("External id") if a else None for a in args]
+    nbytes = [a.get("bytes") if a and (c == "gpu_memcpy" or c == "gpu_memset") else None for a, c in zip(args, cat)]
+    pid = [e.get("pid") for e in xs]
+    tid = [e.get("tid") for e in xs]
+    keep = [
+        j
+        for j, (c, n, a) in enumerate(zip(cat, name, args))
+        if a and ((n.__class__ is str and n.startswith(ARG_KEEP_PREFIXES)) or (c == "kernel" and "Collective name" in a))
+    ]
+    for j in keep:
+        kept_args[ids[j]] = args[j]
+    start = _to_ns(ts) + base_ns
+    df = pl.DataFrame(
+        {
+            "event_id": pl.Series(ids, dtype=pl.Int64),
+            "category": pl.Series(cat, dtype=pl.Utf8, strict=False),
+            "name": pl.Series(name, dtype=pl.Utf8, strict=False),
+            "pid_raw": pl.Series(pid, dtype=pl.Int64, strict=False),
+            "tid_raw": pl.Series(tid, dtype=pl.Int64, strict=False),
+            "start_ns": start,
+            "end_ns": start + _to_ns(dur),
+            "correlation": _strict_series("correlation", corr, pl.Int64, path, ids, "args.correlation"),
+            "external_id": _strict_series("external_id", ext, pl.Int64, path, ids, "args['External id']"),
+            "bytes": _strict_series("bytes", nbytes, pl.Int64, path, ids, "args.bytes"),
+        }
+    )
+    if df["tid_raw"].null_count() > sum(t is None for t in tid) or df["pid_raw"].null_count() > sum(p is None for p in pid):
+        # Some writers label tracks with strings ("stream 7", "GPU 0"): keep their trailing number.
+        df = df.with_columns(
+            pl.coalesce("pid_raw", pl.Series([p if p.__class__ is str else None for p in pid], dtype=pl.Utf8).str.extract(r"(\d+)\s*$").cast(pl.Int64)),
+            pl.coalesce("tid_raw", pl.Series([t if t.__class__ is str else None for t in tid], dtype=pl.Utf8).str.extract(r"(\d+)\s*$").cast(pl.Int64)),
+        )
+    return df
+
+
+def _mark_comm_workers(ev: pl.DataFrame) -> pl.DataFrame:
+    """``gloo:*`` user annotations on a thread that issues no collective itself -> comm_worker.
+
+    ProcessGroupGloo runs the transfer on its own worker threads (torch 2.x, verified 2.13 and the
+    2024 ``rank-34`` trace); the caller thread holds ``ProfilerStep#`` / ``c10d::*`` ops instead.
+    """
+    caller = (
+        ev.filter(pl.col("name").str.starts_with("ProfilerStep#") | pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms"))
+        .select("pid", "tid")
+        .unique()
+        .with_columns(pl.lit(True).alias("_caller"))
+    )
+    ev = ev.join(caller, on=["pid", "tid"], how="left", nulls_equal=True)
+    is_worker = (pl.col("kind") == "cpu_annotation") & pl.col("name").str.starts_with("gloo:") & pl.col("_caller").is_null()
+    return ev.with_columns(pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(pl.col("kind")).alias("kind")).drop("_caller")
+
+
+def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | None] | None:
+    from ep_trace.parsers.splits import parse_int_list
+
+    for pg in info.get("pg_config") or []:
+        if isinstance(pg, dict) and (pg.get("pg_desc") == "default_pg" or str(pg.get("pg_name")) == "0"):
+            ranks = parse_int_list(pg.get("ranks"))
+            size = pg.get("pg_size")
+            return (size if isinstance(size, int) else None, tuple(v for v in ranks.values if v is not None) if ranks else None)
+    return None
+
+
+def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.TraceTables, KinetoFileInfo]:
+    """Read one rank's Kineto trace; also return what the file says about its job.
+
+    Args:
+        path: ``*.json`` / ``*.json.gz`` / ``*.pt.trace.json[.gz]``.
+        rank: Rank to use, overriding ``distributedInfo.rank`` (e.g. from a ``rank_map``).
+
+    Returns:
+        ``(tables, info)``; ``tables`` is validated, ``stages`` and routing tables are empty.
+
+    Raises:
+        TraceFormatError: one line naming the file (and ``traceEvents[i]``) for bad input.
+    """
+    path = Path(path)
+    raw = kineto_json.read_bytes(path)
+    header, events = kineto_json.decode_header(raw, path)
+    del raw
+    issues: list[schema.LoadIssue] = []
+    dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    base = header.get("baseTimeNanoseconds")
+    try:
+        base_ns = int(base) if base is not None else 0
+    except (TypeError, ValueError):
+        raise TraceFormatError(path, f"baseTimeNanoseconds is not an integer ({base!r})", _FIX) from None
+
+    file_rank = dist.get("rank") if isinstance(dist.get("rank"), int) else None
+    if rank is not None:
+        rank_source = "rank_map"
+        if file_rank is not None and file_rank != rank:
+            issues.append(schema.LoadIssue(str(path), rank, "warning", f"distributedInfo says rank {file_rank}; rank {rank} given by the caller is used"))
+    elif file_rank is not None:
+        rank, rank_source = file_rank, "distributedInfo"
+    else:
+        guess = rank_from_file_name(path.name)
+        if guess is not None:
+            rank, rank_source = guess, "file_name"
+            issues.append(schema.LoadIssue(str(path), rank, "warning", f"no distributedInfo.rank in the trace; rank {rank} guessed from the file name"))
+        else:
+            rank, rank_source = 0, "default"
+            issues.append(schema.LoadIssue(str(path), 0, "warning", "no distributedInfo.rank and no rank in the file name; assumed rank 0 (pass rank_map to set it)"))
+
+    kept_args: dict[int, dict[str, Any]] = {}
+    frames = []
+    for offset, chunk in kineto_json.iter_event_chunks(events, path):
+        frames.append(_chunk_frame(chunk, offset, path, base_ns, kept_args))
+        del chunk
+    del events
+    ev = pl.concat(frames, how="vertical") if frames else pl.DataFrame()
+    if ev.height == 0:
+        raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
+
+    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
+    ev = ev.with_columns(kind.alias("kind"), pl.col("name").fill_null("")).rename({"pid_raw": "pid", "tid_raw": "tid"})
+    ev = _mark_comm_workers(ev)
+    gpu = pl.col("kind").is_in(_GPU_KINDS)
+    ev = ev.with_columns(
+        pl.lit(rank, dtype=pl.Int32).alias("rank"),
+        pl.when(gpu).then(pl.col("pid")).cast(pl.Int32).alias("device"),
+        pl.when(gpu).then(pl.col("tid")).alias("stream"),
+        pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq"),
+    )
+    ev = link_events(ev)
+    colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
+    if coll_of_event.height:
+        ev = ev.join(coll_of_event, on="event_id", how="left")
+    ev = ev.sort("start_ns", "event_id")
+    events_df = schema.validate("events", schema.conform("events", ev), str(path))
+
+    gpu_dev = events_df.filter(pl.col("kind") == "gpu_kernel")["device"].drop_nulls()
+    device = f"cuda:{int(gpu_dev.mode().sort()[0])}" if gpu_dev.len() else "cpu"
+    ws = dist.get("world_size")
+    ranks_df = pl.DataFrame(
+        {
+            "rank": [rank],
+            "world_size": [ws if isinstance(ws, int) else None],
+            "host": [header.get("host_name") if isinstance(header.get("host_name"), str) else None],
+            "device": [device],
+            "backend": [dist.get("backend") if isinstance(dist.get("backend"), str) else None],
+            "source_file": [str(path)],
+            "format": ["kineto"],
+            "trace_start_ns": [events_df["start_ns"].min()],
+            "trace_end_ns": [events_df["end_ns"].max()],
+            "clock_offset_ns": [0],
+            "rank_source": [rank_source],
+            "has_sidecar": [False],
+        }
+    )
+    tables = schema.TraceTables(
+        ranks=schema.validate("ranks", schema.conform("ranks", ranks_df), str(path)),
+        events=events_df,
+        collectives=schema.validate("collectives", schema.conform("collectives", colls), str(path)),
+        load_report=tuple(issues),
+    )
+    info = KinetoFileInfo(
+        path=str(path),
+        rank=rank,
+        rank_source=rank_source,
+        world_size=ws if isinstance(ws, int) else None,
+        backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+        default_pg=_default_pg(dist),
+    )
+    log.debug("%s: rank %d, %d events, %d collectives", path, rank, events_df.height, tables.collectives.height)
+    return tables, info
+
+
+def read_kineto(path: str | Path, rank: int | None = None) -> schema.TraceTables:
+    """Read one rank's Kineto trace (``.json`` / ``.json.gz``) into canonical tables.
+
+    Args:
+        path: The trace file.
+        rank: Rank to use; default ``distributedInfo.rank``, else a rank in the file name (warning
+            in ``load_report``), else 0 (warning).
+
+    Returns:
+        Validated :class:`~ep_trace.schema.TraceTables` (events, collectives, ranks; routing empty
+        until a sidecar is merged, see :func:`ep_trace.parsers.read_trace_dir`).
+
+    Raises:
+        TraceFormatError: bad input, one line naming the file and the event index.
+    """
+    return read_kineto_file(path, rank)[0]

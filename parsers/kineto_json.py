@@ -1,0 +1,185 @@
+"""Bounded-memory decoding of a Kineto Chrome-trace file: header + ``traceEvents`` in chunks.
+
+Decoding a 100 MB trace into Python objects at once costs several times the file size in RSS, so
+the ``traceEvents`` array is decoded in slices of about :data:`CHUNK_BYTES` cut at event
+boundaries (``}`` ``,`` ``{`` between two events), each slice turned into columns and dropped
+before the next. A cut inside a string would make a slice invalid JSON, which is detected and
+answered by decoding the whole array at once (correct, only slower), so the fast path can never
+produce a different result from a plain ``orjson.loads``.
+
+orjson keeps integers up to uint64 (``Comms Id`` can exceed int64); a document holding a larger
+integer is re-decoded with the standard library (arbitrary precision) so the offending field can be
+named by the column builder.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ep_trace.errors import TraceFormatError
+
+__all__ = ["CHUNK_BYTES", "read_bytes", "decode_header", "iter_event_chunks"]
+
+#: Target size of one decoded slice of ``traceEvents`` (bytes of JSON text).
+CHUNK_BYTES = 8 << 20
+
+_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
+_FIX_REEXPORT = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
+
+
+def read_bytes(path: Path) -> bytes:
+    """Read a ``.json`` / ``.json.gz`` file (gzip recognised by its magic bytes).
+
+    Raises:
+        TraceFormatError: empty file, or an invalid / truncated gzip stream.
+    """
+    raw = path.read_bytes()
+    if not raw:
+        raise TraceFormatError(path, "empty file", _FIX_REEXPORT)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(path, f"invalid or truncated gzip data ({exc})", _FIX_REEXPORT) from None
+        if not raw.strip():
+            raise TraceFormatError(path, "empty file (after gunzip)", _FIX_REEXPORT)
+    elif path.name.endswith(".gz"):
+        raise TraceFormatError(path, "invalid gzip data (no gzip header)", _FIX_REEXPORT)
+    return raw
+
+
+def _loads(raw: bytes, path: Path, what: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "64-bit" in str(exc):
+            # An integer beyond uint64: stdlib json keeps it (Python int); the column builder then
+            # names the event that holds it if the parser uses that field.
+            try:
+                return json.loads(raw)
+            except ValueError:
+                pass
+        raise TraceFormatError(path, f"invalid or truncated JSON in {what} ({exc})", _FIX_REEXPORT) from None
+
+
+def _last_event_start(raw: bytes, open_pos: int, end: int) -> int:
+    """Start of the last ``{`` that follows an event boundary before ``end`` (or the array start)."""
+    window = 1 << 16
+    while True:
+        lo = max(open_pos, end - window)
+        last = None
+        for last in _BOUNDARY_RE.finditer(raw, lo, end):
+            pass
+        if last is not None:
+            return last.end() - 1
+        if lo == open_pos:
+            return open_pos
+        window *= 4
+
+
+def _array_end(raw: bytes, open_pos: int) -> int | None:
+    """Index of the ``]`` closing the ``traceEvents`` array, found from the end of the document.
+
+    Later top-level values can hold arrays too (``INFO`` is a list of log lines), so a candidate
+    ``]`` must be followed by a parsable object remainder *and* close a parsable last event.
+    """
+    pos = len(raw)
+    for _ in range(256):
+        pos = raw.rfind(b"]", open_pos, pos)
+        if pos < 0:
+            return None
+        rest = raw[pos + 1 :].lstrip()
+        if rest[:1] not in (b",", b"}"):
+            continue
+        try:
+            orjson.loads(b'{"_":0' + rest)
+            tail = raw[_last_event_start(raw, open_pos, pos) : pos]
+            if isinstance(orjson.loads(b"[" + tail + b"]"), list):
+                return pos
+        except orjson.JSONDecodeError:
+            pass
+    return None
+
+
+def decode_header(raw: bytes, path: Path) -> tuple[dict[str, Any], bytes | list[Any]]:
+    """Split a trace document into its top-level keys and its events.
+
+    Returns:
+        ``(header, events)`` where ``header`` holds every top-level key except ``traceEvents``, and
+        ``events`` is either the raw bytes of the array body (fast path) or an already decoded list.
+
+    Raises:
+        TraceFormatError: not JSON, not an object with a ``traceEvents`` list.
+    """
+    m = _KEY_RE.search(raw)
+    end = _array_end(raw, m.end()) if m else None
+    if m is not None and end is not None:
+        head = raw[: m.start()] + b'"traceEvents":[]' + raw[end + 1 :]
+        try:
+            header = orjson.loads(head)
+        except orjson.JSONDecodeError:
+            header = None
+        if isinstance(header, dict):
+            header.pop("traceEvents", None)
+            return header, raw[m.end() : end]
+    doc = _loads(raw, path, "the document")
+    if isinstance(doc, list):  # the bare-array Chrome trace format
+        return {}, doc
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        keys = sorted(doc)[:6] if isinstance(doc, dict) else type(doc).__name__
+        raise TraceFormatError(
+            path,
+            f"not a Chrome/Kineto trace: no 'traceEvents' list (top level: {keys})",
+            "pass a torch.profiler trace (*.pt.trace.json[.gz]) or an Nsight export",
+        )
+    events = doc.pop("traceEvents")
+    return doc, events
+
+
+def iter_event_chunks(events: bytes | list[Any], path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, list[Any]]]:
+    """Yield ``(offset, events)`` slices of ``traceEvents``; ``offset`` = index of the slice's first event.
+
+    Raises:
+        TraceFormatError: the array is not valid JSON.
+    """
+    if isinstance(events, list):
+        yield 0, events
+        return
+    body = events
+    pieces: list[tuple[int, int]] = []
+    pos = 0
+    n = len(body)
+    while pos < n:
+        target = pos + chunk_bytes
+        if target >= n:
+            pieces.append((pos, n))
+            break
+        m = _BOUNDARY_RE.search(body, target)
+        if m is None:
+            pieces.append((pos, n))
+            break
+        cut = m.start() + 1  # keep the closing brace in this slice
+        pieces.append((pos, cut))
+        pos = body.index(b"{", m.start() + 1)
+    offset = 0
+    for a, b in pieces:
+        try:
+            part = orjson.loads(b"[" + body[a:b] + b"]")
+        except orjson.JSONDecodeError:
+            part = None
+        if not isinstance(part, list):
+            # A cut landed inside a string, or the array is corrupt: decode the rest whole, which
+            # either succeeds (same result as a plain decode) or raises the one-line error.
+            yield offset, _loads(b"[" + body[a:] + b"]", path, "traceEvents")
+            return
+        yield offset, part
+        offset += len(part)

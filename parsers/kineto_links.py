@@ -1,0 +1,100 @@
+"""Linking Kineto rows: GPU activity -> runtime launch -> enclosing CPU op, vectorised.
+
+* ``launch_id``: GPU kernel / memcpy / memset -> the ``cuda_runtime`` / ``cuda_driver`` row with the
+  same ``args.correlation`` (always present; flows are not needed).
+* ``op_id``: the CPU op Kineto linked through ``External id`` (kineto ``output_json.cpp``: the
+  innermost op that pushed a correlation). Legacy traces (2022-2023: ``param_dlrm_8rank``,
+  ``hta_torchrec_*``) give NCCL kernels ``External id == correlation`` and no CPU op has that id,
+  so when the id is missing, equal to the correlation, or unknown, the fallback is time
+  containment: the innermost ``cpu_op`` / ``user_annotation`` on the launching (pid, tid) whose
+  interval contains the launch start. ``python_function`` frames are never link targets.
+
+Containment is computed without per-event Python: ops of one thread are properly nested, so each
+op gets a nesting depth from two sorted counts (ops started before it minus ops ended before it);
+then, depth level by depth level, an as-of join finds the last op starting before each point and
+keeps it when it still contains the point. The deepest containing level wins.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+__all__ = ["innermost_enclosing", "link_events"]
+
+_KEY = ["pid", "tid"]
+
+
+def _depths(ops: pl.DataFrame) -> pl.DataFrame:
+    """Add ``depth`` (0 = outermost) to ops of columns pid, tid, start_ns, end_ns, op."""
+    ops = ops.sort(["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True])
+    ops = ops.with_columns(pl.int_range(pl.len()).over(_KEY).alias("_pos"))
+    ends = (
+        ops.select(*_KEY, pl.col("end_ns").alias("_t"))
+        .sort([*_KEY, "_t"])
+        .with_columns(pl.int_range(1, pl.len() + 1).over(_KEY).alias("_ended"))
+        .group_by([*_KEY, "_t"])
+        .agg(pl.col("_ended").max())
+        .sort("_t")
+    )
+    ops = ops.sort("start_ns").join_asof(
+        ends, left_on="start_ns", right_on="_t", by=_KEY, strategy="backward", allow_exact_matches=False, check_sortedness=False
+    )
+    depth = (pl.col("_pos") - pl.col("_ended").fill_null(0)).clip(lower_bound=0)
+    return ops.with_columns(depth.alias("depth")).drop("_pos", "_t", "_ended")
+
+
+def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
+    """Innermost op containing each point on the same (pid, tid).
+
+    Args:
+        points: Columns ``pid``, ``tid``, ``t`` (ns) and any others (kept).
+        ops: Columns ``pid``, ``tid``, ``start_ns``, ``end_ns``, ``op`` (the id to return).
+
+    Returns:
+        ``points`` plus column ``op`` (null when no op contains the point), in ``t`` order.
+    """
+    points = points.sort("t")
+    out = points.with_columns(pl.lit(None, dtype=ops.schema["op"]).alias("op"))
+    ops = ops.drop_nulls(["pid", "tid"])
+    if ops.height == 0 or points.height == 0:
+        return out
+    ops = _depths(ops)
+    for d in range(int(ops["depth"].max()) + 1):
+        level = ops.filter(pl.col("depth") == d).select(*_KEY, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op")).sort("start_ns")
+        hit = points.select(*_KEY, "t").join_asof(level, left_on="t", right_on="start_ns", by=_KEY, strategy="backward", check_sortedness=False)
+        found = pl.Series(hit["_end"] >= hit["t"]).fill_null(False)
+        out = out.with_columns(pl.when(found).then(hit["_op"]).otherwise(pl.col("op")).alias("op"))
+    return out
+
+
+def link_events(ev: pl.DataFrame) -> pl.DataFrame:
+    """Add ``launch_id`` and ``op_id`` to a Kineto events frame (see the module doc).
+
+    Args:
+        ev: Columns event_id, kind, category, pid, tid, start_ns, end_ns, correlation, external_id.
+
+    Returns:
+        ``ev`` with ``launch_id`` (GPU rows) and ``op_id`` (GPU and runtime rows).
+    """
+    gpu = pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"])
+    runtime = ev.filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+    launches = runtime.select("correlation", pl.col("event_id").alias("_launch")).unique("correlation", keep="first")
+    ops = ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function")).select(
+        *_KEY, "start_ns", "end_ns", pl.col("event_id").alias("op")
+    )
+    contained = innermost_enclosing(runtime.select(*_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")), ops)
+    launch_op = contained.select("_launch", pl.col("op").alias("_launch_op"))
+    by_ext = (
+        ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())
+        .select("external_id", pl.col("event_id").alias("_ext_op"))
+        .unique("external_id", keep="first")
+    )
+    ev = ev.join(launches, on="correlation", how="left").with_columns(
+        pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
+        pl.when(pl.col("kind") == "runtime").then(pl.col("event_id")).when(gpu).then(pl.col("_launch")).alias("_launch"),
+    )
+    ev = ev.join(launch_op, on="_launch", how="left").join(by_ext, on="external_id", how="left")
+    ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
+    linked = gpu | (pl.col("kind") == "runtime")
+    op_id = pl.when(linked & ext_ok).then(pl.col("_ext_op")).when(linked).then(pl.col("_launch_op"))
+    return ev.with_columns(op_id.alias("op_id")).drop("_launch", "_launch_op", "_ext_op")
