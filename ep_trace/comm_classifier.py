@@ -42,7 +42,7 @@ import re
 
 import polars as pl
 
-__all__ = ["COMM_KERNEL_PATTERNS", "comm_family", "comm_family_expr", "is_comm_expr"]
+__all__ = ["COMM_KERNEL_PATTERNS", "comm_family", "comm_family_expr", "first_match_expr", "is_comm_expr"]
 
 # Optional return type / leading qualifiers printed by demangled names.
 _P = r"^(?:void\s+)?(?:::)?"
@@ -67,6 +67,22 @@ COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
 _COMPILED = tuple((family, re.compile(rx)) for family, rx in COMM_KERNEL_PATTERNS)
 
 
+def first_match_expr(name: pl.Expr, table: tuple[tuple[str, str], ...], regex_first: bool = False) -> pl.Expr:
+    """Polars expression: the label of the first ``(label, regex)`` row whose regex matches, else null.
+
+    Args:
+        name: A Utf8 expression.
+        table: ``(label, regex)`` rows (``(regex, label)`` with ``regex_first=True``), tried in order.
+        regex_first: Rows are ``(regex, label)``.
+    """
+    rows = [(b, a) if regex_first else (a, b) for a, b in table]
+    label, rx = rows[0]
+    chain = pl.when(name.str.contains(rx)).then(pl.lit(label))
+    for label, rx in rows[1:]:
+        chain = chain.when(name.str.contains(rx)).then(pl.lit(label))
+    return chain.otherwise(pl.lit(None, dtype=pl.Utf8))
+
+
 def comm_family_expr(name: pl.Expr) -> pl.Expr:
     """Polars expression: the communication family of a kernel name, or null for compute kernels.
 
@@ -76,11 +92,7 @@ def comm_family_expr(name: pl.Expr) -> pl.Expr:
     Returns:
         A Utf8 expression with a family from :data:`COMM_KERNEL_PATTERNS` or null.
     """
-    family, rx = COMM_KERNEL_PATTERNS[0]
-    chain = pl.when(name.str.contains(rx)).then(pl.lit(family))
-    for family, rx in COMM_KERNEL_PATTERNS[1:]:
-        chain = chain.when(name.str.contains(rx)).then(pl.lit(family))
-    return chain.otherwise(pl.lit(None, dtype=pl.Utf8))
+    return first_match_expr(name, COMM_KERNEL_PATTERNS)
 
 
 def is_comm_expr(name: pl.Expr) -> pl.Expr:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from ep_trace.comm_classifier import first_match_expr
 from ep_trace.parsers.nsys_project import enclosing_pairs
 
 __all__ = ["COLLECTIVE_RANGE_TYPES", "collective_type_expr", "group_collectives"]
@@ -44,11 +45,7 @@ _BACKEND = {"nccl": "nccl", "rccl": "rccl", "msccl": "msccl", "deepep": "deepep"
 
 def collective_type_expr(name: pl.Expr) -> pl.Expr:
     """The normalised collective named by an NVTX range, or null."""
-    rx, coll = COLLECTIVE_RANGE_TYPES[0]
-    chain = pl.when(name.str.contains(rx)).then(pl.lit(coll))
-    for rx, coll in COLLECTIVE_RANGE_TYPES[1:]:
-        chain = chain.when(name.str.contains(rx)).then(pl.lit(coll))
-    return chain.otherwise(pl.lit(None, dtype=pl.Utf8))
+    return first_match_expr(name, COLLECTIVE_RANGE_TYPES, regex_first=True)
 
 
 def _group_contents(ranges: pl.DataFrame) -> pl.DataFrame:

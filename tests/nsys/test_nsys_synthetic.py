@@ -1,0 +1,224 @@
+"""Synthetic nsys exports with exact answers: schema variants, projection edge cases, ranks, bad input."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ep_trace.errors import ConfigError, MissingDependencyError, TraceFormatError
+from ep_trace.parsers.nsys import read_nsys
+
+T0 = 1_700_000_000_000_000_000  # SESSION_START in conftest
+PID, PID2 = 144, 145
+
+
+def gtid(pid: int, tid: int | None = None, vm: int = 1) -> int:
+    """Serialized globalTid: <hw:8><vm:8><pid:24><tid:24>."""
+    return (vm << 48) | (pid << 24) | (pid if tid is None else tid)
+
+
+def gpid(pid: int, vm: int = 1) -> int:
+    return (vm << 48) | (pid << 24)
+
+
+STRINGS = {1: "gemm_kernel", 2: "ncclDevKernel_SendRecv", 3: "cudaLaunchKernel_v7000", 4: "cuLaunchKernelEx",
+           5: "ncclGroupStart", 6: "ncclSend", 7: "ncclRecv", 8: "ncclGroupEnd", 9: "NCCL", 10: "MPI Rank 5"}
+MAIN, OTHER = gtid(PID), gtid(PID, PID + 7)
+
+# Projection case on thread MAIN: outer A [100, 1000] > inner B [200, 500]; C [600, 700] is
+# straddled by launch L2 [650, 720]; D (start/end) [750, 900] ends on OTHER; E is open (end NULL).
+NVTX = [
+    (100, 1000, 59, "A", MAIN, None, None, 0),
+    (200, 500, 59, "B, op_id = 17", MAIN, None, None, 0),
+    (600, 700, 59, "C", MAIN, None, None, 0),
+    (750, 900, 60, "D", MAIN, OTHER, None, 0),
+    (950, None, 59, "E", MAIN, None, None, 0),
+]
+RUNTIME = [
+    (300, 310, 0, MAIN, 1, 3),   # L1 inside B (and A)
+    (650, 720, 0, MAIN, 2, 3),   # L2 straddles C's end -> only A
+    (800, 810, 0, MAIN, 3, 3),   # L3 inside A and D (D ends on another thread -> skipped)
+    (400, 410, 0, OTHER, 4, 3),  # L4 on another thread: no range
+    (960, 970, 0, MAIN, 5, 3),   # L5 inside the open range E
+    (300, 310, 67, MAIN, 1, 3),  # backtrace duplicate of L1 (schema 2.9.1): must not double the join
+]
+KERNELS = [
+    (2000, 2100, 0, 7, 1, gpid(PID), 1),
+    (2200, 2300, 0, 7, 2, gpid(PID), 1),
+    (2400, 2500, 0, 7, 3, gpid(PID), 1),
+    (2600, 2700, 0, 7, 4, gpid(PID), 1),
+    (2800, 2900, 0, 7, 5, gpid(PID), 1),
+    (3000, 3100, 0, 8, 99, gpid(PID), 1),  # no launch row
+]
+
+
+def _ev(tt, kind: str) -> pl.DataFrame:
+    return tt.events.filter(pl.col("kind") == kind)
+
+
+@pytest.mark.parametrize("style", ["2.9", "3.x"])
+def test_projection_edge_cases(make_export, style: str) -> None:
+    path = make_export(strings=STRINGS, kernels=KERNELS, runtime=RUNTIME, nvtx=NVTX, style=style)
+    tt = read_nsys(path)
+    ev = tt.events
+    names = dict(zip(ev["event_id"].to_list(), ev["name"].to_list()))
+    k = _ev(tt, "gpu_kernel").sort("start_ns")
+    assert k["start_ns"].to_list() == [T0 + s for s in (2000, 2200, 2400, 2600, 2800, 3000)]
+    assert [names.get(i) for i in k["op_id"].to_list()] == ["B", "A", "A", None, "E", None]
+    # launch_id -> the runtime row with the same correlation (one row each: eventClass 67 dropped)
+    rt = _ev(tt, "runtime")
+    assert rt.height == 5
+    launch_start = dict(zip(rt["event_id"].to_list(), rt["start_ns"].to_list()))
+    assert [launch_start.get(i) for i in k["launch_id"].to_list()] == [T0 + s for s in (300, 650, 800, 400, 960)] + [None]
+    ann = _ev(tt, "gpu_annotation").sort("name")
+    assert ann["name"].to_list() == ["A", "B", "E"]
+    assert ann.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0).rows() == [(2000, 2900), (2000, 2100), (2800, 2900)]
+    assert [names[i] for i in ann["op_id"].to_list()] == ["A", "B", "E"]
+    cpu = _ev(tt, "cpu_annotation").sort("start_ns")
+    assert cpu["name"].to_list() == ["A", "B", "C", "D", "E"]  # emit_nvtx suffix stripped
+    assert cpu["end_ns"].to_list()[-1] == T0 + 3100  # open range ends at the end of the trace
+    assert cpu["tid"].to_list() == [PID] * 5 and cpu["pid"].to_list() == [PID] * 5
+    assert tt.ranks.select("rank", "device", "rank_source").rows() == [(0, "cuda:0", "process_order")]
+    assert [i.message for i in tt.load_report] == [
+        "1 of 6 GPU ops have no launching API call in the export (outside the capture / slice window): kept, with no stage attribution"
+    ]
+
+
+def test_colliding_correlation_ids_across_processes(make_export) -> None:
+    kernels = [(2000, 2100, 0, 7, 1, gpid(PID), 1), (2050, 2300, 1, 7, 1, gpid(PID2), 1)]
+    runtime = [(300, 310, 0, gtid(PID), 1, 3), (500, 520, 1, gtid(PID2), 1, 4)]
+    tt = read_nsys(make_export(strings=STRINGS, kernels=kernels, runtime=runtime), rank_map={PID: 1, PID2: 0})
+    k = _ev(tt, "gpu_kernel").join(
+        _ev(tt, "runtime").select("rank", pl.col("event_id").alias("launch_id"), pl.col("name").alias("api"), pl.col("pid").alias("api_pid")),
+        on=["rank", "launch_id"], how="left").sort("rank")
+    assert k.select("rank", "pid", "api_pid", "api", "device").rows() == [(0, PID2, PID2, "cuLaunchKernelEx", 1), (1, PID, PID, "cudaLaunchKernel", 0)]
+    assert tt.ranks.select("rank", "rank_source").rows() == [(0, "rank_map"), (1, "rank_map")]
+    assert "pid 144 (device 0) -> rank 1, pid 145 (device 1) -> rank 0" in tt.load_report[0].message
+
+
+def test_multi_process_order_and_single_rank_conflict(make_export) -> None:
+    kernels = [(2000, 2100, 1, 7, 1, gpid(PID), 1), (2050, 2300, 0, 7, 1, gpid(PID2), 1)]
+    path = make_export(strings=STRINGS, kernels=kernels, runtime=[])
+    tt = read_nsys(path)
+    assert tt.ranks.select("rank", "device").rows() == [(0, "cuda:0"), (1, "cuda:1")]
+    assert _ev(tt, "gpu_kernel").select("rank", "pid").sort("rank").rows() == [(0, PID2), (1, PID)]
+    with pytest.raises(ConfigError, match=r"holds 2 GPU processes \(pids 145, 144\) but one rank was given"):
+        read_nsys(path, rank=3)
+
+
+def test_rank_sources(make_export) -> None:
+    kw = dict(strings=STRINGS, kernels=KERNELS[:1], runtime=RUNTIME[:1])
+    assert read_nsys(make_export("job_rank3.sqlite", **kw)).ranks.select("rank", "rank_source").row(0) == (3, "file_name")
+    assert read_nsys(make_export("a.sqlite", **kw), rank=7).ranks["rank"][0] == 7
+    p = make_export("b_rank3.sqlite", **kw)
+    assert read_nsys(p, rank_map={"b_rank3.sqlite": 9}).ranks.select("rank", "rank_source").row(0) == (9, "rank_map")
+    named = make_export("c_rank3.sqlite", thread_names=[(10, MAIN)], **kw)
+    assert read_nsys(named).ranks.select("rank", "rank_source").row(0) == (5, "nvtx")
+
+
+def test_nccl_domain_and_group_collective(make_export) -> None:
+    # One PyTorch-less NCCL group call: GroupStart, Send x2, Recv x2, GroupEnd (launch inside).
+    t = gtid(PID)
+    nvtx = [
+        (10, 20, 59, None, t, None, 5, 1), (21, 30, 59, None, t, None, 6, 1), (31, 40, 59, None, t, None, 7, 1),
+        (41, 50, 59, None, t, None, 6, 1), (51, 60, 59, None, t, None, 7, 1), (61, 90, 59, None, t, None, 8, 1),
+        (100, 200, 59, "nccl:all_reduce", t, None, None, 0), (110, 190, 59, None, t, None, 8, 1),
+        (300, 310, 59, None, t, None, 5, 1), (311, 320, 59, None, t, None, 6, 1), (321, 330, 59, None, t, None, 8, 1),
+    ]
+    runtime = [(70, 80, 1, t, 1, 4), (120, 130, 1, t, 2, 4), (322, 328, 1, t, 3, 4)]
+    kernels = [(1000, 1500, 0, 9, 1, gpid(PID), 2), (1600, 1700, 0, 9, 2, gpid(PID), 2), (1800, 1900, 0, 9, 3, gpid(PID), 2)]
+    for style, domain in (("3.x", "NCCL"), ("2.9", "NCCL-created")):
+        rows = list(nvtx)
+        if style == "2.9":  # with a domain-create row (eventType 75) the recorded name wins
+            rows.append((5, None, 75, "NCCL-created", t, None, None, 1))
+        tt = read_nsys(make_export(f"nccl{style}.sqlite", strings=STRINGS, kernels=kernels, runtime=runtime, nvtx=rows, style=style))
+        cpu = _ev(tt, "cpu_annotation")
+        assert cpu.group_by("domain").len().sort("domain", nulls_last=True).rows() == [(domain, 10), (None, 1)]
+        c = tt.collectives.sort("coll_id")
+        assert c.select("collective", "op_name", "backend", "group_size", "n_kernels", "splits_source").rows() == [
+            ("unknown", "ncclGroupEnd", "nccl", None, 1, None),
+            ("allreduce", "nccl:all_reduce", "nccl", None, 1, None),
+            ("send", "ncclGroupEnd", "nccl", None, 1, None),
+        ]
+        assert c.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, pl.col("cpu_start_ns") - T0).rows() == [
+            (1000, 1500, 61), (1600, 1700, 100), (1800, 1900, 321)]
+        assert _ev(tt, "gpu_kernel").sort("start_ns")["coll_id"].to_list() == [0, 1, 2]
+        assert tt.ranks["backend"].to_list() == ["nccl"]
+
+
+def test_optional_tables_absent_and_no_session_start(make_export) -> None:
+    tt = read_nsys(make_export(strings=STRINGS, kernels=KERNELS[:2], runtime=None, nvtx=None, session_start=None))
+    k = _ev(tt, "gpu_kernel")
+    assert k["start_ns"].to_list() == [2000, 2200]  # capture-relative: no session start to add
+    assert k["launch_id"].null_count() == 2
+    assert tt.events.height == 2 and tt.collectives.height == 0
+    assert tt.load_report[0].message.startswith("no TARGET_INFO_SESSION_START_TIME: times are capture-relative")
+
+
+def test_memcpy_bytes_and_names(make_export) -> None:
+    memcpy = [(500, 600, 0, 7, 11, gpid(PID), 4096, 1), (700, 800, 0, 7, 12, gpid(PID), 64, 10)]
+    tt = read_nsys(make_export(strings=STRINGS, kernels=[], memcpy=memcpy, runtime=[(100, 110, 0, MAIN, 11, 3)]))
+    m = _ev(tt, "gpu_memcpy").sort("start_ns")
+    assert m.select("name", "bytes", "device", "stream").rows() == [("Memcpy HtoD", 4096, 0, 7), ("Memcpy PtoP", 64, 0, 7)]
+    assert m["launch_id"].null_count() == 1
+
+
+def test_cpu_only_export_warns(make_export) -> None:
+    tt = read_nsys(make_export(strings=STRINGS, kernels=None, runtime=RUNTIME[:2], nvtx=NVTX[:2]))
+    assert tt.events.group_by("kind").len().sort("kind").rows() == [("cpu_annotation", 2), ("runtime", 2)]
+    assert tt.ranks.select("rank", "device").rows() == [(0, None)]
+    assert tt.load_report[0].message.startswith("no GPU activity in the export")
+
+
+def test_bad_inputs(tmp_path: Path, make_export, external_dir: Path, monkeypatch) -> None:
+    txt = tmp_path / "notes.sqlite"
+    txt.write_text("hello, not a database\n" * 10)
+    with pytest.raises(TraceFormatError) as e:
+        read_nsys(txt)
+    assert str(e.value) == f"{txt}: not a SQLite file; pass an nsys SQLite export (nsys export --type sqlite) or a .nsys-rep"
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="empty.sqlite: an empty file;"):
+        read_nsys(tmp_path / "empty.sqlite")
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes((external_dir / "nsys/nsys_ai_2gpu/mock.sqlite").read_bytes()[:200_000])
+    with pytest.raises(TraceFormatError) as e:
+        read_nsys(cut)
+    assert str(e.value) == f"{cut}: SQLite file is truncated (200000 of 372736 bytes); copy or export the file again"
+    import sqlite3
+
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as con:
+        con.execute("CREATE TABLE t (a)")
+    with pytest.raises(TraceFormatError, match=r"other.sqlite: not an Nsight Systems export"):
+        read_nsys(other)
+    with pytest.raises(TraceFormatError, match="holds no CUDA activity, CUDA API calls or NVTX ranges"):
+        read_nsys(make_export("nothing.sqlite", strings=STRINGS, kernels=[], runtime=[], nvtx=[]))
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"\0" * 16)
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert shutil.which("nsys") is None
+    with pytest.raises(MissingDependencyError) as e:
+        read_nsys(rep)
+    assert str(e.value).endswith(f"export it yourself with: nsys export --type sqlite --output {tmp_path / 'job.sqlite'} {rep}")
+    assert e.value.exit_code == 2
+
+
+def test_nsys_rep_uses_nsys_export_once(tmp_path: Path, make_export, monkeypatch) -> None:
+    # A stand-in 'nsys' that copies a prepared SQLite file to --output and counts its calls.
+    src = make_export("prepared.sqlite", strings=STRINGS, kernels=KERNELS[:1], runtime=RUNTIME[:1])
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls.log"
+    (bindir / "nsys").write_text(f'#!/bin/sh\necho "$@" >> {log}\nwhile [ "$1" != "--output" ]; do shift; done\ncp {src} "$2"\n')
+    (bindir / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    rep = tmp_path / "rank2.nsys-rep"
+    rep.write_bytes(b"rep")
+    for _ in range(2):
+        tt = read_nsys(rep, cache_dir=tmp_path / "cache")
+        assert _ev(tt, "gpu_kernel").height == 1 and tt.ranks["rank"].to_list() == [2]
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith("export --type sqlite --force-overwrite true --output ")
