@@ -105,6 +105,8 @@ class CuptiConfig:
             the step is complete and lands in the step's row group with its launch. Without it, a
             kernel still running at the step end is written with the next step, unlinked.
         buffer_bytes: Size of each activity buffer handed to CUPTI, bytes.
+        keep_raw: Also keep every record dict and host range in :attr:`CuptiCollector.raw` (memory
+            grows with the run; for saving captured records as test data, not for production).
     """
 
     driver_api: bool = True
@@ -112,6 +114,7 @@ class CuptiConfig:
     memset: bool = True
     sync_on_step: bool = True
     buffer_bytes: int = 8 * 1024 * 1024
+    keep_raw: bool = False
 
 
 def _load_cupti() -> Any:
@@ -194,6 +197,8 @@ class CuptiCollector:
         self._writer: EventsWriter | None = None
         self.clock_offset_ns = 0
         self.pid = os.getpid()
+        #: With ``config.keep_raw``: ``{"records": [...], "ranges": [...]}`` as handed to the converter.
+        self.raw: dict[str, list[dict[str, Any]]] = {"records": [], "ranges": []}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> CuptiCollector:
@@ -376,6 +381,9 @@ class CuptiCollector:
         with self._lock:
             records, self._records = self._records, []
         ranges, self._ranges = self._ranges, []
+        if self.config.keep_raw:
+            self.raw["records"].extend(records)
+            self.raw["ranges"].extend(ranges)
         if not records and not ranges:
             return 0
         events = records_to_events(
