@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["union", "union_length", "overlay", "overlap_lengths", "intersect", "subtract", "clip"]
+__all__ = ["union", "union_length", "overlay", "overlap_lengths", "intersect", "subtract", "clip", "range_join"]
 
 _S, _E = "start_ns", "end_ns"
 _G = "__g"
@@ -127,3 +127,51 @@ def clip(df: pl.DataFrame, windows: pl.DataFrame, on: list[str]) -> pl.DataFrame
         .filter(pl.col(_E) > pl.col(_S))
         .drop(["w_start", "w_end"])
     )
+
+
+_SHIFT = 46  # 2**46 ns = 19.5 h of trace per rank in the packed join key
+
+
+def range_join(
+    left: pl.DataFrame,
+    right: pl.DataFrame,
+    left_span: tuple[str, str],
+    right_span: tuple[str, str],
+    rank: str = "rank",
+) -> pl.DataFrame:
+    """All (left, right) row pairs of the same rank whose spans overlap or touch.
+
+    ``left_span`` may name the same column twice for a point (``(t, t)``: the point lies inside the
+    right span, ends included). Uses polars' inequality join (IEJoin) on a key that packs the rank
+    into the high bits of the time, so the equality on rank costs nothing: a plain equality +
+    inequality ``join_where`` degrades to a per-rank cross join.
+
+    Args:
+        left: Frame with ``rank`` and the two span columns (epoch ns).
+        right: Frame with ``rank`` and its span columns; its other column names must not clash.
+        left_span: (start, end) column names in ``left``.
+        right_span: (start, end) column names in ``right``.
+        rank: Name of the rank column (present in both; kept once).
+
+    Returns:
+        The joined pairs (columns of both frames, ``rank`` once).
+    """
+    r = right.rename({rank: "__rank_r"})
+    if left.is_empty() or r.is_empty():
+        return left.join(r.drop("__rank_r"), how="cross").head(0)
+    t0 = min(left[left_span[0]].min(), r[right_span[0]].min())
+    t1 = max(left[left_span[1]].max(), r[right_span[1]].max())
+    if t1 - t0 >= 1 << _SHIFT:  # a trace longer than 19.5 h: fall back to the slower join
+        out = left.join_where(
+            r, pl.col(rank) == pl.col("__rank_r"),
+            pl.col(left_span[0]) <= pl.col(right_span[1]), pl.col(left_span[1]) >= pl.col(right_span[0]),
+        )
+        return out.drop("__rank_r")
+
+    def key(rk: str, c: str) -> pl.Expr:
+        return pl.col(rk).cast(pl.Int64) * (1 << _SHIFT) + (pl.col(c) - t0)
+
+    a = left.with_columns(key(rank, left_span[0]).alias("__ls"), key(rank, left_span[1]).alias("__le"))
+    b = r.with_columns(key("__rank_r", right_span[0]).alias("__rs"), key("__rank_r", right_span[1]).alias("__re"))
+    out = a.join_where(b, pl.col("__ls") <= pl.col("__re"), pl.col("__le") >= pl.col("__rs"))
+    return out.drop(["__ls", "__le", "__rs", "__re", "__rank_r"])

@@ -77,6 +77,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
     "alpha_beta": {"link_class": "", "alpha_us": "", "beta_gbps": "", "r2": "", "n": "calls in the fit", "verdict": "'latency_bound' | 'bandwidth_bound' | 'insufficient_data'"},
     "host_stalls": {"rank": "", "step": "", "layer": "", "stage": "", "name": "blocking call", "start_ns": "", "end_ns": "", "stall_ns": "device idle while the host waits"},
     "clock": {"host": "", "offset_ns": "added to the host's times", "residual_ns": "spread after alignment (uncertainty of wait figures)"},
+    "misaligned": {"pg_name": "process group (or Comms Id)", "step": "", "calls_per_rank": "'rank:count,...' or 'rank:collective,...'", "reason": ""},
     "intervals": {"rank": "", "step": "", "track": "'stage' | 'comm' | 'compute' | 'wait' | 'transfer' | 'exposed_comm'", "name": "", "start_ns": "", "end_ns": ""},
 }
 
@@ -133,6 +134,8 @@ class Analysis:
     hta_overlap: pl.DataFrame | None = None
     load_report: tuple[LoadIssue, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: (process group, step) sets whose collectives could not be matched safely (see FRAME_DOCS).
+    misaligned: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

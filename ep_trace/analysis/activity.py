@@ -1,0 +1,119 @@
+"""Device activity of every rank, classified as communication, compute or memory.
+
+Two regimes, chosen per rank:
+
+* **GPU ranks** (the rank has ``gpu_kernel`` rows): comm = kernels the comm classifier
+  (:mod:`ep_trace.comm_classifier`) recognises or that the parser linked to a collective
+  (``coll_id``); compute = every other kernel; ``gpu_memcpy`` / ``gpu_memset`` are ``memory``
+  (neither C nor K, as in HTA; copy engines do not occupy SMs). The anchor of a device interval is
+  the start of the runtime call that launched it (``launch_id``), or its own start without one.
+* **CPU ranks** (gloo): the "device" is the compute thread plus the comm workers. comm = the gloo
+  worker ranges (``comm_worker``) plus the caller-side collective op range (``c10d::alltoall_base_``
+  blocks the caller until the transfer is done, so the caller is communicating, not computing);
+  compute = the union of ``cpu_op`` ranges on the compute thread (the thread of ``ProfilerStep``)
+  minus the collective op ranges. Anchors: the collective's host start for comm, the start for
+  compute.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ep_trace.analysis.intervals import subtract, union
+from ep_trace.comm_classifier import is_comm_expr
+
+__all__ = ["device_activity", "ACT_COLS"]
+
+ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "coll_id", "stream"]
+
+
+def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
+    dev = ev.filter(pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"]))
+    launches = ev.filter(pl.col("kind") == "runtime").select(
+        "rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_launch_ns")
+    )
+    dev = dev.join(launches, on=["rank", "launch_id"], how="left")
+    cls = (
+        pl.when(pl.col("kind") != "gpu_kernel")
+        .then(pl.lit("memory"))
+        .when(is_comm_expr(pl.col("name")) | pl.col("coll_id").is_not_null())
+        .then(pl.lit("comm"))
+        .otherwise(pl.lit("compute"))
+    )
+    return dev.select(
+        "rank",
+        cls.alias("cls"),
+        "name",
+        "start_ns",
+        "end_ns",
+        pl.coalesce("_launch_ns", "start_ns").alias("anchor_ns"),
+        "coll_id",
+        "stream",
+    )
+
+
+def compute_threads(ev: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The compute thread of every rank: the ``ProfilerStep`` thread, else the busiest cpu_op thread."""
+    step_tid = windows.filter(pl.col("tid").is_not_null()).group_by("rank").agg(pl.col("tid").first())
+    busiest = (
+        ev.filter(pl.col("kind") == "cpu_op")
+        .group_by(["rank", "tid"])
+        .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_d"))
+        .sort(["rank", "_d"], descending=[False, True])
+        .unique("rank", keep="first")
+        .select("rank", "tid")
+    )
+    return pl.concat([step_tid, busiest.join(step_tid, on="rank", how="anti")])
+
+
+def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl.DataFrame) -> pl.DataFrame:
+    ev = ev.filter(pl.col("rank").is_in(cpu_ranks.implode()))
+    coll = coll.filter(pl.col("rank").is_in(cpu_ranks.implode()))
+    workers = ev.filter(pl.col("kind") == "comm_worker").join(
+        coll.select("rank", "coll_id", pl.col("cpu_start_ns").alias("_cs")), on=["rank", "coll_id"], how="left"
+    )
+    w = workers.select(
+        "rank", pl.lit("comm").alias("cls"), "name", "start_ns", "end_ns",
+        pl.coalesce("_cs", "start_ns").alias("anchor_ns"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
+    )
+    callers = coll.filter(pl.col("cpu_start_ns").is_not_null() & pl.col("cpu_end_ns").is_not_null()).select(
+        "rank", pl.lit("comm").alias("cls"), pl.col("op_name").alias("name"),
+        pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"),
+        pl.col("cpu_start_ns").alias("anchor_ns"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
+    )
+    tids = compute_threads(ev, windows)
+    ops = ev.filter(pl.col("kind") == "cpu_op").join(tids, on=["rank", "tid"], how="semi")
+    pieces = subtract(ops.select("rank", "start_ns", "end_ns"), callers.select("rank", "start_ns", "end_ns"), ["rank"])
+    k = pieces.select(
+        "rank", pl.lit("compute").alias("cls"), pl.lit("cpu compute").alias("name"), "start_ns", "end_ns",
+        pl.col("start_ns").alias("anchor_ns"), pl.lit(None, pl.Int64).alias("coll_id"), pl.lit(None, pl.Int64).alias("stream"),
+    )
+    return pl.concat([w, callers, k], how="vertical_relaxed")
+
+
+def device_activity(events: pl.DataFrame, collectives: pl.DataFrame, windows: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, str]]:
+    """Classified device intervals of every rank.
+
+    Args:
+        events: Canonical events table.
+        collectives: Canonical collectives table.
+        windows: Step windows (:func:`ep_trace.analysis.steps.step_windows`).
+
+    Returns:
+        ``(activity, mode)``: activity has columns :data:`ACT_COLS` (``cls`` in ``comm`` /
+        ``compute`` / ``memory``; times epoch ns); ``mode`` maps rank -> ``'gpu'`` or ``'cpu'``.
+    """
+    ranks = events["rank"].unique()
+    gpu_ranks = events.filter(pl.col("kind") == "gpu_kernel")["rank"].unique()
+    cpu_ranks = ranks.filter(~ranks.is_in(gpu_ranks.implode()))
+    parts = []
+    if gpu_ranks.len():
+        parts.append(_gpu(events, gpu_ranks))
+    if cpu_ranks.len():
+        parts.append(_cpu(events, collectives, cpu_ranks, windows))
+    mode = {int(r): "gpu" for r in gpu_ranks} | {int(r): "cpu" for r in cpu_ranks}
+    if not parts:
+        return pl.DataFrame(schema={"rank": pl.Int32, "cls": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                    "anchor_ns": pl.Int64, "coll_id": pl.Int64, "stream": pl.Int64}), mode
+    act = pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("rank").cast(pl.Int32))
+    return act.filter(pl.col("end_ns") > pl.col("start_ns")), mode

@@ -1,0 +1,236 @@
+"""The analysis pipeline: canonical tables in, :class:`~ep_trace.analysis.result.Analysis` out.
+
+Order: step windows -> device activity (comm / compute) -> true overlap per (rank, step) -> stage
+attribution -> collective matching -> clock alignment -> waits, stragglers -> imbalance -> alpha-beta
+-> host stalls -> findings. Every step is a vectorised polars pass; see the module of each step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import polars as pl
+
+from ep_trace.analysis import bandwidth, clocks, findings, imbalance, matching, stages
+from ep_trace.analysis.activity import device_activity
+from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.host_stalls import host_stalls
+from ep_trace.analysis.intervals import overlap_lengths, range_join, subtract, union
+from ep_trace.analysis.result import Analysis
+from ep_trace.analysis.steps import assign_step, step_windows
+from ep_trace.errors import NothingToAnalyzeError
+from ep_trace.schema import TraceTables
+
+__all__ = ["analyze"]
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int], None]
+_TOL_FLOOR_NS = 10_000  # 10 µs: below any collective's launch jitter, above µs rounding of old traces
+
+
+def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | None = None) -> Analysis:
+    """Run every analysis over ``tables``.
+
+    Args:
+        tables: Validated canonical tables (one trace set).
+        config: Analysis knobs.
+        progress: Optional ``progress(stage, done, total)`` callback.
+
+    Returns:
+        The frozen :class:`Analysis`.
+
+    Raises:
+        NothingToAnalyzeError: no events, or no profiler step in ``config.steps``.
+    """
+    total = 8
+    say = progress or (lambda stage, done, tot: None)
+    ev, coll, ranks = tables.events, tables.collectives, tables.ranks
+    if ev.is_empty():
+        raise NothingToAnalyzeError("the trace set holds no events; profile at least one step (check the profiler schedule)")
+    say("steps", 0, total)
+    windows = step_windows(ev, config.steps)
+    if windows.is_empty():
+        raise NothingToAnalyzeError(f"--steps {config.steps}: no profiler step in that range; choose steps present in the trace")
+    notes: list[str] = []
+    if (windows["method"] == "whole_trace").any():
+        notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
+
+    say("overlap", 1, total)
+    act, mode = device_activity(ev, coll, windows)
+    act = assign_step(act, windows, "anchor_ns")
+    ins = act.filter(pl.col("step").is_not_null())
+    comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
+    ov = overlap_lengths(comm, comp, ["rank", "step"])
+    exposed_iv = subtract(act.filter(pl.col("cls") == "comm"), act.filter(pl.col("cls") == "compute"), ["rank"])
+
+    say("stages", 2, total)
+    stage_df, detection = _stages(ev, act, mode, windows, exposed_iv, config)
+
+    say("matching", 3, total)
+    world = max(ranks.height, int(ranks["world_size"].max() or 0) if ranks.height else 0)
+    matched, misaligned = matching.match_collectives(coll, windows, world)
+    base = ranks.select("rank", pl.col("clock_offset_ns").alias("offset_ns"))
+    calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
+    ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
+    cr0 = cr0.filter(pl.col("match_id").is_in(ok0.implode()))
+    host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks)
+    rank_off = ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns").join(host_off, on="host", how="left").select(
+        "rank", (pl.col("clock_offset_ns") + pl.col("offset_ns").fill_null(0)).alias("offset_ns"))
+    # cr0 times carry the parsers' offsets only; move them to the aligned clock
+    cr0a = cr0.join(base.rename({"offset_ns": "_b"}), on="rank").join(rank_off.rename({"offset_ns": "_o"}), on="rank").with_columns(
+        pl.col("end_ns") - pl.col("_b") + pl.col("_o"))
+    resid = clocks.residuals(cr0a, ranks)
+    tol = _TOL_FLOOR_NS + int(resid["residual_ns"].max() or 0) if resid.height else _TOL_FLOOR_NS
+    calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
+    clock = host_off.join(resid, on="host", how="left").with_columns(pl.col("residual_ns").fill_null(0))
+    valid_ids = calls.filter(pl.col("valid"))["match_id"]
+    vcr = call_ranks.filter(pl.col("match_id").is_in(valid_ids.implode())).join(calls.select("match_id", "last_rank"), on="match_id")
+    if calls.height and not calls["complete"].all():
+        notes.append(f"{int((~calls['complete']).sum())} matched calls miss ranks of their group (not in the trace set): "
+                     "left out of wait figures")
+    if calls.height and not calls["causal"].all():
+        notes.append(f"{int((~calls['causal']).sum())} matched calls end on some rank before the last rank arrived "
+                     f"(beyond the {tol} ns clock uncertainty): likely mis-paired, left out of wait figures")
+
+    say("waits", 4, total)
+    wait_matrix = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by(["rank", "last_rank"]).agg(pl.col("wait_ns").sum()).select(
+        pl.col("rank").alias("waiter"), pl.col("last_rank").alias("waited_for"), "wait_ns").sort(["waiter", "waited_for"])
+    stragglers = _stragglers(ranks, calls.filter(pl.col("valid")), vcr)
+    per_step_wait = vcr.group_by(["rank", "step"]).agg(pl.col("wait_ns").sum().alias("barrier_wait_ns"), pl.col("transfer_ns").sum())
+    steps_df = (
+        windows.select("rank", "step", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns"))
+        .join(ov, on=["rank", "step"], how="left")
+        .join(per_step_wait, on=["rank", "step"], how="left", nulls_equal=True)
+        .select("rank", "step", "start_ns", "end_ns", "step_time_ns",
+                pl.col("a_ns").fill_null(0).alias("comm_ns"), pl.col("b_ns").fill_null(0).alias("compute_ns"),
+                pl.col("both_ns").fill_null(0).alias("overlapped_ns"), pl.col("a_only_ns").fill_null(0).alias("exposed_comm_ns"),
+                pl.col("barrier_wait_ns").fill_null(0), pl.col("transfer_ns").fill_null(0))
+        .sort(["rank", "step"])
+    )
+    rank_summary = _rank_summary(steps_df, ranks, mode)
+
+    say("imbalance", 5, total)
+    n_exp = ranks["num_experts"].max() if ranks.height else None
+    el = imbalance.expert_load(tables.routing_counts, n_exp)
+    cm = imbalance.count_matrix(tables.routing_matrix, matched)
+    rl = imbalance.rank_load(cm, sorted(int(r) for r in ranks["rank"]))
+    imb = imbalance.imbalance_table(el, rl, cm, ranks)
+    viol = imbalance.split_violations(matched)
+
+    say("bandwidth", 6, total)
+    ab = bandwidth.alpha_beta_fit(calls)
+    stalls = host_stalls(ev, matched, act, mode)
+    stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
+
+    say("findings", 7, total)
+    hta = None
+    if config.hta_compatible:
+        from ep_trace.analysis.hta_compat import hta_overlap
+
+        hta = hta_overlap(ev)
+    intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
+    partial = Analysis(
+        config=config, tables=tables, rank_summary=rank_summary, steps=steps_df, stages=stage_df.drop("sid"), calls=calls,
+        call_ranks=call_ranks, wait_matrix=wait_matrix, stragglers=stragglers, expert_load=el, rank_load=rl, imbalance=imb,
+        count_matrix=cm, split_violations=viol, alpha_beta=ab, host_stalls=stalls, clock=clock, intervals=intervals,
+        findings=(), detection_method=detection, hta_overlap=hta, load_report=tables.load_report,
+        notes=tuple(notes), misaligned=misaligned,
+    )
+    out = findings.with_findings(partial)
+    say("done", total, total)
+    return out
+
+
+def _stages(ev, act, mode, windows, exposed_iv, config) -> tuple[pl.DataFrame, str]:  # noqa: ANN001
+    presets = stages.load_presets(config.stage_presets)
+    ranges = stages.detect_ranges(ev, presets)
+    parts, atts = [], []
+    if ranges.height:
+        st, _ = stages.attribute(ranges, act, mode, windows, exposed_iv)
+        parts.append(st)
+    without = pl.Series([r for r in mode if r not in set(ranges["rank"].to_list())], dtype=pl.Int32)
+    fam = stages.kernel_family_ranges(act.filter(pl.col("step").is_not_null()), without)
+    if fam.height:
+        st, _ = stages.family_stages(fam, exposed_iv)
+        parts.append(st.with_columns(pl.col("sid") + (1 << 40)))
+    if not parts:
+        return stages.attribute(ranges, act, mode, windows, exposed_iv)[0], "none"
+    out = pl.concat([p.cast(parts[0].schema) for p in parts]).sort(["rank", "cpu_start_ns"])
+    methods = out["method"].value_counts(sort=True)
+    return out, str(methods["method"][0])
+
+
+def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame) -> pl.DataFrame:
+    own = vcr.group_by("rank").agg(pl.col("wait_ns").sum().alias("total_wait_ns"))
+    last = vcalls.group_by("last_rank").agg(pl.len().cast(pl.Int64).alias("times_last"), pl.col("lateness_ns").sum())
+    induced = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by("last_rank").agg(pl.col("wait_ns").sum().alias("induced_wait_ns"))
+    return (
+        ranks.select("rank").join(last.rename({"last_rank": "rank"}), on="rank", how="left")
+        .join(induced.rename({"last_rank": "rank"}), on="rank", how="left").join(own, on="rank", how="left")
+        .with_columns(pl.col("times_last").fill_null(0), pl.col("induced_wait_ns").fill_null(0), pl.col("lateness_ns").fill_null(0),
+                      pl.col("total_wait_ns").fill_null(0))
+        .sort(["induced_wait_ns", "times_last", "rank"], descending=[True, True, False])
+    )
+
+
+def _rank_summary(steps_df: pl.DataFrame, ranks: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
+    q = lambda c, p: pl.col(c).quantile(p, "linear")  # noqa: E731
+    s = steps_df.group_by("rank").agg(
+        q("step_time_ns", 0.5).alias("step_time_ns"), pl.col("step_time_ns").max().alias("step_time_max_ns"),
+        q("step_time_ns", 0.95).alias("step_time_p95_ns"), q("step_time_ns", 0.99).alias("step_time_p99_ns"),
+        pl.col("comm_ns").mean(), pl.col("compute_ns").mean(), pl.col("exposed_comm_ns").mean(),
+        q("exposed_comm_ns", 0.95).alias("exposed_comm_p95_ns"),
+        pl.when(pl.col("comm_ns").sum() > 0).then(pl.col("overlapped_ns").sum() / pl.col("comm_ns").sum()).otherwise(float("nan")).alias("overlap_efficiency"),
+        pl.col("barrier_wait_ns").mean(), q("barrier_wait_ns", 0.95).alias("barrier_wait_p95_ns"),
+        pl.col("transfer_ns").mean(), pl.len().alias("n_steps"),
+    )
+    md = pl.DataFrame({"rank": list(mode), "mode": list(mode.values())}, schema={"rank": pl.Int32, "mode": pl.Utf8})
+    return ranks.select("rank", "host").join(s, on="rank", how="inner").join(md, on="rank", how="left").sort("rank")
+
+
+def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:
+    """Attach the innermost stage whose host range contains the stall start."""
+    cols = ["rank", "step", "layer", "stage", "name", "start_ns", "end_ns", "stall_ns"]
+    if stalls.is_empty():
+        return stalls.with_columns(pl.lit(None, pl.Int32).alias("layer"), pl.lit(None, pl.Utf8).alias("stage")).select(cols)
+    s = stalls.with_row_index("_i")
+    j = range_join(s, stage_df.select("rank", "cpu_start_ns", "cpu_end_ns", "layer", "stage"), ("start_ns", "start_ns"), ("cpu_start_ns", "cpu_end_ns"))
+    j = j.sort("cpu_start_ns", descending=True).unique("_i", keep="first").select("_i", "layer", "stage")
+    return s.join(j, on="_i", how="left").sort(["rank", "start_ns"]).select(cols)
+
+
+def _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers) -> pl.DataFrame:  # noqa: ANN001
+    """Timeline rows of the representative step (clock-aligned), for at most ``max_timeline_ranks`` ranks."""
+    if steps_df.is_empty():
+        return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "track": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64})
+    med = steps_df.group_by("step").agg(pl.col("step_time_ns").median().alias("m")).sort("m")
+    rep = config.representative_step if config.representative_step is not None else int(med["step"][(med.height - 1) // 2])
+    ranks = sorted(steps_df["rank"].unique().to_list())
+    n = config.max_timeline_ranks
+    if len(ranks) > n:
+        keep = {ranks[round(i * (len(ranks) - 1) / max(n - 2, 1))] for i in range(n - 1)}
+        keep.add(int(stragglers["rank"][0]))
+        ranks = sorted(keep)
+    a = act.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks))
+    parts = [
+        union(a.filter(pl.col("cls") == c), ["rank"]).with_columns(pl.lit(c).alias("track"), pl.lit(c).alias("name"))
+        for c in ("comm", "compute")
+    ]
+    w = steps_df.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).select("rank", pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"))
+    dev_w = a.group_by("rank").agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"))
+    w = w.join(dev_w, on="rank", how="left").select("rank", pl.min_horizontal("w_start", "_s").alias("w_start"), pl.max_horizontal("w_end", "_e").alias("w_end"))
+    x = exposed_iv.join(w, on="rank").filter((pl.col("end_ns") > pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))).select("rank", "start_ns", "end_ns")
+    parts.append(x.with_columns(pl.lit("exposed_comm").alias("track"), pl.lit("exposed comm").alias("name")))
+    st = stage_df.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).select(
+        "rank", pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"), pl.lit("stage").alias("track"),
+        pl.concat_str([pl.col("stage"), pl.col("layer").cast(pl.Utf8).fill_null("-")], separator=":l").alias("name"))
+    parts.append(st)
+    out = pl.concat([p.select("rank", "track", "name", "start_ns", "end_ns") for p in parts], how="vertical_relaxed")
+    out = out.join(rank_off, on="rank", how="left").with_columns(pl.col("start_ns") + pl.col("offset_ns"), pl.col("end_ns") + pl.col("offset_ns")).drop("offset_ns")
+    cr = call_ranks.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).join(calls.select("match_id", "arrival_ns", "collective"), on="match_id")
+    waits = cr.select("rank", pl.lit("wait").alias("track"), "collective", pl.col("start_ns"), pl.col("arrival_ns").alias("end_ns"))
+    trans = cr.select("rank", pl.lit("transfer").alias("track"), "collective", pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"), "end_ns")
+    out = pl.concat([out, waits.rename({"collective": "name"}), trans.rename({"collective": "name"})], how="vertical_relaxed")
+    return out.filter(pl.col("end_ns") > pl.col("start_ns")).with_columns(pl.lit(rep, pl.Int64).alias("step")).select(
+        pl.col("rank").cast(pl.Int32), "step", "track", "name", "start_ns", "end_ns").sort(["rank", "track", "start_ns"])

@@ -1,0 +1,53 @@
+"""Host stalls: the device is idle while the host blocks inside a stage.
+
+GPU ranks: blocking host calls — runtime ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` /
+``cudaEventSynchronize`` / synchronous ``cudaMemcpy`` (nsys and Kineto runtime rows), and the ops
+``aten::_local_scalar_dense`` / ``aten::item`` (``.item()``, a D2H copy + sync). stall = the part of
+the call during which no device interval of the rank runs.
+
+CPU ranks (gloo): the count exchange before the token all-to-all — collectives with
+``direction == 'count'`` (sidecar) — during which the compute thread does nothing; stall = the part
+of the caller's blocking op not covered by compute.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ep_trace.analysis.intervals import range_join, union
+
+__all__ = ["host_stalls", "BLOCKING_RE"]
+
+#: Host calls that block until the device (or a D2H copy) finishes.
+BLOCKING_RE = r"^(?:cuda(?:Stream|Device|Event)Synchronize|cudaMemcpy(?:_v\d+)?$|cudaMemcpy2D|cuStreamSynchronize|cuCtxSynchronize|aten::_local_scalar_dense$|aten::item$)"
+
+
+def host_stalls(events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
+    """Blocking host calls and the device idle time under each.
+
+    Args:
+        events: Canonical events.
+        coll: Collectives with ``step`` (from matching).
+        act: Device activity with ``cls``.
+        mode: rank -> 'gpu' / 'cpu'.
+
+    Returns:
+        Columns ``rank, name, start_ns, end_ns, stall_ns``.
+    """
+    gpu = [r for r, m in mode.items() if m == "gpu"]
+    cpu = [r for r, m in mode.items() if m == "cpu"]
+    blk_gpu = events.filter(
+        pl.col("rank").is_in(gpu) & pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE)
+    ).select("rank", "name", "start_ns", "end_ns")
+    busy_gpu = act.filter(pl.col("rank").is_in(gpu))
+    blk_cpu = coll.filter(pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null()).select(
+        "rank", pl.col("op_name").alias("name"), pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"))
+    busy_cpu = act.filter(pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute"))
+    blk = pl.concat([blk_gpu, blk_cpu]).filter(pl.col("end_ns") > pl.col("start_ns")).with_row_index("bid")
+    busy = union(pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), busy_cpu.select("rank", "start_ns", "end_ns")]), ["rank"])
+    cov = range_join(blk, busy.rename({"start_ns": "b_s", "end_ns": "b_e"}), ("start_ns", "end_ns"), ("b_s", "b_e")).select(
+        "bid", (pl.min_horizontal("end_ns", "b_e") - pl.max_horizontal("start_ns", "b_s")).clip(0).alias("_c")
+    ).group_by("bid").agg(pl.col("_c").sum())
+    return blk.join(cov, on="bid", how="left").select(
+        "rank", "name", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns") - pl.col("_c").fill_null(0)).alias("stall_ns")
+    ).filter(pl.col("stall_ns") > 0).sort(["rank", "start_ns"])

@@ -1,0 +1,208 @@
+"""Stage attribution: which host ranges are EP stages, and which device work belongs to each.
+
+Detection, per rank, best tier first (see ``presets.toml``): ep-trace's own ``ep:<stage>...`` names
+(tier 0, parsed by :data:`ep_trace.stage_names.STAGE_NAME_RE`), framework presets (Megatron-Core,
+SGLang, ``dispatch(F)`` style; tier 1), plain PyTorch collectives (tier 2), then, when a rank has
+no stage range at all, kernel families (DeepEP dispatch / combine / notify kernels, grouped GEMM,
+top-k / routing, permute / scatter kernels). The method is reported per row.
+
+Attribution: a device interval belongs to the innermost stage range of its rank whose host span
+contains the interval's *launch* time (Kineto and nsys alike). CPU compute pieces (CPU-only traces)
+lie on the same thread as the ranges, so they are clipped to each range they overlap instead.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+import polars as pl
+
+from ep_trace.analysis.intervals import range_join, union, union_length
+from ep_trace.analysis.steps import assign_step
+from ep_trace.errors import ConfigError
+from ep_trace.stage_names import STAGE_NAME_RE
+
+__all__ = ["load_presets", "detect_ranges", "kernel_family_ranges", "attribute", "KERNEL_FAMILIES"]
+
+#: (stage, regex) for the kernel-family fallback; first match wins.
+KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("dispatch", r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:notify_dispatch|cached_notify_dispatch|dispatch|get_dispatch_layout)"),
+    ("combine", r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:cached_notify_combine|combine)"),
+    ("unpermute", r"(?i)unpermute"),
+    ("expert", r"(?i)grouped_?gemm|group_gemm|moe_?gemm|fused_moe|cutlass\w*grouped"),
+    ("route", r"(?i)topk|top_k|gating|router"),
+    ("permute", r"(?i)permute|moe_align|scatter|gather_tokens"),
+)
+
+_RANGE_SCHEMA = {
+    "rank": pl.Int32, "tid": pl.Int64, "stage": pl.Utf8, "layer": pl.Int32, "microbatch": pl.Int32,
+    "phase": pl.Utf8, "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "method": pl.Utf8, "tier": pl.Int32,
+}
+
+
+def load_presets(user: Path | None = None) -> list[dict]:
+    """Built-in presets plus an optional user TOML file of the same layout.
+
+    Raises:
+        ConfigError: the user file is unreadable or an entry lacks ``name`` / ``pattern``.
+    """
+    text = resources.files("ep_trace.analysis").joinpath("presets.toml").read_text()
+    presets = list(tomllib.loads(text)["preset"])
+    if user is not None:
+        try:
+            extra = tomllib.loads(Path(user).read_text())["preset"]
+        except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+            raise ConfigError(f"--stages: cannot read presets from {user}: {exc}; use [[preset]] tables with name and pattern") from exc
+        for i, p in enumerate(extra):
+            if "name" not in p or "pattern" not in p:
+                raise ConfigError(f"--stages: {user}: preset[{i}] needs 'name' and 'pattern'")
+        names = {p["name"] for p in extra}
+        presets = [p for p in presets if p["name"] not in names] + [{"tier": 1, **p} for p in extra]
+    return presets
+
+
+def _phase(expr: pl.Expr) -> pl.Expr:
+    return pl.when(expr.is_in(["B", "W", "bwd"])).then(pl.lit("bwd")).otherwise(pl.lit("fwd"))
+
+
+def _dedupe_nested(df: pl.DataFrame) -> pl.DataFrame:
+    """Drop a range contained in an earlier range of the same (rank, stage) — e.g. ``nccl:all_to_all``
+    inside ``c10d::alltoall_base_``."""
+    return (
+        df.sort(["rank", "stage", "cpu_start_ns", "cpu_end_ns"], descending=[False, False, False, True])
+        .with_columns(pl.col("cpu_end_ns").cum_max().shift(1).over(["rank", "stage"]).alias("_pm"))
+        .filter(pl.col("_pm").is_null() | (pl.col("cpu_end_ns") > pl.col("_pm")))
+        .drop("_pm")
+    )
+
+
+def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
+    """Stage ranges of every rank (best tier per rank).
+
+    Returns:
+        Columns ``rank, tid, stage, layer, microbatch, phase, cpu_start_ns, cpu_end_ns, method, tier``.
+    """
+    host = events.filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"])).select(
+        "rank", "tid", "name", "start_ns", "end_ns"
+    )
+    parts = []
+    ep = host.filter(pl.col("name").str.starts_with("ep:")).with_columns(
+        pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g")
+    ).filter(pl.col("_g").struct.field("stage").is_not_null())
+    parts.append(
+        ep.select(
+            "rank", "tid",
+            pl.col("_g").struct.field("stage").alias("stage"),
+            pl.col("_g").struct.field("layer").cast(pl.Int32).alias("layer"),
+            pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("microbatch"),
+            pl.col("_g").struct.field("phase").alias("phase"),
+            pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
+            pl.lit("ep_trace").alias("method"), pl.lit(0, pl.Int32).alias("tier"),
+        )
+    )
+    for p in presets:
+        m = host.filter(pl.col("name").str.contains(p["pattern"]))
+        if m.is_empty():
+            continue
+        g = pl.col("name").str.extract_groups(p["pattern"])
+        fields = m.select(g.alias("_g"))["_g"].struct.fields
+        grp = lambda f: pl.col("_g").struct.field(f) if f in fields else pl.lit(None, pl.Utf8)  # noqa: E731
+        stage = pl.lit(p["stage"]) if "stage" in p else grp("stage")
+        phase = pl.lit(p["phase"]) if "phase" in p else _phase(grp("phase"))
+        parts.append(
+            m.with_columns(g.alias("_g")).select(
+                "rank", "tid", stage.alias("stage"),
+                grp("layer").cast(pl.Int32).alias("layer"), grp("microbatch").cast(pl.Int32).alias("microbatch"),
+                phase.alias("phase"),
+                pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
+                pl.lit(f"preset:{p['name']}").alias("method"), pl.lit(int(p.get("tier", 1)), pl.Int32).alias("tier"),
+            )
+        )
+    out = pl.concat([x.cast(_RANGE_SCHEMA) for x in parts], how="vertical")
+    best = out.group_by("rank").agg(pl.col("tier").min().alias("_best"))
+    out = out.join(best, on="rank").filter(pl.col("tier") == pl.col("_best")).drop("_best")
+    return _dedupe_nested(out)
+
+
+def kernel_family_ranges(act: pl.DataFrame, ranks_without: pl.Series) -> pl.DataFrame:
+    """Fallback: device kernels of ranks without stage ranges, classified by kernel family.
+
+    Returns:
+        The matching activity rows with a ``stage`` column.
+    """
+    k = act.filter(pl.col("rank").is_in(ranks_without.implode()) & (pl.col("cls") != "memory"))
+    fam = pl.when(pl.col("name").str.contains(KERNEL_FAMILIES[0][1])).then(pl.lit(KERNEL_FAMILIES[0][0]))
+    for st, rx in KERNEL_FAMILIES[1:]:
+        fam = fam.when(pl.col("name").str.contains(rx)).then(pl.lit(st))
+    return k.with_columns(fam.otherwise(None).alias("stage")).filter(pl.col("stage").is_not_null())
+
+
+def attribute(
+    ranges: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str], windows: pl.DataFrame, exposed: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Attribute device work to stage ranges and measure each stage.
+
+    Args:
+        ranges: Output of :func:`detect_ranges`.
+        act: Device activity (:func:`ep_trace.analysis.activity.device_activity`), with ``step``.
+        mode: rank -> ``'gpu'`` / ``'cpu'``.
+        windows: Step windows.
+        exposed: Exposed-comm intervals ``rank, start_ns, end_ns`` (C \\ K of the rank).
+
+    Returns:
+        ``(stages, attributed)``: the canonical stages table plus ``comm_ns, overlapped_ns,
+        exposed_comm_ns``; and the attributed activity rows (``sid`` = stage row id).
+    """
+    ranges = assign_step(ranges, windows, "cpu_start_ns").with_row_index("sid")
+    cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
+    act = act.with_row_index("aid")
+    is_cpu_compute = pl.col("rank").is_in(cpu_ranks) & (pl.col("cls") == "compute")
+    rsel = ranges.select("sid", "rank", "cpu_start_ns", "cpu_end_ns")
+    pts = range_join(act.filter(~is_cpu_compute), rsel, ("anchor_ns", "anchor_ns"), ("cpu_start_ns", "cpu_end_ns"))
+    # innermost range (latest start) wins for nested ranges
+    pts = pts.sort("cpu_start_ns", descending=True).unique("aid", keep="first")
+    clipped = range_join(act.filter(is_cpu_compute), rsel, ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns")).with_columns(
+        pl.max_horizontal("start_ns", "cpu_start_ns").alias("start_ns"), pl.min_horizontal("end_ns", "cpu_end_ns").alias("end_ns")
+    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+    att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
+    return _measure(ranges, att, exposed), att
+
+
+def family_stages(fam: pl.DataFrame, exposed: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Stage rows per (rank, step, stage) from kernel-family rows (:func:`kernel_family_ranges`)."""
+    ranges = (
+        fam.group_by(["rank", "step", "stage"])
+        .agg(pl.col("anchor_ns").min().alias("cpu_start_ns"), pl.col("anchor_ns").max().alias("cpu_end_ns"))
+        .sort(["rank", "cpu_start_ns"])
+        .with_columns(
+            pl.lit(None, pl.Int32).alias("layer"), pl.lit(None, pl.Int32).alias("microbatch"), pl.lit(None, pl.Utf8).alias("phase"),
+            pl.lit("kernel_family").alias("method"),
+        )
+        .with_row_index("sid")
+    )
+    att = fam.join(ranges.select("rank", "step", "stage", "sid"), on=["rank", "step", "stage"], how="inner", nulls_equal=True)
+    return _measure(ranges, att, exposed), att
+
+
+def _measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:
+    busy = union_length(att, ["sid"], "busy_ns")
+    win = att.group_by("sid").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+    cu = union(att.filter(pl.col("cls") == "comm").select("sid", "rank", "start_ns", "end_ns"), ["sid", "rank"])
+    comm = cu.group_by("sid").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("comm_ns"))
+    xj = range_join(cu, exposed.rename({"start_ns": "x_s", "end_ns": "x_e"}), ("start_ns", "end_ns"), ("x_s", "x_e"))
+    xlen = xj.select(
+        "sid", (pl.min_horizontal("end_ns", "x_e") - pl.max_horizontal("start_ns", "x_s")).clip(0).alias("_x")
+    ).group_by("sid").agg(pl.col("_x").sum().alias("exposed_comm_ns"))
+    st = (
+        ranges.join(win, on="sid", how="left").join(busy, on="sid", how="left").join(comm, on="sid", how="left").join(xlen, on="sid", how="left")
+        .with_columns(
+            (pl.col("end_ns") - pl.col("start_ns")).fill_null(0).alias("window_ns"),
+            pl.col("busy_ns").fill_null(0), pl.col("comm_ns").fill_null(0), pl.col("exposed_comm_ns").fill_null(0),
+        )
+        .with_columns((pl.col("comm_ns") - pl.col("exposed_comm_ns")).alias("overlapped_ns"))
+    )
+    cols = ["rank", "step", "layer", "microbatch", "phase", "stage", "cpu_start_ns", "cpu_end_ns", "start_ns", "end_ns",
+            "window_ns", "busy_ns", "method", "comm_ns", "overlapped_ns", "exposed_comm_ns", "sid"]
+    return st.select(cols).sort(["rank", "cpu_start_ns"])

@@ -1,0 +1,78 @@
+"""Step windows: one row per (rank, step) from the ``ProfilerStep#N`` rows (``events.seq``).
+
+A trace without ``ProfilerStep`` rows on a rank gets one whole-trace step ``0`` spanning its
+events, and the caller is told (``method`` column) so the report can say so.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+__all__ = ["step_windows", "assign_step"]
+
+
+def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> pl.DataFrame:
+    """Per (rank, step) host window of the profiler step.
+
+    Args:
+        events: Canonical events table.
+        steps: Inclusive ``(first, last)`` step filter; ``None`` keeps all.
+
+    Returns:
+        Columns ``rank, step, start_ns, end_ns, tid, method`` (``method`` is ``'profiler_step'`` or
+        ``'whole_trace'``). When a rank has duplicate rows for one step (a CPU and a GPU copy of the
+        annotation) the host one (``cpu_*`` kinds first) wins.
+    """
+    prof = (
+        events.filter(pl.col("seq").is_not_null())
+        .with_columns(pl.col("kind").is_in(["gpu_annotation"]).alias("_dev"))
+        .sort(["rank", "seq", "_dev", "start_ns"])
+        .unique(["rank", "seq"], keep="first", maintain_order=True)
+        .select(
+            "rank",
+            pl.col("seq").alias("step"),
+            "start_ns",
+            "end_ns",
+            "tid",
+            pl.lit("profiler_step").alias("method"),
+        )
+    )
+    have = prof["rank"].unique()
+    whole = (
+        events.filter(~pl.col("rank").is_in(have.implode()))
+        .group_by("rank")
+        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
+        .select(
+            "rank",
+            pl.lit(0, pl.Int64).alias("step"),
+            "start_ns",
+            "end_ns",
+            pl.lit(None, pl.Int64).alias("tid"),
+            pl.lit("whole_trace").alias("method"),
+        )
+    )
+    out = pl.concat([prof, whole]).sort(["rank", "step"])
+    if steps is not None:
+        out = out.filter(pl.col("step").is_between(steps[0], steps[1]))
+    return out
+
+
+def assign_step(df: pl.DataFrame, windows: pl.DataFrame, at: str, out: str = "step") -> pl.DataFrame:
+    """Give each row the step whose host window contains ``df[at]`` (null when none does).
+
+    Args:
+        df: Frame with ``rank`` and the time column ``at`` (epoch ns).
+        windows: Output of :func:`step_windows`.
+        at: Name of the time column used (a launch time, a host start).
+        out: Name of the added step column.
+    """
+    w = windows.select(
+        "rank", pl.col("step").alias(out), pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we")
+    ).sort("_ws")
+    has_t = df.filter(pl.col(at).is_not_null()).sort(at)
+    no_t = df.filter(pl.col(at).is_null()).with_columns(pl.lit(None, pl.Int64).alias(out))
+    joined = has_t.join_asof(w, left_on=at, right_on="_ws", by="rank", strategy="backward", check_sortedness=False)
+    joined = joined.with_columns(
+        pl.when(pl.col(at) <= pl.col("_we")).then(pl.col(out)).otherwise(None).alias(out)
+    ).drop(["_ws", "_we"])
+    return pl.concat([joined, no_t.select(joined.columns)], how="vertical_relaxed")
