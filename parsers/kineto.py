@@ -204,6 +204,12 @@ def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | Non
     return None
 
 
+def _job_id(header: dict[str, Any]) -> str | None:
+    ep = header.get("ep_trace")
+    jid = ep.get("job_id") if isinstance(ep, dict) else None
+    return str(jid) if jid is not None else None
+
+
 def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.TraceTables, KinetoFileInfo]:
     """Read one rank's Kineto trace; also return what the file says about its job.
 
@@ -283,6 +289,8 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
             "device": [device],
             "backend": [dist.get("backend") if isinstance(dist.get("backend"), str) else None],
             "source_file": [str(path)],
+            # ep-trace's Tracer writes {"ep_trace": {"job_id": ...}} into the trace header.
+            "job_id": [_job_id(header)],
             "format": ["kineto"],
             "trace_start_ns": [events_df["start_ns"].min()],
             "trace_end_ns": [events_df["end_ns"].max()],

@@ -1,0 +1,236 @@
+"""Trace directory -> one set of canonical tables: format detection, per-file dispatch, merge.
+
+Formats, detected per entry of the directory (not recursive):
+
+=====================================================  ==========================================
+entry                                                  reader
+=====================================================  ==========================================
+``*.json``, ``*.json.gz`` (incl. ``*.pt.trace.json``)  :func:`ep_trace.parsers.kineto.read_kineto`
+``*.sqlite``, ``*.nsys-rep``, an nsys parquetdir       ``ep_trace.parsers.nsys.read_nsys`` (lazy)
+``*.ep-events.parquet``                                ``ep_trace.parsers.cupti.read_cupti`` (lazy)
+``rank{r}.ep.jsonl``                                   sidecar, merged into rank r (any format)
+=====================================================  ==========================================
+
+Files are read one at a time (bounded memory). The merge rejects, naming the files
+(:class:`~ep_trace.errors.RankConflictError`): one rank in two files, different world sizes,
+backends, default process groups (``distributedInfo.pg_config``) or ``job_id`` (sidecar / ep-trace
+trace header), and a rank outside its world size. With ``on_error="skip"`` a file that cannot be
+read is left out and listed in ``load_report`` (level ``error``) instead of raising; conflicts still
+raise, since they would mix jobs. Without any sidecar, ``routing_matrix`` is built from all_to_allv
+split lists (:mod:`ep_trace.parsers.routing_splits`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+
+from ep_trace import schema
+from ep_trace.errors import ConfigError, EpTraceError, RankConflictError, TraceFormatError
+from ep_trace.parsers.routing_splits import routing_from_splits
+from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
+
+__all__ = ["Format", "detect_format", "discover", "read_trace_dir", "merge_tables"]
+
+log = logging.getLogger(__name__)
+
+Format = Literal["auto", "kineto", "nsys", "cupti"]
+Progress = Callable[[str, int, int], None]
+
+_SIDECAR_RE = re.compile(r"^rank(\d+)\.ep\.jsonl$")
+_NSYS_DIR_MARKERS = ("StringIds.parquet", "CUPTI_ACTIVITY_KIND_KERNEL.parquet", "META_DATA_EXPORT.parquet", "TARGET_INFO_SESSION_START_TIME.parquet")
+_TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
+
+
+def detect_format(path: Path) -> str | None:
+    """'kineto', 'nsys', 'cupti', 'sidecar' or None (not a trace input) for one directory entry."""
+    name = path.name
+    if name.startswith("."):
+        return None
+    if path.is_dir():
+        return "nsys" if any((path / m).exists() for m in _NSYS_DIR_MARKERS) else None
+    if _SIDECAR_RE.match(name):
+        return "sidecar"
+    if name.endswith((".json", ".json.gz")):
+        return None if name in ("load_report.json", "manifest.json", "summary.json") else "kineto"
+    if name.endswith((".sqlite", ".nsys-rep")):
+        return "nsys"
+    if name.endswith(".ep-events.parquet"):
+        return "cupti"
+    return None
+
+
+def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
+    """Trace inputs and sidecars of a directory (or a single file).
+
+    Returns:
+        ``([(file, format), ...] sorted by name, {rank: sidecar path})``.
+
+    Raises:
+        TraceFormatError: the path does not exist or holds no input of the requested format.
+        ConfigError: unknown ``format``.
+    """
+    if format not in ("auto", "kineto", "nsys", "cupti"):
+        raise ConfigError(f"--format: unknown format {format!r}; use auto, kineto, nsys or cupti")
+    p = Path(path)
+    if not p.exists():
+        raise TraceFormatError(p, "no such file or directory", "check the path")
+    entries = [p] if (p.is_file() or detect_format(p) == "nsys") else sorted(p.iterdir())
+    root = p.parent if p.is_file() else p
+    inputs = []
+    for e in entries:
+        fmt = detect_format(e)
+        if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
+            inputs.append((e, fmt))
+    sidecars: dict[int, Path] = {}
+    for e in sorted(root.iterdir()) if root.is_dir() else []:
+        m = _SIDECAR_RE.match(e.name)
+        if m:
+            sidecars[int(m.group(1))] = e
+    if not inputs:
+        want = "trace files" if format == "auto" else f"{format} files"
+        raise TraceFormatError(p, f"no {want} found", "point at a directory of rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files")
+    return inputs, sidecars
+
+
+def _read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None, progress: Progress | None) -> tuple[schema.TraceTables, object | None]:
+    rank = None
+    if rank_map:
+        for key in (path.name, str(path), path):
+            if key in rank_map:
+                rank = int(rank_map[key])
+                break
+    if fmt == "kineto":
+        from ep_trace.parsers.kineto import read_kineto_file
+
+        return read_kineto_file(path, rank)
+    if fmt == "nsys":
+        from ep_trace.parsers.nsys import read_nsys  # lazy: another format's reader
+
+        return read_nsys(path, rank=rank, rank_map=rank_map), None
+    from ep_trace.parsers.cupti import read_cupti  # lazy
+
+    return read_cupti(path), None
+
+
+def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
+    ranks = t.ranks["rank"].to_list()
+    if len(ranks) == 1:
+        return [t]
+    out = []
+    for i, r in enumerate(ranks):
+        sel = {name: t.table(name).filter(pl.col("rank") == r) for name in ("events", "collectives", "routing_counts")}
+        out.append(schema.TraceTables(ranks=t.ranks.slice(i, 1), events=sel["events"], collectives=sel["collectives"],
+                                      routing_counts=sel["routing_counts"], load_report=t.load_report if i == 0 else ()))
+    return out
+
+
+def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
+    """Reject duplicate ranks and mixed jobs, naming the files."""
+    seen: dict[int, str] = {}
+    for t, _ in parts:
+        for r, f in t.ranks.select("rank", "source_file").iter_rows():
+            if r in seen:
+                raise RankConflictError(f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)")
+            seen[r] = f
+    ranks = pl.concat([t.ranks for t, _ in parts])
+    for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
+        vals = ranks.filter(pl.col(col).is_not_null()).group_by(col, maintain_order=True).agg(pl.col("source_file").first())
+        if vals.height > 1:
+            a, b = vals.row(0), vals.row(1)
+            raise RankConflictError(f"files from different jobs: {what} differ ({a[1]}: {a[0]}, {b[1]}: {b[0]}); put one job per directory")
+    bad = ranks.filter(pl.col("world_size").is_not_null() & (pl.col("rank") >= pl.col("world_size")))
+    if bad.height:
+        r = bad.row(0, named=True)
+        raise RankConflictError(f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong")
+    pgs = {}
+    for _, info in parts:
+        pg = getattr(info, "default_pg", None)
+        if pg is not None:
+            pgs.setdefault(pg, info.path)  # type: ignore[attr-defined]
+    if len(pgs) > 1:
+        (pa, fa), (pb, fb) = list(pgs.items())[:2]
+        raise RankConflictError(f"files from different jobs: default process groups differ ({fa}: size {pa[0]}, {fb}: size {pb[0]}); put one job per directory")
+
+
+def merge_tables(parts: list[schema.TraceTables], extra_issues: tuple[schema.LoadIssue, ...] = ()) -> schema.TraceTables:
+    """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
+    if not parts:
+        raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
+    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}
+    cat["placement"] = cat["placement"].unique(maintain_order=True)
+    cat["ranks"] = cat["ranks"].sort("rank")
+    issues = tuple(i for p in parts for i in p.load_report) + extra_issues
+    return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
+
+
+def read_trace_dir(
+    path: str | Path,
+    format: Format = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Progress | None = None,
+    rank_map: Mapping[object, int] | None = None,
+) -> schema.TraceTables:
+    """Read every trace file of a directory (or one file) into one set of canonical tables.
+
+    Args:
+        path: A trace directory or a single trace file (its directory's sidecars are used).
+        format: ``auto`` (per file, by name) or only ``kineto`` / ``nsys`` / ``cupti`` files.
+        on_error: ``raise`` on the first unreadable file, or ``skip`` it and list it in
+            ``load_report`` (level ``error``).
+        progress: Optional ``progress(stage, done, total)``; stage ``read`` counts files.
+        rank_map: ``{file name | path: rank}`` overriding the rank found in each file (nsys: also
+            ``{pid: rank}``).
+
+    Returns:
+        Validated :class:`~ep_trace.schema.TraceTables` of all ranks.
+
+    Raises:
+        TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
+        RankConflictError: duplicate ranks or files of different jobs.
+    """
+    inputs, sidecar_paths = discover(path, format)
+    issues: list[schema.LoadIssue] = []
+    parts: list[tuple[schema.TraceTables, object | None]] = []
+    for i, (f, fmt) in enumerate(inputs):
+        if progress:
+            progress("read", i, len(inputs))
+        try:
+            parts.append(_read_one(f, fmt, rank_map, progress))
+        except EpTraceError as exc:
+            if on_error != "skip":
+                raise
+            issues.append(schema.LoadIssue(str(f), None, "error", f"skipped: {exc}"))
+            log.warning("skipped %s: %s", f, exc)
+    if progress:
+        progress("read", len(inputs), len(inputs))
+    per_rank = [(t, info) for tables, info in parts for t in _split_by_rank(tables)]
+    sidecars: dict[int, Sidecar] = {}
+    for r, sp in sidecar_paths.items():
+        try:
+            sc = read_sidecar(sp)
+            if sc.rank is not None and sc.rank != r:
+                raise TraceFormatError(sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture")
+            sidecars[r] = sc
+        except EpTraceError as exc:
+            if on_error != "skip":
+                raise
+            issues.append(schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}"))
+    merged = []
+    for t, info in per_rank:
+        r = int(t.ranks["rank"][0])
+        sc = sidecars.pop(r, None)
+        merged.append((merge_sidecar(t, sc) if sc is not None else t, info))
+    for r, sc in sidecars.items():
+        issues.append(schema.LoadIssue(sc.path, r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
+    _check_job(merged)
+    out = merge_tables([t for t, _ in merged], tuple(issues))
+    if out.routing_matrix.height == 0:
+        out = replace(out, routing_matrix=schema.validate("routing_matrix", routing_from_splits(out.collectives, out.events), "<splits>"))
+    return out
