@@ -82,6 +82,9 @@ dl dt{font-weight:600;margin-top:8px}dl dd{margin-left:16px}
 """
 
 
+_L = ' class="l"'
+
+
 def _e(x: object) -> str:
     return html.escape(str(x))
 
@@ -96,11 +99,11 @@ def table_html(headers: Sequence[str], rows: Sequence[Sequence[object]], left: i
         cls: CSS class of the table.
     """
     lefts = set(range(left)) if isinstance(left, int) else set(left)
-    th = "".join(f'<th class="{"l" if i in lefts else ""}">{_e(h)}</th>' for i, h in enumerate(headers))
+    th = "".join(f'<th{_L if i in lefts else ""}>{_e(h)}</th>' for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"l" if i in lefts else ""}">{_e(c)}</td>' for i, c in enumerate(r)) + "</tr>" for r in rows
+        "<tr>" + "".join(f'<td{_L if i in lefts else ""}>{_e(c)}</td>' for i, c in enumerate(r)) + "</tr>" for r in rows
     )
-    return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table{f" class={cls!r}" if cls else ""}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def figure_html(fig: go.Figure | None, div_id: str, missing: str) -> str:

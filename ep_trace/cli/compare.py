@@ -1,0 +1,62 @@
+"""`ep-trace compare A B`: two runs side by side, per stage, per rank and per finding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ep_trace.cli.app import app, console
+
+__all__ = ["compare_cmd"]
+
+
+@app.command("compare")
+def compare_cmd(
+    a: Path = typer.Argument(..., help="Run A (the baseline): a trace directory or a summary JSON from 'ep-trace analyze --json'."),
+    b: Path = typer.Argument(..., help="Run B: a trace directory or a summary JSON."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the comparison as an HTML page here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the comparison as JSON here."),
+    fmt: str = typer.Option("auto", "--format", help="Input format of trace directories: auto, kineto or nsys."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks instead of stopping."),
+) -> None:
+    """Compare two runs: what got better or worse per stage, per rank and per finding.
+
+    The step-time change is explained by the per-stage deltas (B − A; negative = B is faster).
+
+    Examples:
+
+      ep-trace compare baseline_traces/ chunked_traces/ -o diff.html
+
+      ep-trace compare main.json pr.json --json diff.json
+    """
+    import orjson
+    from rich.table import Table
+
+    from ep_trace.cli.analyze import check_format
+    from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, load_run, render_compare_html
+    from ep_trace.reports.units import fmt_ns
+
+    check_format(fmt)
+    on_error = "skip" if keep_going else "raise"
+    cmp = compare_runs(load_run(a, fmt, on_error), load_run(b, fmt, on_error))
+    console.print(headline(cmp), markup=False, highlight=False)
+    if cmp.stages.height:
+        t = Table(title="per stage (window per step, mean over ranks)", title_justify="left", show_edge=False)
+        for c in ("stage", "A", "B", "Δ", "change"):
+            t.add_column(c, justify="left" if c in ("stage", "change") else "right")
+        for r in cmp.stages.iter_rows(named=True):
+            t.add_row(r["stage"], fmt_ns(r["a_window_ns"]), fmt_ns(r["b_window_ns"]), fmt_ns(r["delta_ns"], signed=True), r["change"])
+        console.print(t)
+    for r in cmp.findings.filter(cmp.findings["status"] != "same").iter_rows(named=True):
+        console.print(f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
+                      markup=False, highlight=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(render_compare_html(cmp), encoding="utf-8")
+        console.print(f"comparison: {out}", markup=False, highlight=False)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_bytes(orjson.dumps(comparison_to_dict(cmp), option=orjson.OPT_INDENT_2))
+        console.print(f"json: {json_out}", markup=False, highlight=False)

@@ -1,0 +1,125 @@
+"""``ep-trace annotate``: per-rank Chrome / Perfetto traces with ep-trace's findings as extra tracks.
+
+Each output file holds the rank's canonical events (written from ``tables.events``, not copied from
+the input file, so Nsight input works too) plus an "ep-trace analysis" process whose threads are
+the analysis tracks: EP stages, comm, barrier wait, transfer, exposed comm (``Analysis.intervals``).
+Open them in https://ui.perfetto.dev or chrome://tracing.
+
+Chrome trace JSON timestamps are µs; we write ``ts`` as µs relative to the earliest event of the
+job (``otherData.base_time_ns``), so a float64 keeps ns precision and ranks loaded together line up.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from ep_trace.analysis.result import Analysis
+
+__all__ = ["TRACK_TIDS", "ANALYSIS_PID", "GPU_PID_BASE", "annotated_trace", "write_annotated_traces"]
+
+#: pid of the extra "ep-trace analysis" process in every annotated file.
+ANALYSIS_PID = 2_000_000
+#: GPU activity of device d goes to pid GPU_PID_BASE + d (tid = stream), away from host pids.
+GPU_PID_BASE = 1_000_000
+#: Thread id of each analysis track (order = display order).
+TRACK_TIDS: dict[str, int] = {"stage": 1, "comm": 2, "wait": 3, "transfer": 4, "exposed_comm": 5, "compute": 6}
+_TRACK_NAMES = {"stage": "EP stages", "comm": "communication", "wait": "barrier wait", "transfer": "transfer (wait-free)",
+                "exposed_comm": "exposed comm (not overlapped)", "compute": "compute"}
+_GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
+
+
+def _x_events(df: pl.DataFrame, base_ns: int) -> pl.DataFrame:
+    """Complete ('X') events from a frame with name, cat, pid, tid, start_ns, end_ns, args."""
+    return df.select(
+        pl.col("name"), pl.col("cat"), pl.lit("X").alias("ph"),
+        ((pl.col("start_ns") - base_ns) / 1000.0).alias("ts"),
+        ((pl.col("end_ns") - pl.col("start_ns")) / 1000.0).alias("dur"),
+        pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), pl.col("args"),
+    )
+
+
+def _meta(pid: int, tid: int | None, kind: str, name: str) -> dict:
+    ev: dict = {"name": kind, "ph": "M", "pid": pid, "args": {"name": name}}
+    if tid is not None:
+        ev["tid"] = tid
+    return ev
+
+
+def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None) -> bytes:
+    """The Chrome trace JSON (uncompressed bytes) of one rank with the analysis tracks added.
+
+    Args:
+        analysis: The analysis (its ``tables.events`` and ``intervals``).
+        rank: Global rank.
+        base_ns: Epoch ns of ``ts = 0``; default = the earliest event of the whole job.
+    """
+    ev = analysis.tables.events
+    iv = analysis.intervals
+    if base_ns is None:
+        starts = [s for s in (ev["start_ns"].min(), iv["start_ns"].min()) if s is not None]
+        base_ns = int(min(starts)) if starts else 0  # type: ignore[call-overload]
+    e = ev.filter(pl.col("rank") == rank)
+    is_gpu = pl.col("kind").is_in(list(_GPU_KINDS))
+    e = e.with_columns(
+        pl.when(is_gpu).then(GPU_PID_BASE + pl.col("device").fill_null(0).cast(pl.Int64)).otherwise(pl.col("pid").fill_null(0)).alias("pid"),
+        pl.when(is_gpu).then(pl.col("stream").fill_null(0)).otherwise(pl.col("tid").fill_null(0)).alias("tid"),
+        pl.coalesce("category", "kind").alias("cat"),
+        pl.struct(pl.col("kind"), pl.col("correlation"), pl.col("external_id").alias("External id")).alias("args"),
+    )
+    parts = [_x_events(e, base_ns)]
+    a = iv.filter(pl.col("rank") == rank).filter(pl.col("track").is_in(list(TRACK_TIDS)))
+    if a.height:
+        a = a.with_columns(
+            pl.lit("ep-trace").alias("cat"), pl.lit(ANALYSIS_PID).alias("pid"),
+            pl.col("track").replace_strict(TRACK_TIDS, return_dtype=pl.Int64).alias("tid"),
+            pl.struct(pl.col("track"), pl.col("step")).alias("args"),
+        )
+        # The args structs of the two parts differ, so each part is encoded on its own below.
+        parts.append(_x_events(a, base_ns))
+    lines: list[bytes] = []
+    for p in parts:
+        if p.height:
+            lines.extend(p.write_ndjson().encode().splitlines())
+    meta = [_meta(ANALYSIS_PID, None, "process_name", f"ep-trace analysis (rank {rank})"),
+            _meta(ANALYSIS_PID, None, "process_sort_index", "-1")]
+    meta += [_meta(ANALYSIS_PID, tid, "thread_name", _TRACK_NAMES[t]) for t, tid in TRACK_TIDS.items()]
+    meta += [_meta(ANALYSIS_PID, tid, "thread_sort_index", str(tid)) for tid in TRACK_TIDS.values()]
+    for dev in e.filter(is_gpu)["device"].fill_null(0).unique().sort().to_list():
+        meta.append(_meta(GPU_PID_BASE + int(dev), None, "process_name", f"GPU {dev} (rank {rank})"))
+    for pid in e.filter(~is_gpu)["pid"].unique().sort().to_list():
+        meta.append(_meta(int(pid), None, "process_name", f"host pid {pid} (rank {rank})"))
+    lines.extend(orjson.dumps(m) for m in meta)
+    other = orjson.dumps({"ep_trace": "annotated", "rank": rank, "base_time_ns": base_ns})
+    return b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[' + b",".join(lines) + b"]}"
+
+
+def write_annotated_traces(
+    analysis: Analysis,
+    out_dir: str | Path,
+    ranks: Sequence[int] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[Path]:
+    """Write ``rank{r}.ep-annotated.json.gz`` per rank into ``out_dir``; returns the paths.
+
+    All files share one time base (the earliest event of the job), so loading several in Perfetto
+    keeps ranks aligned.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ev = analysis.tables.events
+    todo = sorted(ranks) if ranks is not None else sorted(set(ev["rank"].unique().to_list()) | set(analysis.intervals["rank"].unique().to_list()))
+    starts = [s for s in (ev["start_ns"].min(), analysis.intervals["start_ns"].min()) if s is not None]
+    base = int(min(starts)) if starts else 0  # type: ignore[call-overload]
+    paths = []
+    for i, r in enumerate(todo):
+        p = out / f"rank{r}.ep-annotated.json.gz"
+        p.write_bytes(gzip.compress(annotated_trace(analysis, int(r), base), compresslevel=6))
+        paths.append(p)
+        if progress:
+            progress("annotate", i + 1, len(todo))
+    return paths

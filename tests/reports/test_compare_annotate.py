@@ -1,0 +1,72 @@
+"""compare (digests from analyses and from summary dicts) and annotate (Chrome trace tracks)."""
+
+from __future__ import annotations
+
+import gzip
+
+import orjson
+import pytest
+from fake_analysis import make_fake_analysis
+
+from ep_trace.errors import BadInputError
+from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, annotated_trace, write_annotated_traces
+from ep_trace.reports.compare import compare_runs, comparison_to_dict, digest_analysis, digest_summary, headline, render_compare_html
+
+
+def test_compare_straggler_fixed():
+    a = digest_analysis(make_fake_analysis(straggler=2, straggler_ms=2.0), "before")
+    b = digest_analysis(make_fake_analysis(straggler=None), "after")
+    c = compare_runs(a, b)
+    assert a.step_time_ns == 5_078_000 and b.step_time_ns == 3_078_000 and c.step_delta_ns == -2_000_000
+    st = {r["stage"]: r for r in c.stages.iter_rows(named=True)}
+    # dispatch window: 3 waiting ranks lose 2 x 1 ms each -> mean over ranks -1.5 ms; expert: rank 2 -2 ms -> -0.5 ms.
+    assert st["dispatch"]["delta_ns"] == -1_500_000 and st["dispatch"]["change"] == "better"
+    assert st["expert"]["delta_ns"] == -500_000 and st["route"]["change"] == "same"
+    assert c.explained_ns == -2_000_000
+    f = {r["kind"]: r["status"] for r in c.findings.iter_rows(named=True)}
+    assert f == {"straggler_wait": "resolved", "routing_imbalance": "same", "exposed_comm": "same"}
+    assert headline(c).startswith("B is 2.00 ms faster per step than A (-39.4%: 5.08 ms → 3.08 ms). Largest stage change: dispatch -1.50 ms.")
+    d = comparison_to_dict(c)
+    assert d["unexplained_ns"] == 0 and d["step_time_ns"] == {"a": 5_078_000.0, "b": 3_078_000.0, "delta": -2_000_000.0}
+    assert "Plotly.newPlot(" in render_compare_html(c)
+
+
+def test_digest_summary_from_json_dict():
+    s = {
+        "schema_version": 1,
+        "ranks": [{"rank": 0, "step_time_ns": 10_000, "comm_ns": 4000, "exposed_comm_ns": 1000, "barrier_wait_ns": 500, "transfer_ns": 3500},
+                  {"rank": 1, "step_time_ns": 12_000, "comm_ns": 4000, "exposed_comm_ns": 3000, "barrier_wait_ns": 0, "transfer_ns": 3500}],
+        "stages": [{"rank": 0, "stage": "dispatch", "busy_ns": 100, "window_ns": 300}, {"rank": 1, "stage": "dispatch", "busy_ns": 100, "window_ns": 100}],
+        "findings": [{"kind": "exposed_comm", "severity": "low", "title": "t", "est_saving_ns": 2000}],
+    }
+    d = digest_summary(s, "s.json")
+    assert d.step_time_ns == 12_000
+    assert d.stages.row(0) == ("dispatch", 100.0, 200.0)
+    assert d.findings["est_saving_ns"].to_list() == [2000]
+    with pytest.raises(BadInputError, match=r"^x\.json: not an ep-trace summary"):
+        digest_summary({"foo": 1}, "x.json")
+
+
+def test_annotated_trace_has_tracks_and_events():
+    a = make_fake_analysis()
+    doc = orjson.loads(annotated_trace(a, 0))
+    evs = doc["traceEvents"]
+    x = [e for e in evs if e["ph"] == "X"]
+    orig = [e for e in x if e["pid"] != ANALYSIS_PID]
+    extra = [e for e in x if e["pid"] == ANALYSIS_PID]
+    assert len(orig) == a.tables.events.filter(a.tables.events["rank"] == 0).height == 36
+    tracks = {e["args"]["track"] for e in extra}
+    assert tracks == {"stage", "comm", "wait", "exposed_comm"}
+    waits = [e for e in extra if e["tid"] == TRACK_TIDS["wait"]]
+    assert len(waits) == 6 and all(e["dur"] == 1000.0 for e in waits)  # 6 dispatch waits of 1 ms, in µs
+    first = min(orig, key=lambda e: e["ts"])
+    assert first["ts"] == 0.0 and first["name"] == "ep:route:l0:fwd" and doc["otherData"]["base_time_ns"] == 1_700_000_000_000_000_000
+    names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "barrier wait" in names and "exposed comm (not overlapped)" in names
+
+
+def test_write_annotated_traces(tmp_path):
+    paths = write_annotated_traces(make_fake_analysis(), tmp_path)
+    assert [p.name for p in paths] == [f"rank{r}.ep-annotated.json.gz" for r in range(4)]
+    doc = orjson.loads(gzip.decompress(paths[2].read_bytes()))
+    assert not [e for e in doc["traceEvents"] if e.get("tid") == TRACK_TIDS["wait"] and e["ph"] == "X"]  # the straggler never waits

@@ -1,0 +1,114 @@
+"""Figures checked through their data (fig.to_dict()), with values known from fake_analysis."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fake_analysis import make_fake_analysis
+from plotdata import arr, traces
+
+from ep_trace.reports import figures
+
+
+@pytest.fixture(scope="module")
+def a4():
+    return make_fake_analysis()
+
+
+@pytest.fixture(scope="module")
+def a64():
+    return make_fake_analysis(n_ranks=64, steps=4, layers=4, experts=64, with_events=False)
+
+
+def test_stage_breakdown_busy_and_window_per_rank(a4):
+    t = traces(figures.stage_breakdown(a4))
+    assert list(t) == ["route", "permute", "dispatch", "expert", "combine", "unpermute"]
+    x = t["dispatch"]["x"]
+    assert list(x[0][:4]) == ["r0", "r1", "r2", "r3"] and list(x[1]) == ["busy"] * 4 + ["window"] * 4
+    # dispatch: 2 layers x 300 µs busy; the window adds 2 x 1 ms of waiting for straggler rank 2.
+    np.testing.assert_allclose(arr(t["dispatch"]["y"]), [0.6, 0.6, 0.6, 0.6, 2.6, 2.6, 0.6, 2.6])
+    # expert: rank 2 computes 1 ms longer per layer.
+    np.testing.assert_allclose(arr(t["expert"]["y"])[:4], [1.0, 1.0, 3.0, 1.0])
+
+
+def test_timeline_selection_median_step_and_all_ranks(a4):
+    sel = figures.timeline_selection(a4)
+    # Step lengths are equal, so the median over the 3 steps sorted by (length, step) is step 1.
+    assert sel.step == 1 and sel.ranks == (0, 1, 2, 3) and not sel.sampled and sel.min_interval_ns == 0
+
+
+def test_timeline_draws_waits_on_the_comm_rows(a4):
+    t = traces(figures.step_timeline(a4))
+    wait = t["barrier wait"]
+    assert set(wait["y"]) == {"r0 comm", "r1 comm", "r3 comm"}  # the straggler never waits
+    np.testing.assert_allclose(arr(wait["x"]), [1.0] * 6)  # 2 dispatches x 3 waiting ranks, 1 ms each
+    assert "dispatch" in t and "exposed comm" in t
+
+
+def test_timeline_samples_large_jobs_keeping_the_straggler(a64):
+    sel = figures.timeline_selection(a64)
+    assert sel.sampled and len(sel.ranks) == 16 and sel.n_ranks_total == 64
+    assert 2 in sel.ranks and 0 in sel.ranks and 63 in sel.ranks
+    fig = figures.step_timeline(a64, sel)
+    rows = {y for tr in fig.to_dict()["data"] for y in tr["y"]}
+    assert {r.split()[0] for r in rows} == {f"r{r}" for r in sel.ranks}
+    assert "16 of 64 ranks" in fig.layout.title.text
+
+
+def test_count_matrix_rows_per_step_and_local_ratio(a4):
+    fig = figures.count_matrix_heatmap(a4)
+    z = arr(fig.to_dict()["data"][0]["z"])
+    # experts 0,1 live on rank 0: (410 + 88) rows from every source per layer, 2 layers; others 2 x 88 x 2.
+    assert z.shape == (4, 4)
+    np.testing.assert_allclose(z[:, 0], [996.0] * 4)
+    np.testing.assert_allclose(z[0], [996.0, 352.0, 352.0, 352.0])
+    assert "local ratio 25%" in fig.layout.title.text
+
+
+def test_count_matrix_is_binned_beyond_max_cells(a64):
+    fig = figures.count_matrix_heatmap(a64, max_cells=16)
+    d = fig.to_dict()["data"][0]
+    assert arr(d["z"]).shape == (16, 16) and d["x"][0] == "r0-3" and d["x"][-1] == "r60-63"
+    assert "binned by 4" in fig.layout.title.text
+
+
+def test_expert_load_and_imbalance(a4):
+    t = traces(figures.expert_load_bars(a4))
+    assert list(t) == ["layer 0 (I_e 3.20)", "layer 1 (I_e 3.20)"]
+    np.testing.assert_allclose(arr(t["layer 0 (I_e 3.20)"]["y"]), [1640.0] + [352.0] * 7)
+    imb = traces(figures.imbalance_per_layer(a4))
+    np.testing.assert_allclose(arr(imb["I_e (P50 over steps)"]["y"]), [3.1969, 3.1969], atol=1e-4)
+    np.testing.assert_allclose(arr(imb["I_r (P50 over steps)"]["y"]), [1.9415, 1.9415], atol=1e-4)
+
+
+def test_overlap_wait_and_matrix(a4):
+    ov = traces(figures.overlap_per_rank(a4))
+    np.testing.assert_allclose(arr(ov["exposed |C \\ K|"]["y"]), [2.16, 2.16, 0.66, 2.16])
+    np.testing.assert_allclose(arr(ov["overlapped |C ∩ K|"]["y"]), [0.72, 0.72, 0.22, 0.72])
+    bw = traces(figures.barrier_wait_per_rank(a4))
+    np.testing.assert_allclose(arr(bw["barrier wait"]["y"]), [2.0, 2.0, 0.0, 2.0])
+    np.testing.assert_allclose(arr(bw["transfer"]["y"]), [0.88] * 4)
+    z = arr(figures.wait_matrix_heatmap(a4).to_dict()["data"][0]["z"])
+    expected = np.zeros((4, 4))
+    expected[[0, 1, 3], 2] = 6.0  # 3 steps x 2 layers x 1 ms, all waited for rank 2
+    np.testing.assert_allclose(z, expected)
+    st = traces(figures.overlap_per_stage(a4))
+    assert list(st["exposed"]["x"]) == ["dispatch", "combine"]
+
+
+def test_alpha_beta_scatter_and_fit_line(a4):
+    t = traces(figures.alpha_beta_scatter(a4))
+    assert set(t) == {"intra_host calls", "intra_host fit: α=25.0 µs, β=12.50 GB/s"}
+    line = t["intra_host fit: α=25.0 µs, β=12.50 GB/s"]
+    x, y = arr(line["x"]), arr(line["y"])
+    np.testing.assert_allclose(y, 25.0 + x / 12.5e9 * 1e6, atol=1e-3)
+    assert len(arr(t["intra_host calls"]["x"])) == a4.calls.height
+
+
+def test_every_figure_tolerates_empty_frames():
+    a = make_fake_analysis(with_routing=False, straggler=None)
+    assert figures.count_matrix_heatmap(a) is None
+    assert figures.expert_load_bars(a) is None
+    assert figures.imbalance_per_layer(a) is None
+    assert figures.wait_matrix_heatmap(a) is None  # nobody waited
+    assert figures.stage_breakdown(a) is not None

@@ -1,0 +1,83 @@
+"""The page: section order, verdict first, one embedded plotly.js, tolerant of missing data."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fake_analysis import make_fake_analysis
+
+from ep_trace.reports import digest
+from ep_trace.reports.html import Section, render_report
+from ep_trace.reports.units import fmt_ns, fmt_pct
+
+
+@pytest.fixture(scope="module")
+def a4():
+    return make_fake_analysis()
+
+
+@pytest.fixture(scope="module")
+def page4(a4):
+    return render_report(a4, sources=["demo_traces"])
+
+
+def test_units():
+    assert [fmt_ns(x) for x in (None, 0, 999, 1500, 45_600, 880_000, 2_000_000, 12_345_678, 250_000_000, 2.5e9)] == [
+        "–", "0 ns", "999 ns", "1.50 µs", "45.6 µs", "880 µs", "2.00 ms", "12.3 ms", "250 ms", "2.50 s"]
+    assert fmt_ns(-1500, signed=True) == "-1.50 µs" and fmt_ns(1500, signed=True) == "+1.50 µs"
+    assert fmt_pct(0.394) == "39.4%" and fmt_pct(float("nan")) == "–"
+
+
+def test_verdict_names_the_top_finding_with_its_saving(a4):
+    v = digest.verdict(a4)
+    assert v.headline == "Rank 2 arrives last in every dispatch; the other ranks wait 2.0 ms per step"
+    assert v.severity == "high"
+    # P50 step (slowest rank) = 2 layers x 1230 µs x 1.25 + 2 ms + 3 µs rank skew = 5.078 ms.
+    assert v.detail.startswith("Estimated saving 2.00 ms per step (39.4% of the P50 step). Remedy: Find why rank 2")
+    assert v.context == "4 ranks, 3 steps analysed; step time P50 5.08 ms, P99 5.08 ms, max 5.08 ms (slowest rank per step)"
+
+
+def test_rank_table_percentiles(a4):
+    rt = digest.rank_table(a4)
+    assert rt["rank"].to_list() == [0, 1, 2, 3]
+    assert rt["step_p50_ns"].to_list() == [5_075_000.0, 5_076_000.0, 5_077_000.0, 5_078_000.0]
+    assert rt["step_max_ns"].to_list() == rt["step_p99_ns"].to_list()
+    assert rt["barrier_wait_ns"].to_list() == [2_000_000, 2_000_000, 0, 2_000_000]
+
+
+def test_sections_in_the_required_order(page4):
+    ids = re.findall(r'<section id="([a-z]+)"', page4)
+    assert ids == ["verdict", "stages", "timeline", "routing", "overlap", "wait", "alphabeta", "stalls", "load", "definitions"]
+    assert page4.index("Rank 2 arrives last") < page4.index('id="fig-stages"')
+
+
+def test_self_contained_one_plotly_bundle(page4):
+    assert page4.count("Plotly.newPlot(") == 10
+    assert "<script src=" not in page4 and "<link" not in page4
+    # the bundle's banner appears once; outside the bundle nothing is fetched from the network
+    assert len(re.findall(r"plotly\.js v\d+\.\d+\.\d+", page4)) == 1
+    outside = page4[page4.index("</head>"):]
+    assert "https://" not in outside and "http://" not in outside
+
+
+def test_definitions_and_tables_present(page4):
+    for term in ("I_e (expert imbalance)", "Barrier wait, transfer", "Overlap, exposed comm", "Clock uncertainty"):
+        assert f"<dt>{term}</dt>" in page4
+    assert '<tr><td class="l">2</td><td>6</td><td>18.0 ms</td></tr>' in page4  # straggler ranking: rank 2, last 6 times
+    assert "Stage detection method: <b>ep_trace</b>" in page4
+
+
+def test_no_routing_data_says_so_and_extra_sections_go_before_definitions():
+    a = make_fake_analysis(with_routing=False, findings=False)
+    html = render_report(a, extra_sections=[Section("hta", "HTA cross-check", "<p>hta body</p>")])
+    assert "No routing data: the traces carry neither an ep-trace sidecar nor all-to-all split sizes" in html
+    assert "No EP bottleneck found." in html
+    assert html.index('id="hta"') < html.index('id="definitions"')
+
+
+def test_large_job_notes_sampling_and_lists_skipped_rank():
+    a = make_fake_analysis(n_ranks=64, steps=3, layers=2, experts=64, with_events=False)
+    html = render_report(a)
+    assert "16 of 64 ranks drawn" in html
+    assert "truncated gzip stream: rank skipped" in html
