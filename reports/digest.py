@@ -21,10 +21,14 @@ _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
 @dataclass(frozen=True)
 class StepStats:
-    """Step time of the job (per step: its slowest rank), ns, over the analysed steps."""
+    """Step time of the job (per step: its slowest rank), ns, over the analysed steps.
+
+    ``mean_ns`` is the reference for savings: findings estimate savings as means per step.
+    """
 
     n_steps: int
     n_ranks: int
+    mean_ns: float | None
     p50_ns: float | None
     p95_ns: float | None
     p99_ns: float | None
@@ -53,10 +57,10 @@ def step_stats(analysis: Analysis) -> StepStats:
     st = analysis.steps
     n_ranks = int(analysis.rank_summary.height or analysis.tables.ranks.height)
     if st.height == 0:
-        return StepStats(0, n_ranks, None, None, None, None)
+        return StepStats(0, n_ranks, None, None, None, None, None)
     per = st.group_by("step").agg(pl.col("step_time_ns").max())["step_time_ns"].cast(pl.Float64)
     q = [per.quantile(x, interpolation="linear") for x in (0.5, 0.95, 0.99)]
-    return StepStats(per.len(), n_ranks, q[0], q[1], q[2], per.max())  # type: ignore[arg-type]
+    return StepStats(per.len(), n_ranks, per.mean(), q[0], q[1], q[2], per.max())  # type: ignore[arg-type]
 
 
 def ranked_findings(analysis: Analysis) -> list[Finding]:
@@ -65,11 +69,12 @@ def ranked_findings(analysis: Analysis) -> list[Finding]:
 
 
 def verdict(analysis: Analysis) -> Verdict:
-    """The verdict: main bottleneck, its saving as a share of the P50 step, and the run's size."""
+    """The verdict: main bottleneck, its saving as a share of the mean step, and the run's size."""
     ss = step_stats(analysis)
     context = f"{ss.n_ranks} rank{'s' if ss.n_ranks != 1 else ''}, {ss.n_steps} step{'s' if ss.n_steps != 1 else ''} analysed"
     if ss.p50_ns is not None:
-        context += f"; step time P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, max {fmt_ns(ss.max_ns)} (slowest rank per step)"
+        context += (f"; step time (slowest rank) mean {fmt_ns(ss.mean_ns)}, P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, "
+                    f"max {fmt_ns(ss.max_ns)}")
     found = ranked_findings(analysis)
     if not found:
         return Verdict(
@@ -77,7 +82,7 @@ def verdict(analysis: Analysis) -> Verdict:
             "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
             context, "none")
     top = found[0]
-    share = f" ({fmt_pct(top.est_saving_ns / ss.p50_ns)} of the P50 step)" if ss.p50_ns else ""
+    share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
     detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
     return Verdict(top.title, detail, context, top.severity)
 

@@ -65,7 +65,7 @@ def _n_steps(analysis: Analysis) -> int:
 
 
 def stage_breakdown(analysis: Analysis) -> go.Figure | None:
-    """Per-rank × stage stacked bars of busy and window time, ms per step (mean over steps).
+    """Per-rank × stage stacked bars of busy and window time, ms per step (P50 over steps).
 
     Each rank has two stacked columns: ``busy`` (|union of the stage's device intervals|) and
     ``window`` (first start → last end). Windows longer than busy time mean idle gaps (waiting).
@@ -77,7 +77,8 @@ def stage_breakdown(analysis: Analysis) -> go.Figure | None:
         st.group_by("rank", "step", "stage")
         .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
         .group_by("rank", "stage")
-        .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+        # P50, not the mean: a warm-up step (often 10x longer) must not dominate the typical picture.
+        .agg(pl.col("busy_ns").median(), pl.col("window_ns").median())
         .sort("rank")
     )
     ranks = per["rank"].unique().sort().to_list()
@@ -91,7 +92,7 @@ def stage_breakdown(analysis: Analysis) -> go.Figure | None:
         fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage),
                              hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>"))
     fig.update_layout(barmode="stack")
-    fig.update_yaxes(title_text="ms per step (mean over steps)")
+    fig.update_yaxes(title_text="ms per step (P50 over steps)")
     return _layout(fig, "Stage time per rank: busy vs window", height=420)
 
 
@@ -192,7 +193,7 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
         ))
 
     stages = iv.filter(pl.col("track") == "stage").with_columns(
-        pl.col("name").str.extract(r"^ep:([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage"))
+        pl.col("name").str.extract(r"^(?:ep:)?([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage"))
     for stage in _stage_order(stages["stage"].unique().to_list()):
         add(stages.filter(pl.col("stage") == stage), stage, _STAGE_COLORS.get(stage), 0.8)
     add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.8)

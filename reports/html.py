@@ -115,16 +115,16 @@ def figure_html(fig: go.Figure | None, div_id: str, missing: str) -> str:
     return f'<div class="fig">{frag}</div>'
 
 
-def _findings_html(analysis: Analysis, p50: float | None) -> str:
+def _findings_html(analysis: Analysis, mean_step: float | None) -> str:
     found = digest.ranked_findings(analysis)
     if not found:
         return '<p class="note">No findings.</p>'
     rows = []
     for f in found:
-        share = fmt_pct(f.est_saving_ns / p50) if p50 else "–"
+        share = fmt_pct(f.est_saving_ns / mean_step) if mean_step else "–"
         rows.append([f.severity, f.title, fmt_ns(f.est_saving_ns), share, f.remedy,
                      ", ".join(map(str, f.ranks)) or "all", ", ".join(map(str, f.layers)) or "all"])
-    t = table_html(["severity", "finding", "saving / step", "of P50 step", "remedy", "ranks", "layers"], rows, left=(0, 1, 4))
+    t = table_html(["severity", "finding", "saving / step", "of mean step", "remedy", "ranks", "layers"], rows, left=(0, 1, 4))
     for sev in ("high", "medium"):
         t = t.replace(f'<td class="l">{sev}</td>', f'<td class="l sev-{sev}">{sev}</td>')
     return t
@@ -278,7 +278,7 @@ def render_report(
     sections: list[tuple[str, str, str]] = []
     verdict_html = (f'<div class="verdict {_e(v.severity)}"><div class="headline">{_e(v.headline)}</div>'
                     f'<div class="detail">{_e(v.detail)}</div><div class="context">{_e(v.context)}</div></div>')
-    sections.append(("verdict", "Verdict and findings", verdict_html + _findings_html(analysis, ss.p50_ns)))
+    sections.append(("verdict", "Verdict and findings", verdict_html + _findings_html(analysis, ss.mean_ns)))
     tick(1)
     sections.append(("stages", "Where the time goes: stages per rank",
                      '<p class="note">Busy = device time of the stage; window = first start to last end. A window much longer than busy time is idle or waiting.</p>'

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Literal
 
 import orjson
-import polars as pl
 
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.result import Analysis
@@ -22,7 +21,9 @@ Progress = Callable[[str, int, int], None]
 
 
 def _merge(parts: Sequence[TraceTables], paths: Sequence[Path]) -> TraceTables:
-    """Concatenate the tables of several directories of one job (e.g. one directory per node)."""
+    """Merge the tables of several directories of one job (e.g. one directory per node)."""
+    from ep_trace.parsers.dispatch import merge_tables
+
     if len(parts) == 1:
         return parts[0]
     seen: dict[int, Path] = {}
@@ -31,15 +32,7 @@ def _merge(parts: Sequence[TraceTables], paths: Sequence[Path]) -> TraceTables:
             if r in seen:
                 raise RankConflictError(f"{p}: rank {r} is also in {seen[r]}; pass directories of one job with disjoint ranks")
             seen[r] = p
-
-    def cat(name: str) -> pl.DataFrame:
-        return pl.concat([getattr(t, name) for t in parts], how="vertical")
-
-    return TraceTables(
-        ranks=cat("ranks"), events=cat("events"), collectives=cat("collectives"), routing_counts=cat("routing_counts"),
-        routing_matrix=cat("routing_matrix"), placement=cat("placement").unique(maintain_order=True), stages=cat("stages"),
-        load_report=tuple(i for t in parts for i in t.load_report),
-    )
+    return merge_tables(list(parts))
 
 
 def load_analysis(
@@ -63,7 +56,8 @@ def load_analysis(
         BadInputError: unreadable input (exit code 2).
     """
     from ep_trace.analysis import analyze
-    from ep_trace.parsers import read_trace_dir
+    # parsers/dispatch.py owns directory reading (ep_trace.parsers re-exports it).
+    from ep_trace.parsers.dispatch import read_trace_dir
 
     paths = [Path(p) for p in trace_dirs]
     parts = [read_trace_dir(p, format=fmt, on_error=on_error, progress=progress) for p in paths]

@@ -37,23 +37,22 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         t.add_column("severity")
         t.add_column("finding", overflow="fold")
         t.add_column("saving/step", justify="right")
-        t.add_column("of step", justify="right")
+        t.add_column("of mean step", justify="right")
         for f in found[:max_findings]:
             t.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.title, fmt_ns(f.est_saving_ns),
-                      fmt_pct(f.est_saving_ns / ss.p50_ns) if ss.p50_ns else "–")
+                      fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–")
         out.append(t)
     rt = digest.rank_table(analysis)
     if rt.height:
-        title = "per rank (mean per step; step time P50 / P99 / max over steps)"
+        title = "per rank: step time over steps; exposed comm and barrier wait as mean per step"
         if rt.height > max_ranks:
             rt = rt.sort("step_max_ns", descending=True, nulls_last=True).head(max_ranks).sort("rank")
             title += f"; {max_ranks} slowest of {digest.rank_table(analysis).height} ranks"
         t = Table(title=title, title_justify="left", show_edge=False)
-        for c in ("rank", "host", "step P50", "P99", "max", "comm", "exposed", "overlap", "wait", "transfer"):
-            t.add_column(c, justify="left" if c == "host" else "right")
+        for c in ("rank", "step P50", "P99", "max", "exposed comm", "overlap", "wait"):
+            t.add_column(c, justify="right")
         for r in rt.iter_rows(named=True):
-            t.add_row(str(r["rank"]), str(r["host"] or "–"), fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p99_ns"]),
-                      fmt_ns(r["step_max_ns"]), fmt_ns(r["comm_ns"]), fmt_ns(r["exposed_comm_ns"]),
-                      fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]), fmt_ns(r["transfer_ns"]))
+            t.add_row(str(r["rank"]), fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p99_ns"]), fmt_ns(r["step_max_ns"]),
+                      fmt_ns(r["exposed_comm_ns"]), fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]))
         out.append(t)
     return out
