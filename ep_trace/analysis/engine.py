@@ -96,7 +96,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     say("waits", 4, total)
     wait_matrix = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by(["rank", "last_rank"]).agg(pl.col("wait_ns").sum()).select(
         pl.col("rank").alias("waiter"), pl.col("last_rank").alias("waited_for"), "wait_ns").sort(["waiter", "waited_for"])
-    stragglers = _stragglers(ranks, calls.filter(pl.col("valid")), vcr)
+    stragglers = _stragglers(ranks, calls.filter(pl.col("valid")), vcr, windows["step"])
     per_step_wait = vcr.group_by(["rank", "step"]).agg(pl.col("wait_ns").sum().alias("barrier_wait_ns"), pl.col("transfer_ns").sum())
     steps_df = (
         windows.select("rank", "step", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns"))
@@ -161,16 +161,28 @@ def _stages(ev, act, mode, windows, exposed_iv, config) -> tuple[pl.DataFrame, s
     return out, str(methods["method"][0])
 
 
-def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame) -> pl.DataFrame:
+def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, steps: pl.Series) -> pl.DataFrame:
+    """Per rank: times last, induced wait, lateness (last - second-last arrival) and its P50 over steps.
+
+    Ranked by the P50 over steps of the per-step lateness: one warm-up step where a single early rank
+    waits a second for everybody must not decide who the straggler is.
+    """
     own = vcr.group_by("rank").agg(pl.col("wait_ns").sum().alias("total_wait_ns"))
     last = vcalls.group_by("last_rank").agg(pl.len().cast(pl.Int64).alias("times_last"), pl.col("lateness_ns").sum())
     induced = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by("last_rank").agg(pl.col("wait_ns").sum().alias("induced_wait_ns"))
+    per_step = vcalls.group_by(["last_rank", "step"]).agg(pl.col("lateness_ns").sum().alias("_l"))
+    grid = ranks.select("rank").join(pl.DataFrame({"step": steps.unique()}), how="cross")
+    p50 = (
+        grid.join(per_step.rename({"last_rank": "rank"}), on=["rank", "step"], how="left", nulls_equal=True)
+        .group_by("rank").agg(pl.col("_l").fill_null(0).median().round(0).cast(pl.Int64).alias("lateness_p50_ns"))
+    )
     return (
         ranks.select("rank").join(last.rename({"last_rank": "rank"}), on="rank", how="left")
         .join(induced.rename({"last_rank": "rank"}), on="rank", how="left").join(own, on="rank", how="left")
+        .join(p50, on="rank", how="left")
         .with_columns(pl.col("times_last").fill_null(0), pl.col("induced_wait_ns").fill_null(0), pl.col("lateness_ns").fill_null(0),
-                      pl.col("total_wait_ns").fill_null(0))
-        .sort(["induced_wait_ns", "times_last", "rank"], descending=[True, True, False])
+                      pl.col("total_wait_ns").fill_null(0), pl.col("lateness_p50_ns").fill_null(0))
+        .sort(["lateness_p50_ns", "lateness_ns", "rank"], descending=[True, True, False])
     )
 
 
@@ -180,6 +192,7 @@ def _rank_summary(steps_df: pl.DataFrame, ranks: pl.DataFrame, mode: dict[int, s
         q("step_time_ns", 0.5).alias("step_time_ns"), pl.col("step_time_ns").max().alias("step_time_max_ns"),
         q("step_time_ns", 0.95).alias("step_time_p95_ns"), q("step_time_ns", 0.99).alias("step_time_p99_ns"),
         pl.col("comm_ns").mean(), pl.col("compute_ns").mean(), pl.col("exposed_comm_ns").mean(),
+        q("exposed_comm_ns", 0.5).alias("exposed_comm_p50_ns"),
         q("exposed_comm_ns", 0.95).alias("exposed_comm_p95_ns"),
         pl.when(pl.col("comm_ns").sum() > 0).then(pl.col("overlapped_ns").sum() / pl.col("comm_ns").sum()).otherwise(float("nan")).alias("overlap_efficiency"),
         pl.col("barrier_wait_ns").mean(), q("barrier_wait_ns", 0.95).alias("barrier_wait_p95_ns"),

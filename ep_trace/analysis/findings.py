@@ -2,12 +2,13 @@
 
 Estimated savings (per step, ns) — deliberately simple, stated in each finding's evidence:
 
-* exposed_comm: full overlap removes the exposed communication of the worst rank (mean per step);
+* exposed_comm: full overlap removes the exposed communication of the worst rank (P50 over steps);
 * straggler_wait: removing the straggler's lateness (last arrival - second-last arrival, summed
-  over the calls it was last in) per step;
+  over the calls it was last in), P50 over steps; reported only when the rank stands out (twice the
+  next rank's P50 lateness, or last in at least half of the calls);
 * routing_imbalance: max replaced by mean: the expert stage of the most loaded rank shrinks by
   (1 - 1/I_r);
-* host_stall: the device idle time under blocking host calls of the worst rank per step;
+* host_stall: the device idle time under blocking host calls of the worst rank (P50 over steps);
 * small_message_latency: upper bound = calls per step x alpha of the class;
 * bandwidth_bound: FP8 dispatch halves dispatch bytes: half the dispatch transfer time per step;
 * pack_unpack_overhead: half of the permute + unpermute busy time of the worst rank per step
@@ -60,22 +61,22 @@ def with_findings(a: Analysis) -> Analysis:
 
 
 def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
-    rs = a.rank_summary.filter(pl.col("exposed_comm_ns") > 0)
+    rs = a.rank_summary.filter(pl.col("exposed_comm_p50_ns") > 0)
     if rs.is_empty():
         return []
-    w = rs.sort("exposed_comm_ns", descending=True).row(0, named=True)
-    saving = int(w["exposed_comm_ns"])
+    w = rs.sort("exposed_comm_p50_ns", descending=True).row(0, named=True)
+    saving = int(w["exposed_comm_p50_ns"])
     st = a.stages.filter(pl.col("exposed_comm_ns") > 0)
     top = (st.group_by("stage").agg(pl.col("exposed_comm_ns").sum()).sort("exposed_comm_ns", descending=True).head(3) if st.height else st)
     wait_share = (w["barrier_wait_ns"] / w["exposed_comm_ns"]) if w["exposed_comm_ns"] else 0.0
-    ev = {"rank": w["rank"], "exposed_comm_ns_per_step": saving, "comm_ns_per_step": int(w["comm_ns"]),
+    ev = {"rank": w["rank"], "exposed_comm_p50_ns": saving, "exposed_comm_mean_ns": int(w["exposed_comm_ns"]), "comm_ns_per_step": int(w["comm_ns"]),
           "overlap_efficiency": _num(float(w["overlap_efficiency"])), "step_time_ns": int(w["step_time_ns"]),
           "barrier_wait_ns_per_step": int(w["barrier_wait_ns"]),
           "worst_stages": {r["stage"]: int(r["exposed_comm_ns"]) for r in top.iter_rows(named=True)} if top.height else {},
-          "saving_rule": "full overlap removes the exposed comm of the worst rank"}
+          "saving_rule": "full overlap removes the exposed comm of the worst rank (P50 over steps)"}
     remedy = ("Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while the "
               "expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch.")
-    if wait_share > 0.5:
+    if wait_share > 0.5:  # mean wait vs mean exposed: both per step
         remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first."
     layers = tuple(sorted({int(x) for x in st.filter(pl.col("rank") == w["rank"])["layer"].drop_nulls()})) if st.height else ()
     return [Finding("exposed_comm", severity(saving, step_ns),
@@ -90,14 +91,19 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     if s.is_empty() or n_calls == 0 or int(s["induced_wait_ns"][0]) <= 0:
         return []
     r = s.row(0, named=True)
-    saving = int(r["lateness_ns"] / n_steps)
+    second = int(s["lateness_p50_ns"][1]) if s.height > 1 else 0
+    # a straggler stands out: twice the next rank's typical lateness, or last in most calls
+    if r["lateness_p50_ns"] <= 0 or (r["lateness_p50_ns"] < 2 * second and r["times_last"] < 0.5 * n_calls):
+        return []
+    saving = int(r["lateness_p50_ns"])
     wm = a.wait_matrix.filter(pl.col("waited_for") == r["rank"])
     ev = {"rank": r["rank"], "times_last": int(r["times_last"]), "matched_calls": n_calls,
-          "induced_wait_ns": int(r["induced_wait_ns"]), "lateness_ns_per_step": saving,
+          "induced_wait_ns": int(r["induced_wait_ns"]), "lateness_p50_ns_per_step": saving,
+          "next_rank_lateness_p50_ns": second,
           "own_wait_ns": int(r["total_wait_ns"]),
           "waiting_ranks": {int(x["waiter"]): int(x["wait_ns"]) for x in wm.iter_rows(named=True)},
           "clock_uncertainty_ns": int(a.clock["residual_ns"].max() or 0) if a.clock.height else 0,
-          "saving_rule": "the straggler's lateness over the second-last arrival, per step"}
+          "saving_rule": "P50 over steps of the straggler's lateness over the second-last arrival"}
     return [Finding("straggler_wait", severity(saving, step_ns),
                     f"Rank {r['rank']} arrives last at {r['times_last']} of {n_calls} matched collectives; the others wait "
                     f"{r['induced_wait_ns'] / 1e6:.3f} ms in total for it.",
@@ -147,11 +153,15 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     hs = a.host_stalls
     if hs.is_empty():
         return []
-    per = hs.group_by("rank").agg(pl.col("stall_ns").sum(), pl.len().alias("n")).sort("stall_ns", descending=True)
+    steps = a.steps.select("rank", "step")
+    per_step = steps.join(hs.group_by(["rank", "step"]).agg(pl.col("stall_ns").sum()), on=["rank", "step"], how="left").with_columns(
+        pl.col("stall_ns").fill_null(0))
+    per = per_step.group_by("rank").agg(pl.col("stall_ns").median().alias("p50"), pl.col("stall_ns").sum()).join(
+        hs.group_by("rank").agg(pl.len().alias("n")), on="rank").sort("p50", descending=True)
     r = per.row(0, named=True)
-    saving = int(r["stall_ns"] / n_steps)
+    saving = int(r["p50"])
     names = hs.filter(pl.col("rank") == r["rank"]).group_by("name").agg(pl.col("stall_ns").sum()).sort("stall_ns", descending=True)
-    ev = {"rank": r["rank"], "stall_ns_per_step": saving, "calls": int(r["n"]),
+    ev = {"rank": r["rank"], "stall_p50_ns_per_step": saving, "stall_ns_total": int(r["stall_ns"]), "calls": int(r["n"]),
           "by_call": {x["name"]: int(x["stall_ns"]) for x in names.head(5).iter_rows(named=True)},
           "by_stage": {str(x["stage"]): int(x["stall_ns"]) for x in hs.group_by("stage").agg(pl.col("stall_ns").sum()).iter_rows(named=True)}}
     return [Finding("host_stall", severity(saving, step_ns),

@@ -6,8 +6,9 @@ GPU ranks: blocking host calls — runtime ``cudaStreamSynchronize`` / ``cudaDev
 the call during which no device interval of the rank runs.
 
 CPU ranks (gloo): the count exchange before the token all-to-all — collectives with
-``direction == 'count'`` (sidecar) — during which the compute thread does nothing; stall = the part
-of the caller's blocking op not covered by compute.
+``direction == 'count'`` (sidecar) — during which the compute thread does nothing; the blocking span
+is from the caller op's start to the end of the worker transfer; stall = the part of it not covered
+by compute.
 """
 
 from __future__ import annotations
@@ -40,8 +41,11 @@ def host_stalls(events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mod
         pl.col("rank").is_in(gpu) & pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE)
     ).select("rank", "name", "start_ns", "end_ns")
     busy_gpu = act.filter(pl.col("rank").is_in(gpu))
+    # gloo: the caller op returns once the work is queued; the caller then waits for the worker, so
+    # the blocking span runs from the op start to the end of the worker's transfer
     blk_cpu = coll.filter(pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null()).select(
-        "rank", pl.col("op_name").alias("name"), pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"))
+        "rank", pl.col("op_name").alias("name"), pl.col("cpu_start_ns").alias("start_ns"),
+        pl.max_horizontal("cpu_end_ns", "end_ns").alias("end_ns"))
     busy_cpu = act.filter(pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute"))
     blk = pl.concat([blk_gpu, blk_cpu]).filter(pl.col("end_ns") > pl.col("start_ns")).with_row_index("bid")
     busy = union(pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), busy_cpu.select("rank", "start_ns", "end_ns")]), ["rank"])
