@@ -71,19 +71,23 @@ def _loads(raw: bytes, path: Path, what: str) -> Any:
         raise TraceFormatError(path, f"invalid or truncated JSON in {what} ({exc})", _FIX_REEXPORT) from None
 
 
-def _last_event_start(raw: bytes, open_pos: int, end: int) -> int:
-    """Start of the last ``{`` that follows an event boundary before ``end`` (or the array start)."""
+def _closes_last_event(raw: bytes, open_pos: int, end: int) -> bool:
+    """True when ``raw[x:end]`` is one or more whole events for some event boundary x before ``end``.
+
+    Boundaries are tried from the last one backwards, since a string may contain ``}, {``.
+    """
     window = 1 << 16
-    while True:
-        lo = max(open_pos, end - window)
-        last = None
-        for last in _BOUNDARY_RE.finditer(raw, lo, end):
-            pass
-        if last is not None:
-            return last.end() - 1
-        if lo == open_pos:
-            return open_pos
-        window *= 4
+    lo = max(open_pos, end - window)
+    starts = [m.end() - 1 for m in _BOUNDARY_RE.finditer(raw, lo, end)]
+    if lo == open_pos:
+        starts.insert(0, open_pos)
+    for x in reversed(starts[-8:] if lo > open_pos else starts[-8:] + starts[:1]):
+        try:
+            if isinstance(orjson.loads(b"[" + raw[x:end] + b"]"), list):
+                return True
+        except orjson.JSONDecodeError:
+            continue
+    return False
 
 
 def _array_end(raw: bytes, open_pos: int) -> int | None:
@@ -102,11 +106,10 @@ def _array_end(raw: bytes, open_pos: int) -> int | None:
             continue
         try:
             orjson.loads(b'{"_":0' + rest)
-            tail = raw[_last_event_start(raw, open_pos, pos) : pos]
-            if isinstance(orjson.loads(b"[" + tail + b"]"), list):
-                return pos
         except orjson.JSONDecodeError:
-            pass
+            continue
+        if _closes_last_event(raw, open_pos, pos):
+            return pos
     return None
 
 
@@ -145,7 +148,7 @@ def decode_header(raw: bytes, path: Path) -> tuple[dict[str, Any], bytes | list[
     return doc, events
 
 
-def iter_event_chunks(events: bytes | list[Any], path: Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, list[Any]]]:
+def iter_event_chunks(events: bytes | list[Any], path: Path, chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
     """Yield ``(offset, events)`` slices of ``traceEvents``; ``offset`` = index of the slice's first event.
 
     Raises:
@@ -155,6 +158,7 @@ def iter_event_chunks(events: bytes | list[Any], path: Path, chunk_bytes: int = 
         yield 0, events
         return
     body = events
+    chunk_bytes = chunk_bytes or CHUNK_BYTES
     pieces: list[tuple[int, int]] = []
     pos = 0
     n = len(body)
