@@ -1,13 +1,65 @@
-"""`ep-trace demo` (placeholder until the workload lands)."""
+"""``ep-trace demo`` (run the reference EP MoE workload under the Tracer) and ``ep-trace version``."""
+
 from __future__ import annotations
 
-from ep_trace.cli.app import app
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ep_trace.cli.app import app, console, err_console
+
+_LABELS = {"start": "starting ranks", "step": "traced steps", "write": "writing traces"}
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option("--out", help="Trace directory to write.")] = Path("demo_traces"),
+    ranks: Annotated[int, typer.Option("--ranks", help="EP world size (processes).")] = 4,
+    experts: Annotated[int, typer.Option("--experts", help="Routed experts (a multiple of --ranks).")] = 8,
+    top_k: Annotated[int, typer.Option("--top-k", help="Experts per token.")] = 2,
+    hidden: Annotated[int, typer.Option("--hidden", help="Hidden size.")] = 256,
+    tokens: Annotated[int, typer.Option("--tokens", help="Tokens per rank per step.")] = 512,
+    layers: Annotated[int, typer.Option("--layers", help="MoE layers per step.")] = 2,
+    steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 3,
+    skew: Annotated[str, typer.Option("--skew", help="uniform | zipf:EXP | hot:EXPERT:SHARE")] = "uniform",
+    straggler: Annotated[Optional[str], typer.Option("--straggler", help="RANK:MS extra compute on one rank.")] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
+) -> None:
+    """Run a real multi-rank EP MoE layer on gloo/CPU under ep_trace.Tracer and write its traces.
+
+    Examples:
+      ep-trace demo --out demo_traces
+      ep-trace demo --out skewed --skew zipf:1.2 --straggler 2:30
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ep_trace.workloads.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(
+        ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
+        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed,
+    )  # fmt: skip
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=err_console, transient=True,
+    ) as bar:  # fmt: skip
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(_LABELS.get(stage, stage), total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        trace_dir = run_demo(cfg, out, progress=progress)
+    console.print(f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False)
+    # --- report hook (lead): write <out>/report.html from trace_dir here once `analyze` exists. ---
 
 
 @app.command()
 def version() -> None:
     """Print the ep-trace version."""
     from ep_trace import __version__
-    from ep_trace.cli.app import console
 
     console.print(__version__)

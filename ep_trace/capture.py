@@ -1,0 +1,263 @@
+"""``Tracer``: torch.profiler around training steps, writing a Kineto trace and a sidecar per rank.
+
+Two ways to mark steps::
+
+    with Tracer("traces") as t:          # profiler runs for the whole block
+        for batch in data:
+            train_step(batch)
+            t.step()                     # ends ProfilerStep#N, begins #N+1 (torch.profiler semantics)
+
+    tracer = Tracer("traces")
+    for batch in data:
+        with tracer.step():              # one ProfilerStep#N exactly around the body
+            train_step(batch)
+    tracer.close()                       # stops the profiler, writes the trace
+
+Files per rank: ``rank{r}.pt.trace.json.gz`` (standard Kineto chrome trace, opens in Perfetto /
+TensorBoard) and ``rank{r}.ep.jsonl`` (docs/sidecar.md). ``ProfilerStep#N`` ranges are opened by
+the Tracer itself with ``record_function`` -- the same range torch.profiler's ``prof.step()`` emits --
+so that the scope form gets no empty trailing step; the sidecar ``step`` is the same N.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ep_trace.errors import ConfigError
+from ep_trace.sidecar import SidecarWriter, _pop, _push, sidecar_path, trace_path
+
+__all__ = ["Tracer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _dist_info() -> tuple[int, int, str | None]:
+    """(rank, world_size, backend); (0, 1, None) when torch.distributed is absent or not initialised."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    return 0, 1, None
+
+
+def _job_id(explicit: str | None, backend: str | None) -> str:
+    """One id for all ranks of a run: explicit > $EP_TRACE_JOB_ID > $TORCHELASTIC_RUN_ID > broadcast."""
+    for candidate in (explicit, os.environ.get("EP_TRACE_JOB_ID"), os.environ.get("TORCHELASTIC_RUN_ID")):
+        if candidate:
+            return str(candidate)
+    job = uuid.uuid4().hex
+    if backend is not None:
+        import torch.distributed as dist
+
+        # Collective: every rank constructing a Tracer takes part (documented on Tracer).
+        box = [job]
+        dist.broadcast_object_list(box, src=0)
+        job = str(box[0])
+    return job
+
+
+class _StepScope:
+    """What :meth:`Tracer.step` returns; as a context manager it bounds exactly one step."""
+
+    __slots__ = ("_tracer", "number")
+
+    def __init__(self, tracer: Tracer, number: int) -> None:
+        self._tracer = tracer
+        self.number = number
+
+    def __enter__(self) -> Tracer:
+        return self._tracer
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        t = self._tracer
+        if t._open_step == self.number:
+            t._end_step()
+        if exc_type is not None:
+            # Write what was captured before the exception propagates (it is never swallowed).
+            t._stop_quietly()
+
+
+class Tracer:
+    """Profile training steps of one rank and write ``rank{r}.pt.trace.json.gz`` + ``rank{r}.ep.jsonl``.
+
+    Rank and world size come from torch.distributed when it is initialised, else rank 0 of 1.
+    CPU activity is always recorded, CUDA when ``torch.cuda.is_available()``; ``record_shapes`` is on
+    by default because gloo split sizes exist only in the ``Concrete Inputs`` it records.
+
+    Args:
+        out_dir: Trace directory (created). Existing files of the same rank are overwritten.
+        job_id: Id shared by all ranks of the run. Default: ``$EP_TRACE_JOB_ID``,
+            ``$TORCHELASTIC_RUN_ID``, else rank 0's random id broadcast to all ranks -- a collective,
+            so then every rank of the default group must construct and start its Tracer.
+        first_step: Number of the first ``ProfilerStep#N``.
+        record_shapes: Passed to ``torch.profiler.profile``.
+        with_stack: Passed to ``torch.profiler.profile``.
+        meta: Extra ``meta`` keys of docs/sidecar.md known up front (``num_experts``, ``top_k``,
+            ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
+
+    Raises:
+        ConfigError: ``out_dir`` exists and is not a directory.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        job_id: str | None = None,
+        first_step: int = 0,
+        record_shapes: bool = True,
+        with_stack: bool = False,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ConfigError(f"out_dir: {self.out_dir} exists and is not a directory; choose a directory path")
+        self._job_id = job_id
+        self._next_step = int(first_step)
+        self._record_shapes = record_shapes
+        self._with_stack = with_stack
+        self._extra_meta = dict(meta or {})
+        self._prof: Any = None
+        self._writer: SidecarWriter | None = None
+        self._step_rec: Any = None
+        self._open_step: int | None = None
+        self.rank = 0
+        self.world_size = 1
+        self.trace_file: Path | None = None
+        self.sidecar_file: Path | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """Whether the profiler is collecting."""
+        return self._prof is not None
+
+    def start(self) -> Tracer:
+        """Start the profiler and open the sidecar (idempotent). Returns ``self``."""
+        if self._prof is not None:
+            return self
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        import ep_trace
+
+        rank, world, backend = _dist_info()
+        self.rank, self.world_size = rank, world
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        cuda = torch.cuda.is_available()
+        meta: dict[str, Any] = {
+            "rank": rank,
+            "world_size": world,
+            "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+            "host": socket.gethostname(),
+            "backend": backend,
+            "device": f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
+            "job_id": _job_id(self._job_id, backend),
+            "ep_group_ranks": list(range(world)),
+            "num_experts": None,
+            "top_k": None,
+            "placement": None,
+            "hidden_size": None,
+            "dtype": None,
+            "ep_trace_version": ep_trace.__version__,
+            "torch_version": str(torch.__version__),
+        }
+        meta.update(self._extra_meta)
+        self.trace_file = trace_path(self.out_dir, rank)
+        self.sidecar_file = sidecar_path(self.out_dir, rank)
+        self._writer = SidecarWriter(self.sidecar_file, meta, first_step=self._next_step)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        prof = profile(activities=activities, record_shapes=self._record_shapes, with_stack=self._with_stack)
+        prof.start()
+        self._prof = prof
+        # Kineto copies this into the trace's top level, so a trace file alone names its job and rank.
+        prof.add_metadata_json(
+            "ep_trace", json.dumps({"job_id": meta["job_id"], "rank": rank, "world_size": world, "version": ep_trace.__version__})
+        )
+        _push(self._writer)
+        return self
+
+    def stop(self) -> None:
+        """End the open step, stop the profiler and write both files (idempotent)."""
+        if self._prof is None:
+            return
+        prof, writer = self._prof, self._writer
+        self._prof = None
+        try:
+            if self._open_step is not None:
+                self._end_step()
+            prof.stop()
+            assert self.trace_file is not None
+            prof.export_chrome_trace(str(self.trace_file))  # torch gzips when the path ends in .gz
+        finally:
+            if writer is not None:
+                _pop(writer)
+                writer.close()
+
+    close = stop
+
+    def _stop_quietly(self) -> None:
+        """Stop while another exception propagates: log a failure instead of masking the original."""
+        try:
+            self.stop()
+        except Exception:
+            logger.exception("ep-trace: could not write the trace of rank %d to %s", self.rank, self.out_dir)
+
+    def __enter__(self) -> Tracer:
+        self.start()
+        self._begin_step()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.stop()
+        else:
+            self._stop_quietly()  # the exception is re-raised by returning None
+
+    # -- steps ---------------------------------------------------------------------------------
+    @property
+    def current_step(self) -> int | None:
+        """Number of the open ``ProfilerStep#N``, or ``None`` between steps."""
+        return self._open_step
+
+    def step(self) -> _StepScope:
+        """End the open step (if any) and begin the next one.
+
+        Called bare at the end of each step inside ``with Tracer(...)``; or used as
+        ``with tracer.step():`` around one step (the step then ends with the block). Starts the
+        profiler when it is not running yet.
+        """
+        if self._prof is None:
+            self.start()
+        if self._open_step is not None:
+            self._end_step()
+        number = self._begin_step()
+        return _StepScope(self, number)
+
+    def _begin_step(self) -> int:
+        from torch.autograd.profiler import record_function
+
+        number = self._next_step
+        self._next_step += 1
+        assert self._writer is not None
+        self._writer.begin_step(number)
+        self._step_rec = record_function(f"ProfilerStep#{number}")
+        self._step_rec.__enter__()
+        self._open_step = number
+        return number
+
+    def _end_step(self) -> None:
+        rec, self._step_rec = self._step_rec, None
+        self._open_step = None
+        if rec is not None:
+            rec.__exit__(None, None, None)
+        if self._writer is not None:
+            self._writer.end_step(time.time_ns())

@@ -1,0 +1,117 @@
+"""``stage()``: tag a range of an MoE layer so Kineto and Nsight both see it.
+
+``stage("dispatch", layer=3)`` opens a ``torch.autograd.profiler.record_function`` range named by
+:func:`ep_trace.stage_names.format_stage_name` (``ep:dispatch:l3:fwd``) and, when CUDA is
+available and an Nsight Systems collector is attached, an NVTX range with the same name.
+
+Cost: when neither a profiler nor an NVTX collector is active, a call is one cached name lookup and
+one C++ flag check (measured in ``benchmarks/stage_overhead.py``; figures in benchmarks/README.md).
+torch is imported on first use, never at module import.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+from ep_trace.stage_names import format_stage_name
+
+__all__ = ["stage", "stage_name"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Environment variables set by Nsight Systems (nsys launch/profile) in the profiled process: the CUDA
+# injection library is how nsys attaches its NVTX collector. Without a collector an NVTX push/pop is
+# a wasted Python -> C call, so we skip it.
+_NSYS_ENV = ("NSYS_PROFILING_SESSION_ID", "CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH")
+
+
+class _Hooks(NamedTuple):
+    profiler_enabled: Callable[[], bool]
+    enter: Callable[[str, str | None], Any]
+    exit: Callable[[Any], None]
+    nvtx_push: Callable[[str], Any] | None
+    nvtx_pop: Callable[[], Any] | None
+
+
+@functools.cache
+def _hooks() -> _Hooks:
+    """Resolve the torch entry points once (lazily: importing ep_trace must not import torch)."""
+    import torch
+
+    # The same two ops torch.autograd.profiler.record_function.__enter__/__exit__ call (torch 2.x);
+    # calling them directly skips record_function's object construction and CUPTI-monitor checks.
+    enter = torch.ops.profiler._record_function_enter_new
+    exit_op = torch.ops.profiler._record_function_exit._RecordFunction
+    push = pop = None
+    if torch.cuda.is_available() and any(os.environ.get(k) for k in _NSYS_ENV):
+        push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
+    return _Hooks(torch._C._autograd._profiler_enabled, enter, exit_op, push, pop)
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_name(name: str, layer: int | None = None, microbatch: int | None = None, phase: str = "fwd") -> str:
+    """Cached :func:`~ep_trace.stage_names.format_stage_name` (raises ``ConfigError`` on bad input)."""
+    return format_stage_name(name, layer, microbatch, phase)
+
+
+class stage:  # noqa: N801 - used like a function: `with stage("dispatch", layer=0):`
+    """Context manager and decorator that records one ep-trace stage range.
+
+    Args:
+        name: Stage from :data:`ep_trace.stage_names.STAGES` (``route``, ``permute``, ``dispatch``,
+            ``expert``, ``combine``, ``unpermute``, ``shared_expert``, ``attn``).
+        layer: MoE layer index, or ``None``.
+        microbatch: Micro-batch index, or ``None``.
+        phase: ``"fwd"`` or ``"bwd"``.
+
+    Raises:
+        ConfigError: unknown stage or phase (raised at construction, profiler active or not).
+
+    Example:
+        >>> with stage("dispatch", layer=3):            # doctest: +SKIP
+        ...     dist.all_to_all_single(out, inp, out_splits, in_splits)
+        >>> @stage("expert", layer=0)                   # doctest: +SKIP
+        ... def experts(x): ...
+    """
+
+    __slots__ = ("name", "_rec", "_nvtx")
+
+    def __init__(self, name: str, layer: int | None = None, microbatch: int | None = None, phase: str = "fwd") -> None:
+        self.name = stage_name(name, layer, microbatch, phase)
+        self._rec: Any = None
+        self._nvtx = False
+
+    def __enter__(self) -> stage:
+        h = _hooks()
+        if h.profiler_enabled():
+            self._rec = h.enter(self.name, None)
+        if h.nvtx_push is not None:
+            h.nvtx_push(self.name)
+            self._nvtx = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        rec = self._rec
+        if rec is not None:
+            self._rec = None
+            _hooks().exit(rec)
+        if self._nvtx:
+            self._nvtx = False
+            _hooks().nvtx_pop()  # type: ignore[misc]
+
+    def __call__(self, func: F) -> F:
+        """Decorate ``func`` so that every call runs inside a fresh range of this stage."""
+        name = self.name
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            # A fresh object per call: recursion and threads never share the open-range handle.
+            s = stage.__new__(stage)
+            s.name, s._rec, s._nvtx = name, None, False
+            with s:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]

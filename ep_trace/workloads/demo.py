@@ -1,0 +1,243 @@
+"""The demo run: W ranks of the reference EP MoE model under :class:`ep_trace.Tracer`.
+
+``run_demo(DemoConfig(...), out_dir)`` spawns the ranks (gloo on loopback), runs one untraced
+warm-up step (gloo connects lazily on the first collective), then ``steps`` traced steps of
+``layers`` MoE layers, and writes ``rank{r}.pt.trace.json.gz`` + ``rank{r}.ep.jsonl`` per rank.
+
+Everything is deterministic from ``seed``: weights from ``(seed, layer)``, tokens and routing noise
+from ``(seed, rank, step, layer)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ep_trace.errors import ConfigError
+from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
+from ep_trace.workloads.launcher import Progress, init_gloo, spawn_ranks
+
+__all__ = ["DemoConfig", "run_demo", "routing_bias", "MAX_RANKS"]
+
+logger = logging.getLogger(__name__)
+
+#: Most ranks the demo spawns on one machine (each is a full Python + torch process).
+MAX_RANKS = 64
+
+
+def _at_least(value: int, minimum: int, option: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{option}: must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Knobs of the demo; validated on construction (errors name the CLI option).
+
+    Attributes:
+        ranks: EP world size (processes).
+        experts: Routed experts E (a multiple of ``ranks``; rank r owns ``r*E/W .. (r+1)*E/W - 1``).
+        top_k: Experts per token.
+        hidden: Hidden size H (expert FFN size is 2*H).
+        tokens: Tokens per rank per step.
+        layers: MoE layers per step.
+        steps: Traced steps.
+        skew: ``uniform`` | ``zipf:EXP`` | ``hot:EXPERT:SHARE``.
+        straggler: ``RANK:MS`` extra busy compute per expert stage on that rank, or ``None``.
+        chunks: Pipeline chunks for dispatch / expert / combine (1 = none).
+        seed: Seed of weights, tokens and routing noise.
+    """
+
+    ranks: int = 4
+    experts: int = 8
+    top_k: int = 2
+    hidden: int = 256
+    tokens: int = 512
+    layers: int = 2
+    steps: int = 3
+    skew: str = "uniform"
+    straggler: str | None = None
+    chunks: int = 1
+    seed: int = 0
+    skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
+    straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _at_least(self.ranks, 1, "--ranks")
+        if self.ranks > MAX_RANKS:
+            raise ConfigError(f"--ranks: {self.ranks} processes is more than the demo supports ({MAX_RANKS})")
+        _at_least(self.experts, 1, "--experts")
+        _at_least(self.top_k, 1, "--top-k")
+        _at_least(self.hidden, 1, "--hidden")
+        _at_least(self.tokens, 1, "--tokens")
+        _at_least(self.layers, 1, "--layers")
+        _at_least(self.steps, 1, "--steps")
+        _at_least(self.chunks, 1, "--chunks")
+        _at_least(self.seed, 0, "--seed")
+        if self.top_k > self.experts:
+            raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
+        if self.experts % self.ranks:
+            raise ConfigError(
+                f"--experts: {self.experts} is not a multiple of --ranks {self.ranks} (each rank owns E/W experts)"
+            )
+        object.__setattr__(self, "skew_spec", parse_skew(self.skew, self.experts, self.top_k))
+        object.__setattr__(self, "straggler_spec", parse_straggler(self.straggler, self.ranks))
+
+    @property
+    def experts_per_rank(self) -> int:
+        """L = E / W."""
+        return self.experts // self.ranks
+
+    @property
+    def placement(self) -> list[list[int]]:
+        """``placement[e]`` = ranks holding expert e (contiguous blocks, no replicas)."""
+        return [[e // self.experts_per_rank] for e in range(self.experts)]
+
+
+def _seed(*parts: int) -> int:
+    # A fixed mixing of the parts (Python's hash() of ints is stable, but be explicit).
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+def routing_bias(cfg: DemoConfig, rank: int, step: int, layer: int) -> Any:
+    """``[tokens, E]`` selection bias realising ``cfg.skew`` (Gumbel-top-k over the target distribution).
+
+    Adding Gumbel noise to ``log p_e`` and taking the top k samples k distinct experts with
+    probabilities p (without replacement). ``hot:E:S`` instead forces expert E into a token's top-k
+    with probability ``S * k`` (so E gets the fraction S of all assignments) and routes the rest
+    uniformly.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(_seed(cfg.seed, rank, step, layer))
+    u = torch.rand(cfg.tokens, cfg.experts, generator=g).clamp_(1e-12, 1 - 1e-7)
+    gumbel = -torch.log(-torch.log(u))
+    sk = cfg.skew_spec
+    if sk.kind == "hot":
+        force = torch.rand(cfg.tokens, generator=g) < min(1.0, sk.share * cfg.top_k)
+        gumbel[:, sk.expert] += force.to(gumbel.dtype) * 1e4 - (~force).to(gumbel.dtype) * 1e4
+        return gumbel
+    logp = torch.tensor([math.log(p) for p in skew_probabilities(sk, cfg.experts)])
+    return gumbel + logp
+
+
+def _tokens(cfg: DemoConfig, rank: int, step: int) -> Any:
+    import torch
+
+    g = torch.Generator().manual_seed(_seed(cfg.seed, rank, step, 1 << 20))
+    return torch.randn(cfg.tokens, cfg.hidden, generator=g)
+
+
+def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, straggle_ms: float) -> Any:
+    """One forward step of ``cfg.layers`` residual MoE layers on this rank; returns the activations."""
+    import torch.distributed as dist
+
+    from ep_trace.routing import record_routing
+    from ep_trace.stages import stage
+    from ep_trace.workloads.moe import ep_moe_forward, route
+
+    h = _tokens(cfg, rank, step)
+    ranks = list(range(dist.get_world_size()))
+    for layer, w in enumerate(weights):
+        with stage("route", layer):
+            ids, gate = route(h, w.router, cfg.top_k, routing_bias(cfg, rank, step, layer))
+            record_routing(layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks)
+        y = ep_moe_forward(h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms)
+        h = h + y
+    return h
+
+
+def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_id: str) -> None:
+    """Body of one spawned rank."""
+    import torch.distributed as dist
+
+    from ep_trace.capture import Tracer
+    from ep_trace.workloads.moe import local_experts, make_layer_weights
+
+    init_gloo(rank, cfg.ranks, port)
+    try:
+        L = cfg.experts_per_rank
+        weights = [
+            local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=l), rank * L, L)
+            for l in range(cfg.layers)
+        ]
+        strag = cfg.straggler_spec
+        straggle_ms = strag.ms if strag is not None and strag.rank == rank else 0.0
+        model_step(cfg, weights, rank, -1, straggle_ms)  # warm-up: gloo pairs connect on first use
+        q.put(("ready", rank))
+        meta = {
+            "num_experts": cfg.experts,
+            "top_k": cfg.top_k,
+            "placement": cfg.placement,
+            "hidden_size": cfg.hidden,
+            "dtype": "float32",
+        }
+        tracer = Tracer(out_dir, job_id=job_id, meta=meta).start()
+        try:
+            # Profiler start-up takes a different time on each rank; align the ranks before step 0
+            # so that the first all-to-all does not absorb the start-up skew as fake barrier wait.
+            dist.barrier()
+            for s in range(cfg.steps):
+                with tracer.step():
+                    model_step(cfg, weights, rank, s, straggle_ms)
+                if rank == 0:
+                    q.put(("step", s + 1))
+        finally:
+            tracer.close()
+        q.put(("written", rank))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out: {out_dir} exists and is a file; give a directory path")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stale = [*out_dir.glob("rank*.pt.trace.json.gz"), *out_dir.glob("rank*.ep.jsonl")]
+    for p in stale:  # files of an earlier run with more ranks would make a mixed directory
+        p.unlink()
+    if stale:
+        logger.info("removed %d trace files of an earlier run from %s", len(stale), out_dir)
+
+
+def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None = None) -> Path:
+    """Run the demo and write its trace directory.
+
+    Args:
+        config: The knobs.
+        out_dir: Trace directory (created; earlier ``rank*`` trace files in it are removed).
+        progress: Optional ``progress(stage, done, total)``; stages ``start`` (ranks ready),
+            ``step`` (traced steps done) and ``write`` (ranks whose files are written).
+
+    Returns:
+        The trace directory.
+
+    Raises:
+        ConfigError: ``out_dir`` is a file.
+    """
+    out = Path(out_dir)
+    _prepare_out_dir(out)
+    counts = {"ready": 0, "written": 0}
+
+    def on_message(msg: Any) -> None:
+        kind, value = msg
+        if progress is None:
+            return
+        if kind == "step":
+            progress("step", int(value), config.steps)
+        else:
+            counts[kind] += 1
+            progress("start" if kind == "ready" else "write", counts[kind], config.ranks)
+
+    if progress is not None:
+        progress("start", 0, config.ranks)
+    spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)
+    return out

@@ -1,0 +1,298 @@
+"""A real expert-parallel MoE layer over torch.distributed, and its single-process dense reference.
+
+Data path per layer (every stage tagged with :func:`ep_trace.stage`, splits recorded to the sidecar):
+
+    route      router logits -> top-k experts + softmax weights; per-expert counts (record_routing)
+    permute    sort the T*k assignments by expert = destination-contiguous send buffer
+    dispatch   count exchange (all_to_all_single of per-expert counts) + token all_to_allv
+    expert     grouped GEMMs of the local experts (+ injected straggler delay)
+    combine    all_to_allv back to the source ranks
+    unpermute  scatter back to (token, slot) order + weighted sum over the top-k slots
+
+Experts are placed contiguously: with W ranks in the EP group and L = E / W, group-local rank j owns
+experts ``j*L .. j*L+L-1``, so sorting assignments by expert id makes the send buffer contiguous per
+destination. With ``chunks > 1`` dispatch / expert / combine are pipelined over chunks with async
+all-to-alls, so the transfer of chunk c+1 (on gloo's worker thread) runs under the GEMMs of chunk c;
+chunk c is tagged as micro-batch c.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ep_trace.routing import record_a2a, record_routing, reserve_a2a_call
+from ep_trace.stages import stage
+
+__all__ = [
+    "MoEWeights",
+    "EpDebug",
+    "make_layer_weights",
+    "local_experts",
+    "route",
+    "ep_moe_forward",
+    "dense_moe_forward",
+    "dense_slot_outputs",
+]
+
+
+@dataclass(frozen=True)
+class MoEWeights:
+    """Weights of one MoE layer: router ``[H, E]`` and experts ``first_expert ..`` (``w1 [n, H, F]``, ``w2 [n, F, H]``)."""
+
+    router: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
+    first_expert: int = 0
+
+    @property
+    def num_local(self) -> int:
+        """Number of experts held."""
+        return int(self.w1.shape[0])
+
+
+@dataclass(frozen=True)
+class EpDebug:
+    """Per-rank evidence for the EP invariants (only with ``debug=True``).
+
+    ``recv_tags[i]`` = ``src_global_rank * T*k + token*k + slot`` of received row i (rows in
+    source-then-expert order); ``recv_experts[i]`` its global expert; ``slot_out [T, k, H]`` the expert
+    output that came back for each (token, slot) before weighting.
+    """
+
+    send_splits: list[int]
+    recv_splits: list[int]
+    recv_tags: torch.Tensor
+    recv_experts: torch.Tensor
+    slot_out: torch.Tensor
+
+
+def make_layer_weights(hidden: int, ffn: int, experts: int, *, seed: int, layer: int) -> MoEWeights:
+    """All weights of one layer, deterministic from ``(seed, layer)`` (every rank builds the same)."""
+    g = torch.Generator().manual_seed(seed * 100_003 + layer)
+    router = torch.randn(hidden, experts, generator=g) / hidden**0.5
+    w1 = torch.randn(experts, hidden, ffn, generator=g) / hidden**0.5
+    w2 = torch.randn(experts, ffn, hidden, generator=g) / ffn**0.5
+    return MoEWeights(router, w1, w2, 0)
+
+
+def local_experts(w: MoEWeights, first: int, count: int) -> MoEWeights:
+    """The slice of experts ``first .. first+count-1`` (contiguous copies: real per-rank storage)."""
+    return MoEWeights(w.router, w.w1[first : first + count].contiguous(), w.w2[first : first + count].contiguous(), first)
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing: ``(topk_ids [T, k] int64, topk_w [T, k])``.
+
+    ``bias`` ([T, E], optional) shifts only the *selection* (as in aux-loss-free load balancing);
+    the gate weights are the softmax of the unbiased router logits of the chosen experts.
+    """
+    logits = x @ router
+    sel = logits if bias is None else logits + bias
+    ids = sel.topk(top_k, dim=-1).indices
+    weights = torch.softmax(logits.gather(1, ids), dim=-1)
+    return ids, weights
+
+
+def _expert_mlp(rows: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return F.gelu(rows @ w1) @ w2
+
+
+def _grouped_experts(rows: torch.Tensor, local_eid: torch.Tensor, w: MoEWeights) -> torch.Tensor:
+    """Run each row through its local expert; rows grouped by expert with one GEMM pair per expert."""
+    out = torch.empty_like(rows)
+    if rows.shape[0] == 0:
+        return out
+    order = torch.argsort(local_eid, stable=True)
+    counts = torch.bincount(local_eid, minlength=w.num_local).tolist()
+    start = 0
+    for e, n in enumerate(counts):
+        if n:
+            idx = order[start : start + n]
+            out[idx] = _expert_mlp(rows.index_select(0, idx), w.w1[e], w.w2[e])
+            start += n
+    return out
+
+
+def _straggle(ms: float) -> None:
+    """Delay this rank by ``ms`` milliseconds inside its expert stage.
+
+    A sleep, not a busy loop: the demo runs W ranks on a few shared cores, and a busy straggler would
+    slow the other ranks too (they share its cores), blurring which rank is late. The delay shows in
+    the trace as a longer ``ep:expert`` range and as wait of the other ranks in the next all-to-all.
+    """
+    if ms > 0:
+        time.sleep(ms / 1000.0)
+
+
+def _chunk_bounds(n: int, chunks: int) -> list[int]:
+    return [(n * c) // chunks for c in range(chunks + 1)]
+
+
+def _chunk_rows(sizes: list[int], chunks: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """For a buffer of per-peer segments ``sizes``: per chunk, the row index and the per-peer split."""
+    offsets = [0]
+    for s in sizes:
+        offsets.append(offsets[-1] + s)
+    bounds = [_chunk_bounds(s, chunks) for s in sizes]
+    idx, splits = [], []
+    for c in range(chunks):
+        parts = [torch.arange(offsets[j] + b[c], offsets[j] + b[c + 1]) for j, b in enumerate(bounds)]
+        idx.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64))
+        splits.append([b[c + 1] - b[c] for b in bounds])
+    return idx, splits
+
+
+def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, async_op: bool) -> Any:
+    return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
+
+
+def ep_moe_forward(
+    x: torch.Tensor,
+    w: MoEWeights,
+    topk_ids: torch.Tensor,
+    topk_w: torch.Tensor,
+    *,
+    num_experts: int,
+    layer: int = 0,
+    group: Any = None,
+    chunks: int = 1,
+    straggle_ms: float = 0.0,
+    debug: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, EpDebug]:
+    """Expert-parallel forward of one MoE layer on this rank (route already done).
+
+    Args:
+        x: ``[T, H]`` tokens of this rank.
+        w: This rank's local experts (``w.first_expert`` must be ``group_rank * E / W``).
+        topk_ids: ``[T, k]`` global expert ids.
+        topk_w: ``[T, k]`` gate weights.
+        num_experts: E (a multiple of the group size).
+        layer: Layer index (stage names, sidecar).
+        group: Process group (``None``: the default group).
+        chunks: Pipeline chunks for dispatch / expert / combine (1: no pipelining).
+        straggle_ms: Extra busy compute inside the expert stage, per layer (split over chunks).
+        debug: Also return :class:`EpDebug` (costs one extra all-to-all of tags, not recorded).
+
+    Returns:
+        ``[T, H]`` output in the original token order, and the debug record when ``debug``.
+    """
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    W, me = len(ranks), dist.get_rank(group)
+    L = num_experts // W
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    row_bytes = H * x.element_size()
+    with stage("permute", layer):
+        flat = topk_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=num_experts)
+        send_x = x.index_select(0, order // k)
+    with stage("dispatch", layer):
+        recv_counts = torch.empty_like(counts)
+        t0 = time.time_ns()
+        _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
+        record_a2a("count", [L] * W, [L] * W, layer=layer, row_bytes=counts.element_size(), group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+        rc = recv_counts.view(W, L)
+        send_splits = counts.view(W, L).sum(1).tolist()
+        recv_splits = rc.sum(1).tolist()
+        local_eid = torch.repeat_interleave(torch.arange(L).repeat(W), rc.reshape(-1))
+        if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
+            recv_x = x.new_empty(sum(recv_splits), H)
+            t0 = time.time_ns()
+            _a2a(recv_x, send_x, recv_splits, send_splits, group, False)
+            record_a2a("dispatch", send_splits, recv_splits, layer=layer, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+    if chunks <= 1:
+        with stage("expert", layer):
+            out = _grouped_experts(recv_x, local_eid, w)
+            _straggle(straggle_ms)
+        with stage("combine", layer):
+            back = x.new_empty(T * k, H)
+            t0 = time.time_ns()
+            _a2a(back, out, send_splits, recv_splits, group, False)
+            record_a2a("combine", recv_splits, send_splits, layer=layer, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+    else:
+        back = _pipelined(x, send_x, local_eid, w, send_splits, recv_splits, ranks, group, layer, chunks, straggle_ms)
+    with stage("unpermute", layer):
+        slots = torch.empty_like(back)
+        slots[order] = back
+        y = (slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1)
+    if not debug:
+        return y
+    tags = dist.get_global_rank(group, me) * T * k if group is not None else me * T * k
+    send_tags = (tags + torch.arange(T * k))[order]
+    recv_tags = torch.empty(sum(recv_splits), dtype=torch.int64)
+    _a2a(recv_tags, send_tags, recv_splits, send_splits, group, False)
+    dbg = EpDebug(send_splits, recv_splits, recv_tags, local_eid + w.first_expert, slots.view(T, k, H))
+    return y, dbg
+
+
+def _pipelined(
+    x: torch.Tensor,
+    send_x: torch.Tensor,
+    local_eid: torch.Tensor,
+    w: MoEWeights,
+    send_splits: list[int],
+    recv_splits: list[int],
+    ranks: list[int],
+    group: Any,
+    layer: int,
+    chunks: int,
+    straggle_ms: float,
+) -> torch.Tensor:
+    """Chunked dispatch -> expert -> combine: chunk c+1's dispatch is in flight during chunk c's GEMMs."""
+    H = x.shape[1]
+    row_bytes = H * x.element_size()
+    s_idx, s_split = _chunk_rows(send_splits, chunks)
+    r_idx, r_split = _chunk_rows(recv_splits, chunks)
+    back = x.new_empty(send_x.shape[0], H)
+
+    def launch_dispatch(c: int) -> tuple[Any, torch.Tensor, int, int | None]:
+        with stage("dispatch", layer, c):
+            buf = x.new_empty(len(r_idx[c]), H)
+            call, t0 = reserve_a2a_call(), time.time_ns()
+            return _a2a(buf, send_x.index_select(0, s_idx[c]), r_split[c], s_split[c], group, True), buf, t0, call
+
+    pending = launch_dispatch(0)
+    combines = []
+    for c in range(chunks):
+        work, recv_c, t0, call = pending
+        with stage("dispatch", layer, c):
+            work.wait()
+            record_a2a("dispatch", s_split[c], r_split[c], layer=layer, microbatch=c, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns(), call=call)
+        if c + 1 < chunks:
+            pending = launch_dispatch(c + 1)
+        with stage("expert", layer, c):
+            out_c = _grouped_experts(recv_c, local_eid.index_select(0, r_idx[c]), w)
+            _straggle(straggle_ms / chunks)
+        with stage("combine", layer, c):
+            back_c = x.new_empty(len(s_idx[c]), H)
+            call, t1 = reserve_a2a_call(), time.time_ns()
+            combines.append((c, _a2a(back_c, out_c, s_split[c], r_split[c], group, True), back_c, t1, call))
+    for c, work, back_c, t1, call in combines:
+        with stage("combine", layer, c):
+            work.wait()
+            record_a2a("combine", r_split[c], s_split[c], layer=layer, microbatch=c, row_bytes=row_bytes, group_ranks=ranks, start_ns=t1, end_ns=time.time_ns(), call=call)
+            back[s_idx[c]] = back_c
+    return back
+
+
+def dense_slot_outputs(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor) -> torch.Tensor:
+    """Single-process reference: ``[T, k, H]`` output of expert ``topk_ids[t, s]`` on token t."""
+    T, k = topk_ids.shape
+    out = torch.zeros(T, k, x.shape[1], dtype=x.dtype)
+    for e in range(w.num_local):
+        t_idx, s_idx = (topk_ids == e + w.first_expert).nonzero(as_tuple=True)
+        if len(t_idx):
+            out[t_idx, s_idx] = _expert_mlp(x[t_idx], w.w1[e], w.w2[e])
+    return out
+
+
+def dense_moe_forward(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor, topk_w: torch.Tensor) -> torch.Tensor:
+    """Single-process dense MoE with all experts: the reference the EP forward must equal."""
+    return (dense_slot_outputs(x, w, topk_ids) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1)
