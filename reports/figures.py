@@ -89,7 +89,7 @@ def stage_breakdown(analysis: Analysis) -> go.Figure | None:
         sub = pl.DataFrame({"rank": ranks}, schema={"rank": per.schema["rank"]}).join(
             per.filter(pl.col("stage") == stage), on="rank", how="left").fill_null(0)
         y = np.concatenate([sub["busy_ns"].to_numpy(), sub["window_ns"].to_numpy()]) / MS
-        fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage),
+        fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage), showlegend=True,
                              hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>"))
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms per step (P50 over steps)")

@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import polars as pl
 
@@ -53,16 +54,18 @@ def hta_breakdown(analysis: Analysis) -> HtaBreakdown:
     rk = analysis.tables.ranks.filter(pl.col("format") == "kineto")
     if rk.height == 0:
         raise NothingToAnalyzeError("--with-hta: HTA reads Kineto traces only and none of the inputs is a Kineto trace; drop --with-hta")
-    files = {int(r): str(f) for r, f in rk.select("rank", "source_file").iter_rows()}
+    # HTA joins relative paths onto its default trace_dir, so hand it absolute ones.
+    files = {int(r): str(Path(f).resolve()) for r, f in rk.select("rank", "source_file").iter_rows()}
     hta_log = logging.getLogger("hta")
     old = hta_log.level
-    hta_log.setLevel(logging.WARNING)
-    # HTA prints progress with print(); keep the library silent (only the CLI writes to the terminal).
+    # HTA 0.5.0 logs every parsed file at WARNING (also from its forked parser processes, which
+    # inherit this level) and prints progress with print(); keep the library silent.
+    hta_log.setLevel(logging.ERROR)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             ta = trace_analysis(trace_files=files)
             temporal = ta.get_temporal_breakdown(visualize=False)
-            idle, _ = ta.get_idle_time_breakdown(visualize=False)
+            idle, _ = ta.get_idle_time_breakdown(ranks=sorted(files), visualize=False)  # HTA defaults to rank 0 only
     finally:
         hta_log.setLevel(old)
     return pl.from_pandas(temporal), pl.from_pandas(idle)

@@ -86,7 +86,7 @@ _L = ' class="l"'
 
 
 def _e(x: object) -> str:
-    return html.escape(str(x))
+    return "–" if x is None else html.escape(str(x))
 
 
 def table_html(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int | Sequence[int] = 1, cls: str = "") -> str:

@@ -101,6 +101,6 @@ def analyze_cmd(
     if not quiet:
         for r in summary_renderables(analysis):
             console.print(r)
-    console.print(f"report: {out}", markup=False, highlight=False)
+    console.print(f"report: {out}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
-        console.print(f"summary: {json_out}", markup=False, highlight=False)
+        console.print(f"summary: {json_out}", markup=False, highlight=False, soft_wrap=True)

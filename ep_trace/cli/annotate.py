@@ -41,4 +41,4 @@ def annotate_cmd(
     with progress_bar() as progress:
         analysis = load_analysis([trace_dir], fmt=check_format(fmt), on_error="skip" if keep_going else "raise", progress=progress)  # type: ignore[arg-type]
         paths = write_annotated_traces(analysis, out, progress=progress)
-    console.print(f"wrote {len(paths)} annotated trace(s) to {out} (open in https://ui.perfetto.dev)", markup=False, highlight=False)
+    console.print(f"wrote {len(paths)} annotated trace(s) to {out} (open in https://ui.perfetto.dev)", markup=False, highlight=False, soft_wrap=True)

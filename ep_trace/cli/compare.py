@@ -41,7 +41,7 @@ def compare_cmd(
     check_format(fmt)
     on_error = "skip" if keep_going else "raise"
     cmp = compare_runs(load_run(a, fmt, on_error), load_run(b, fmt, on_error))
-    console.print(headline(cmp), markup=False, highlight=False)
+    console.print(headline(cmp), markup=False, highlight=False, soft_wrap=True)
     if cmp.stages.height:
         t = Table(title="per stage (window per step, mean over ranks)", title_justify="left", show_edge=False)
         for c in ("stage", "A", "B", "Δ", "change"):
@@ -51,12 +51,12 @@ def compare_cmd(
         console.print(t)
     for r in cmp.findings.filter(cmp.findings["status"] != "same").iter_rows(named=True):
         console.print(f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
-                      markup=False, highlight=False)
+                      markup=False, highlight=False, soft_wrap=True)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_compare_html(cmp), encoding="utf-8")
-        console.print(f"comparison: {out}", markup=False, highlight=False)
+        console.print(f"comparison: {out}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_bytes(orjson.dumps(comparison_to_dict(cmp), option=orjson.OPT_INDENT_2))
-        console.print(f"json: {json_out}", markup=False, highlight=False)
+        console.print(f"json: {json_out}", markup=False, highlight=False, soft_wrap=True)

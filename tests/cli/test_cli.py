@@ -1,0 +1,143 @@
+"""The analyze / compare / annotate commands through ep_trace.cli.main: exit codes and exact messages."""
+
+from __future__ import annotations
+
+import gzip
+import re
+
+import orjson
+import pytest
+
+from ep_trace.cli import app, main
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_every_command_has_help_with_examples(capsys):
+    names = [c.name or c.callback.__name__ for c in app.registered_commands]
+    assert {"analyze", "compare", "annotate"} <= set(names)
+    for name in names:
+        code, out, _ = _run(capsys, name, "--help")
+        assert code == 0, name
+        assert re.search(rf"Usage: .*\b{name} \[OPTIONS\]", out), name
+        if name in ("analyze", "compare", "annotate", "demo", "ingest"):
+            assert "Examples" in out, name
+
+
+@pytest.mark.parametrize(("steps", "message"), [
+    ("x", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got 'x'"),
+    ("5:2", "error: --steps: need 0 <= FIRST <= LAST, got '5:2'"),
+    ("1:2:3", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got '1:2:3'"),
+])
+def test_bad_steps_is_a_config_error(capsys, tmp_path, samples_dir, steps, message):
+    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "-o", str(tmp_path / "r.html"), "--steps", steps)
+    assert code == 2 and err.strip() == message
+
+
+def test_bad_options_name_the_option(capsys, tmp_path, samples_dir):
+    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "--format", "perfetto", "-o", str(tmp_path / "r.html"))
+    assert code == 2 and err.strip() == "error: --format: unknown format 'perfetto'; use auto, kineto or nsys"
+    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "--stages", str(tmp_path / "none.toml"))
+    assert code == 2 and err.strip() == f"error: --stages: {tmp_path / 'none.toml'}: no such file; pass a TOML file of stage-name patterns"
+    code, _, err = _run(capsys, "analyze", str(tmp_path / "missing"), "-o", str(tmp_path / "r.html"))
+    assert code == 2 and err.strip() == f"error: {tmp_path / 'missing'}: no such file or directory; check the path"
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_not_a_summary_json(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = _run(capsys, "compare", str(bad), str(bad))
+    assert code == 2 and err.startswith(f"error: {bad}: not valid JSON (")
+    other = tmp_path / "other.json"
+    other.write_text('{"a": 1}')
+    code, _, err = _run(capsys, "compare", str(other), str(other))
+    assert code == 2 and err.strip() == (f"error: {other}: not an ep-trace summary (no 'schema_version' / 'ranks'); "
+                                         "pass a file written by 'ep-trace analyze --json'")
+
+
+@pytest.fixture(scope="module")
+def analyzed(tmp_path_factory, samples_dir):
+    """analyze run once on each committed sample (real 4-rank gloo traces)."""
+    out = tmp_path_factory.mktemp("analyze")
+    res = {}
+    for name in ("balanced", "skewed_straggler"):
+        code = main(["analyze", str(samples_dir / name), "-o", str(out / f"{name}.html"), "--json", str(out / f"{name}.json")])
+        res[name] = code
+    return out, res
+
+
+def test_analyze_real_sample_writes_report_and_summary(analyzed):
+    out, codes = analyzed
+    assert codes == {"balanced": 0, "skewed_straggler": 0}
+    html = (out / "skewed_straggler.html").read_text()
+    assert html.count("Plotly.newPlot(") >= 9
+    summary = orjson.loads((out / "skewed_straggler.json").read_bytes())
+    assert summary["schema_version"] == 1 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    assert "sample_traces/skewed_straggler/rank3.pt.trace.json.gz" in html
+
+
+def test_analyze_terminal_summary(capsys, tmp_path, samples_dir):
+    code, out, _ = _run(capsys, "analyze", str(samples_dir / "skewed_straggler"), "-o", str(tmp_path / "r.html"))
+    assert code == 0
+    assert "verdict" in out and "top findings" in out and "4 ranks, 3 steps analysed" in out
+    assert re.search(r"^report: .*r\.html$", out, re.M)
+
+
+def test_compare_two_saved_summaries(capsys, analyzed, tmp_path):
+    out, _ = analyzed
+    code, text, _ = _run(capsys, "compare", str(out / "balanced.json"), str(out / "skewed_straggler.json"),
+                         "-o", str(tmp_path / "diff.html"), "--json", str(tmp_path / "diff.json"))
+    assert code == 0
+    assert re.match(r"B is [\d.]+ [mµ]?s (faster|slower) per step than A", text)
+    diff = orjson.loads((tmp_path / "diff.json").read_bytes())
+    a = orjson.loads((out / "balanced.json").read_bytes())
+    b = orjson.loads((out / "skewed_straggler.json").read_bytes())
+    step = lambda s: max(r["step_time_ns"] for r in s["ranks"])  # noqa: E731
+    assert diff["step_time_ns"]["delta"] == pytest.approx(step(b) - step(a))
+    assert diff["explained_by_stages_ns"] + diff["unexplained_ns"] == pytest.approx(diff["step_time_ns"]["delta"])
+    assert {r["stage"] for r in diff["stages"]} >= {"dispatch", "expert", "combine"}
+    assert "Plotly.newPlot(" in (tmp_path / "diff.html").read_text()
+
+
+def test_annotate_writes_perfetto_traces(capsys, tmp_path, samples_dir):
+    code, out, _ = _run(capsys, "annotate", str(samples_dir / "skewed_straggler"), "-o", str(tmp_path / "ann"))
+    assert code == 0 and out.startswith(f"wrote 4 annotated trace(s) to {tmp_path / 'ann'}")
+    doc = orjson.loads(gzip.decompress((tmp_path / "ann" / "rank0.ep-annotated.json.gz").read_bytes()))
+    evs = doc["traceEvents"]
+    tracks = {e["args"]["track"] for e in evs if e["ph"] == "X" and e["pid"] == 2_000_000}
+    assert {"stage", "comm", "wait"} <= tracks
+    assert any(e["ph"] == "X" and e["name"].startswith("ProfilerStep#") for e in evs)
+
+
+def test_annotate_refuses_the_input_directory(capsys, samples_dir):
+    d = samples_dir / "balanced"
+    code, _, err = _run(capsys, "annotate", str(d), "-o", str(d))
+    assert code == 2 and err.strip() == (f"error: -o: {d} is the input directory; annotated traces there would be read as extra "
+                                         "ranks next time, choose another directory")
+
+
+def test_analyze_external_dlrm_names_rank7_latest_arriver(tmp_path, external_dir):
+    from ep_trace.reports.pipeline import build_report
+
+    a = build_report(external_dir / "kineto" / "param_dlrm_8rank", tmp_path / "dlrm.html")
+    assert a.rank_summary.height == 8
+    top = a.stragglers.sort("times_last", descending=True).row(0, named=True)
+    assert top["rank"] == 7  # external/README.md: rank 7 starts last in the first four all_to_alls
+    html = (tmp_path / "dlrm.html").read_text()
+    assert "Rank 7 arrives last" in html
+
+
+@pytest.mark.hta
+def test_with_hta_section(tmp_path, external_dir):
+    from ep_trace.reports.pipeline import build_report
+
+    build_report(external_dir / "kineto" / "param_dlrm_8rank", tmp_path / "r.html", with_hta=True)
+    html = (tmp_path / "r.html").read_text()
+    assert "Temporal breakdown per rank" in html and "Idle-time breakdown per rank" in html
+    # HTA's own numbers for rank 0 of this trace (idle 6419 µs, compute 1034 µs)
+    assert "<tr><td class=\"l\">0</td><td>6419.0</td><td>1034.0</td>" in html
