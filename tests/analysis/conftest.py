@@ -53,6 +53,7 @@ def gpu_job(starts: list[int], end: int, host_shift: dict[str, int] | None = Non
         if splits is not None:
             c["in_splits"] = splits[r]
             c["out_splits"] = [splits[j][r] for j in range(len(starts))]
+            c["layer"], c["direction"] = 0, "dispatch"
         colls.append(c)
     return build(ranks, events, colls)
 
