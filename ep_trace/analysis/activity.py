@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ep_trace.analysis.intervals import subtract, union
+from ep_trace.analysis.intervals import subtract
 from ep_trace.comm_classifier import is_comm_expr
 
 __all__ = ["device_activity", "ACT_COLS"]

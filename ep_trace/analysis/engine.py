@@ -138,6 +138,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         notes=tuple(notes), misaligned=misaligned,
     )
     out = findings.with_findings(partial)
+    log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))
     say("done", total, total)
     return out
 
@@ -145,7 +146,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 def _stages(ev, act, mode, windows, exposed_iv, config) -> tuple[pl.DataFrame, str]:  # noqa: ANN001
     presets = stages.load_presets(config.stage_presets)
     ranges = stages.detect_ranges(ev, presets)
-    parts, atts = [], []
+    parts = []
     if ranges.height:
         st, _ = stages.attribute(ranges, act, mode, windows, exposed_iv)
         parts.append(st)
