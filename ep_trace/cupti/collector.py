@@ -67,7 +67,7 @@ NO_GPU_MESSAGE = (
 )
 
 # Fields copied out of each cupti-python record, per CUpti_ActivityKind (attribute names of the
-# cupti-python classes ActivityKernel9/10, ActivityMemcpy6, ActivityMemset4, ActivityAPI,
+# cupti-python classes ActivityKernel9/10 (13.0.1 has ActivityKernel10), ActivityMemcpy6, ActivityMemset4, ActivityAPI,
 # ActivityExternalCorrelation). Copying immediately keeps no record object alive after the callback
 # returns: the buffer is reused by CUPTI.
 _DEVICE_COMMON = ("start", "end", "device_id", "stream_id", "correlation_id")
@@ -260,10 +260,11 @@ class CuptiCollector:
         self._require_running()
         self._flush_device()
         now = int(self._cupti.get_timestamp())
-        self._ranges.append(
-            {"name": f"ProfilerStep#{int(step)}", "start": self._step_start, "end": now, "process_id": self.pid,
-             "thread_id": threading.get_native_id(), "step": int(step)}
-        )
+        with self._lock:
+            self._ranges.append(
+                {"name": f"ProfilerStep#{int(step)}", "start": self._step_start, "end": now, "process_id": self.pid,
+                 "thread_id": threading.get_native_id(), "step": int(step)}
+            )
         self._step_start = now
         self._steps += 1
         return self._write_batch()
@@ -321,10 +322,10 @@ class CuptiCollector:
         end = int(cupti.get_timestamp())
         cupti.activity_pop_external_correlation_id(self._ext_kind)
         name, ext, start = stack.pop()
-        self._ranges.append(
-            {"name": name, "start": start, "end": end, "process_id": self.pid,
-             "thread_id": threading.get_native_id(), "external_id": ext}
-        )
+        rng = {"name": name, "start": start, "end": end, "process_id": self.pid,
+               "thread_id": threading.get_native_id(), "external_id": ext}
+        with self._lock:
+            self._ranges.append(rng)
 
     # ------------------------------------------------------------------ internals
     def _require_running(self) -> None:
@@ -380,7 +381,7 @@ class CuptiCollector:
     def _write_batch(self) -> int:
         with self._lock:
             records, self._records = self._records, []
-        ranges, self._ranges = self._ranges, []
+            ranges, self._ranges = self._ranges, []
         if self.config.keep_raw:
             self.raw["records"].extend(records)
             self.raw["ranges"].extend(ranges)

@@ -212,3 +212,26 @@ def test_import_without_cupti_python_in_subprocess(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ERR " + col.NO_CUPTI_MESSAGE
+
+
+def test_keep_raw_reproduces_the_file(fake: FakeCupti, tmp_path: Path) -> None:
+    """Raw records saved as test data (what gpu_check.sh does) convert back to exactly the file's events."""
+    from ep_trace.cupti.convert import records_to_events
+
+    c = col.CuptiCollector(tmp_path, 0, col.CuptiConfig(keep_raw=True, driver_api=False, memcpy=False, memset=False))
+    c.start()
+    assert sorted(fake.enabled) == [5, 10, 39]
+    c.range_push("ep:route:l1:bwd")
+    fake.launch("topk_kernel", 70)
+    fake.launch("softmax_kernel", 30)
+    c.range_pop()
+    c.step_end(4)
+    c.stop()
+    assert [r["kind"] for r in c.raw["records"]] == [5, 39, 10, 5, 39, 10]
+    assert [r["name"] for r in c.raw["ranges"]] == ["ep:route:l1:bwd", "ProfilerStep#4"]
+    again = records_to_events(c.raw["records"], rank=0, ranges=c.raw["ranges"], clock_offset_ns=c.clock_offset_ns)
+    assert again.equals(read_cupti(c.path).events)
+    # the second launch (10 ns after the first) precedes the first kernel (20 ns after its launch)
+    assert again["name"].to_list() == ["ProfilerStep#4", "ep:route:l1:bwd", "cudaLaunchKernel", "cudaLaunchKernel",
+                                       "topk_kernel", "softmax_kernel"]
+    assert again.filter(pl.col("kind") == "gpu_kernel").select("launch_id", "op_id").rows() == [(2, 1), (3, 1)]
