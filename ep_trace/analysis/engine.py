@@ -199,6 +199,7 @@ def _rank_summary(steps_df: pl.DataFrame, ranks: pl.DataFrame, mode: dict[int, s
         pl.col("barrier_wait_ns").mean(), q("barrier_wait_ns", 0.95).alias("barrier_wait_p95_ns"),
         pl.col("transfer_ns").mean(), pl.len().alias("n_steps"),
     )
+    s = s.with_columns(pl.col(c).round(0).cast(pl.Int64) for c in s.columns if c.endswith("_ns"))
     md = pl.DataFrame({"rank": list(mode), "mode": list(mode.values())}, schema={"rank": pl.Int32, "mode": pl.Utf8})
     return ranks.select("rank", "host").join(s, on="rank", how="inner").join(md, on="rank", how="left").sort("rank")
 
