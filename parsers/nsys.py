@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from ep_trace.comm_classifier import comm_family_expr
@@ -391,7 +392,8 @@ def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[obje
 
     comm = gpu.filter(pl.col("kind") == "gpu_kernel").with_columns(comm_family_expr(pl.col("name")).alias("family")).filter(
         pl.col("family").is_not_null())
-    calls, members = group_collectives(comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges)
+    calls, members = group_collectives(
+        comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges, pairs)
 
     # Ranks: processes that own GPU activity; CPU-only exports fall back to processes with API
     # calls or NVTX ranges (and say so).
@@ -437,25 +439,33 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
     i64, s = pl.Int64, pl.Utf8
     null_i, null_s = pl.lit(None, dtype=i64), pl.lit(None, dtype=s)
     n_before = gpu.height + rt.height + ranges.height
-    gpu_ev = gpu.join(members.rename({"_uid": "_u"}), left_on="_uid", right_on="_u", how="left").select(
+    # Calls: ordered per rank by host start (device start without a host range); coll_id = ordinal.
+    cols = (
+        calls.join(rank_of.select("_proc", "rank"), on="_proc", how="inner")
+        .with_columns((pl.col(c) + offset).alias(f"{c}_ns") for c in ("cpu_start", "cpu_end", "start", "end"))
+        .sort(["rank", pl.coalesce("cpu_start_ns", "start_ns"), "start_ns", "_call"])
+        .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("coll_id"))
+    )
+    coll_of = members.join(cols.select("_call", "coll_id"), on="_call").select("_uid", "coll_id")
+    gpu_ev = gpu.join(coll_of, on="_uid", how="left").select(
         "_uid", "_proc", "kind", "name", "category", null_s.alias("domain"), pl.col("deviceId").alias("device"),
         pl.col("streamId").alias("stream"), _pid(pl.col("_proc")).alias("pid"), pl.col("streamId").alias("tid"),
-        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "_call", "bytes")
+        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "coll_id", "bytes")
     rt_ev = rt.select(
         "_uid", "_proc", pl.lit("runtime").alias("kind"), "name",
         pl.when(pl.col("eventClass") == 1).then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
         null_s.alias("domain"), null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"),
         _tid(pl.col("globalTid")).alias("tid"), "start", "end", pl.col("correlationId").alias("correlation"),
-        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("_call"), null_i.alias("bytes"))
+        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"), null_i.alias("bytes"))
     nv_ev = ranges.select(
         "_uid", "_proc", pl.lit("cpu_annotation").alias("kind"), "name", pl.lit("nvtx").alias("category"), "domain",
         null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"), _tid(pl.col("globalTid")).alias("tid"),
-        "start", "end", null_i.alias("correlation"), null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("_call"),
+        "start", "end", null_i.alias("correlation"), null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"),
         null_i.alias("bytes"))
     ann_ev = annotations.with_row_index("_uid", offset=n_before).select(
         pl.col("_uid").cast(i64), "_proc", pl.lit("gpu_annotation").alias("kind"), "name", pl.lit("nvtx_projection").alias("category"),
         "domain", "device", "stream", _pid(pl.col("_proc")).alias("pid"), pl.col("stream").alias("tid"), "start", "end",
-        null_i.alias("correlation"), null_i.alias("_launch_uid"), pl.col("_range").alias("_op_uid"), null_i.alias("_call"),
+        null_i.alias("correlation"), null_i.alias("_launch_uid"), pl.col("_range").alias("_op_uid"), null_i.alias("coll_id"),
         null_i.alias("bytes"))
     parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
     ev = (
@@ -465,24 +475,21 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
         .sort(["rank", "start_ns", "end_ns", "_uid"], descending=[False, False, True, False])
         .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("event_id"))
     )
-    ids = ev.select("_uid", "event_id")
-    # Calls: ordered per rank by host start (device start without a host range); coll_id = ordinal.
-    cols = (
-        calls.join(rank_of.select("_proc", "rank"), on="_proc", how="inner")
-        .with_columns((pl.col(c) + offset).alias(f"{c}_ns") for c in ("cpu_start", "cpu_end", "start", "end"))
-        .sort(["rank", pl.coalesce("cpu_start_ns", "start_ns"), "start_ns", "_call"])
-        .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("coll_id"))
-        .join(ids.rename({"_uid": "_op_uid", "event_id": "op_id"}), on="_op_uid", how="left")
-    )
-    ev = (
-        ev.join(ids.rename({"_uid": "_launch_uid", "event_id": "launch_id"}), on="_launch_uid", how="left")
-        .join(ids.rename({"_uid": "_op_uid", "event_id": "op_id"}), on="_op_uid", how="left")
-        .join(cols.select("_call", "coll_id"), on="_call", how="left")
-        .sort("rank", "event_id")
-    )
+    # uid -> event_id by a dense lookup array (uids are 0..n-1): a gather, not a join per link column.
+    lookup = np.full(n_before + annotations.height, -1, dtype=np.int64)
+    lookup[ev["_uid"].to_numpy()] = ev["event_id"].to_numpy()
+    ev = ev.with_columns(_gather(ev["_launch_uid"], lookup, "launch_id"), _gather(ev["_op_uid"], lookup, "op_id"))
+    cols = cols.with_columns(_gather(cols["_op_uid"], lookup, "op_id"))
     collectives = conform("collectives", cols.with_columns(
         pl.col("coll_id").alias("ordinal"), pl.lit(False).alias("splits_truncated")))
     return conform("events", ev), collectives
+
+
+def _gather(uids: pl.Series, lookup: np.ndarray, name: str) -> pl.Series:
+    """``lookup[uid]`` for every non-null uid; null where the uid is null or was dropped (-1)."""
+    u = uids.fill_null(-1).to_numpy()
+    out = pl.Series(name, np.where(u >= 0, lookup[np.clip(u, 0, None)], -1))
+    return out.set(out == -1, None)  # type: ignore[arg-type]
 
 
 def _ranks_table(events: pl.DataFrame, collectives: pl.DataFrame, rank_of: pl.DataFrame, owners: pl.DataFrame,

@@ -64,7 +64,7 @@ def _group_contents(ranges: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Group comm kernels into collective calls.
 
     Args:
@@ -72,6 +72,7 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.
             (launch thread, start, end; null without a launch), ``start``, ``end``, ``family``,
             ``short_name``.
         ranges: Projectable NVTX ranges: ``_uid``, ``_gtid``, ``_rs``, ``_re``, ``name``.
+        pairs: :func:`enclosing_pairs` of ``comm_ops`` (or a superset) when already computed.
 
     Returns:
         ``(calls, members)``: calls with ``_call`` (the call key: the call range's ``_uid`` or the
@@ -79,8 +80,11 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.
         ``cpu_start``, ``cpu_end``, ``start``, ``end``, ``n_kernels``; members map kernel
         ``_uid`` -> ``_call``.
     """
-    launched = comm_ops.filter(pl.col("_ls").is_not_null())
-    pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), ranges.select("_uid", "_gtid", "_rs", "_re"))
+    if pairs is None:
+        launched = comm_ops.filter(pl.col("_ls").is_not_null())
+        pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), ranges.select("_uid", "_gtid", "_rs", "_re"))
+    pairs = pairs.filter(pl.col("_op").is_in(comm_ops["_uid"].implode()))
+    groups = _group_contents(ranges)
     named = pairs.join(ranges.select(pl.col("_uid").alias("_range"), "name"), on="_range").with_columns(
         collective_type_expr(pl.col("name")).alias("_type"), pl.col("name").str.contains(_NCCL_API).alias("_api")
     )
@@ -91,7 +95,7 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.
         named.filter(pl.col("_api") & ~pl.col("_op").is_in(typed["_op"].implode()))
         .sort(order, descending=desc)
         .unique("_op", keep="first")
-        .join(_group_contents(ranges), on="_range", how="left")
+        .join(groups, on="_range", how="left")
         .with_columns(
             pl.when((pl.col("n_send") > 0) & (pl.col("n_recv") == 0)).then(pl.lit("send"))
             .when((pl.col("n_recv") > 0) & (pl.col("n_send") == 0)).then(pl.lit("recv"))
@@ -101,7 +105,7 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame) -> tuple[pl.
     # Group size of a PyTorch all-to-all over NCCL: one ncclSend per peer, self included.
     sends = (
         named.filter(pl.col("name") == "ncclGroupEnd").sort(order, descending=desc).unique("_op", keep="first")
-        .join(_group_contents(ranges), on="_range").select("_op", pl.col("n_send").alias("_n_send"))
+        .join(groups, on="_range").select("_op", pl.col("n_send").alias("_n_send"))
     )
     cols = ["_op", "_range", "_rs", "_re", "name", "_type"]
     ctx = pl.concat([typed.select(cols), api.select(cols)]).join(sends, on="_op", how="left")
