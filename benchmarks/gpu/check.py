@@ -234,6 +234,8 @@ def results_block(res: dict[str, Any]) -> str:
         for key in ("kineto_error", "cupti_error", "analysis_kineto"):
             if c.get(key):
                 lines.append(f"- {key}: {c[key]}")
+    if res.get("skipped"):
+        lines += ["", "Skipped: " + "; ".join(res["skipped"])]
     td = res.get("test_data")
     if td:
         lines += ["", f"Test data: {td}"]
@@ -247,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU + gloo, tiny sizes; checks the script without a GPU")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--workload", choices=("auto", "reference", "builtin"), default="auto",
+                    help="auto: ep_trace.workloads.moe, else the built-in layer if it fails on the device")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds; later jobs are skipped (and listed) past it")
     ap.add_argument("--no-test-data", action="store_true", help="skip the small capture for tests/data")
     ap.add_argument("--job-timeout", type=float, default=120.0, help="seconds per (world, mode) job")
     args = ap.parse_args(argv)
@@ -277,11 +282,15 @@ def main(argv: list[str] | None = None) -> int:
         "compare": {},
     }
     t_all = time.monotonic()
+    res["skipped"] = []
     for world in worlds:
         res["jobs"][world] = {}
         for mode in MODES:
+            if time.monotonic() - t_all > args.budget:
+                res["skipped"].append(f"world {world} {mode}: over the {args.budget:.0f} s budget")
+                continue
             job = Job(world=world, mode=mode, job_dir=str(args.work / f"{mode}_w{world}"), port=_free_port(), device=device,
-                      steps=args.steps, warmup=args.warmup, **sizes)
+                      steps=args.steps, warmup=args.warmup, workload=args.workload, **sizes)
             t0 = time.monotonic()
             ranks = run_job(job, args.job_timeout)
             r0 = ranks[0]
@@ -292,17 +301,27 @@ def main(argv: list[str] | None = None) -> int:
                      rank_errors=[r.get("error") for r in ranks if r.get("error")])
             res["jobs"][world][mode] = m
             print(f"[gpu-check] world {world} {mode}: {m['median_ms']} ms/step, wall {m['wall_s']} s, error {m['error']}", flush=True)
+            _save(args.out, res, t_all)  # partial results survive a kill by the outer timeout
         res["compare"][world] = compare_world(args.work, world)
-    if not args.no_test_data:
+        _save(args.out, res, t_all)
+    if not args.no_test_data and time.monotonic() - t_all < args.budget:
         res["test_data"] = capture_test_data(
-            Job(world=1, mode="kineto", job_dir="", port=0, device=device), args.work, args.out, args.job_timeout
+            Job(world=1, mode="kineto", job_dir="", port=0, device=device, workload=args.workload), args.work, args.out,
+            args.job_timeout,
         )
-    res["total_s"] = round(time.monotonic() - t_all, 1)
-    (args.out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    block = results_block(res)
-    (args.out / "results.md").write_text(block + "\n")
+    elif not args.no_test_data:
+        res["skipped"].append("test-data capture: over budget")
+    block = _save(args.out, res, t_all)
     print("\n----- results block for benchmarks/README.md (cupti section) -----\n" + block, flush=True)
     return 0
+
+
+def _save(out: Path, res: dict[str, Any], t_all: float) -> str:
+    res["total_s"] = round(time.monotonic() - t_all, 1)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    block = results_block(res)
+    (out / "results.md").write_text(block + "\n")
+    return block
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ class Job:
     top_k: int = 2
     layers: int = 2
     keep_raw: bool = False
+    workload: str = "auto"  # auto (reference, else builtin) | reference | builtin
 
 
 def _backend(job: Job) -> str:
@@ -203,13 +204,19 @@ def worker(rank: int, job: Job) -> None:
         dist.init_process_group(backend, rank=rank, world_size=job.world)
         staged = backend == "gloo" and dev.type == "cuda"
         res.update(backend=backend, device=str(dev), staged_comm=staged)
-        try:
-            step = reference_step(job, dev)
-            step()
-            res["workload"] = "ep_trace.workloads.moe"
-        except Exception as exc:  # the reference layer may not run on CUDA yet: say so, use the built-in one
+        step = None
+        if job.workload in ("auto", "reference"):
+            try:
+                step = reference_step(job, dev)
+                step()
+                res["workload"] = "ep_trace.workloads.moe"
+            except Exception as exc:  # the reference layer may not run on CUDA yet: say so, use the built-in one
+                if job.workload == "reference":
+                    raise
+                step = None
+                res["reference_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        if step is None:
             res["workload"] = "builtin"
-            res["reference_error"] = f"{type(exc).__name__}: {exc}"[:500]
             step = builtin_step(job, dev, staged)
         for _ in range(job.warmup):
             step()
