@@ -340,6 +340,7 @@ def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[obje
     issues: list[LoadIssue] = []
     _check_nsys(src, path)
     meta = _meta(src)
+    log.debug("%s: nsys export schema %s (%s)", path, meta.get("EXPORT_SCHEMA_VERSION", "unknown"), meta.get("EXPORT_PRODUCT_VERSION", "?"))
     offset = _session_offset(src, meta, path, issues)
     strings = _strings(src)
     progress("read", 1, 4)

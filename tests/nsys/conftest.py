@@ -29,6 +29,7 @@ def build_export(
     memcpy: list[tuple[Any, ...]] | None = None,
     session_start: int | None = SESSION_START,
     thread_names: list[tuple[int, int]] | None = None,
+    meta: dict[str, str] | None = None,
 ) -> Path:
     """Write an export.
 
@@ -39,9 +40,9 @@ def build_export(
     ``None`` = table absent (lazy export); ``[]`` = table present and empty.
     """
     con = sqlite3.connect(path)
-    meta = "EXPORT_META_DATA" if style == "2.9" else "META_DATA_EXPORT"
+    meta_table = "EXPORT_META_DATA" if style == "2.9" else "META_DATA_EXPORT"
     version = "2.9.1" if style == "2.9" else "3.25.0"
-    _create(con, meta, ["name", "value"], [("EXPORT_SCHEMA_VERSION", version)])
+    _create(con, meta_table, ["name", "value"], [("EXPORT_SCHEMA_VERSION", version), *(meta or {}).items()])
     _create(con, "StringIds", ["id", "value"], sorted((strings or {}).items()))
     if session_start is not None:
         cols = ["utcEpochNs", "utcTime", "localTime"] + ([] if style == "2.9" else ["systemClockNs"])

@@ -222,3 +222,24 @@ def test_nsys_rep_uses_nsys_export_once(tmp_path: Path, make_export, monkeypatch
         assert _ev(tt, "gpu_kernel").height == 1 and tt.ranks["rank"].to_list() == [2]
     calls = log.read_text().splitlines()
     assert len(calls) == 1 and calls[0].startswith("export --type sqlite --force-overwrite true --output ")
+
+
+def test_ts_normalize_and_ts_shift(make_export) -> None:
+    # --ts-normalize: timestamps are already UTC epoch ns (no session start added); --ts-shift X is taken out.
+    norm = make_export("norm.sqlite", strings=STRINGS, kernels=[(T0 + 5, T0 + 9, 0, 7, 1, gpid(PID), 1)],
+                       meta={"EXPORT_PARAM_TIME_NORMALIZE": "true"})
+    assert _ev(read_nsys(norm), "gpu_kernel")["start_ns"].to_list() == [T0 + 5]
+    shifted = make_export("shift.sqlite", strings=STRINGS, kernels=[(1005, 1009, 0, 7, 1, gpid(PID), 1)],
+                          meta={"EXPORT_PARAM_TIME_SHIFT": "1000"})
+    assert _ev(read_nsys(shifted), "gpu_kernel")["start_ns"].to_list() == [T0 + 5]
+
+
+def test_enclosing_pairs_split_threads_when_keys_overflow() -> None:
+    from ep_trace.parsers.nsys_project import enclosing_pairs
+
+    big = 2**61  # capture span x 3 threads no longer fits int64 keys: threads are processed in chunks
+    ops = pl.DataFrame({"_uid": [0, 1, 2], "_gtid": [10, 11, 12], "_ls": [5, big - 10, 7], "_le": [6, big - 5, 8]})
+    ranges = pl.DataFrame({"_uid": [100, 101, 102, 103], "_gtid": [10, 11, 11, 12], "_rs": [0, 0, big - 11, 9],
+                           "_re": [big, big, big - 4, 20]})
+    got = enclosing_pairs(ops, ranges).sort("_op", "_range")
+    assert got.select("_op", "_range").rows() == [(0, 100), (1, 101), (1, 102)]
