@@ -11,9 +11,11 @@ All joins happen in polars, never in SQLite: nsys exports carry no indexes.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Protocol
 
@@ -205,7 +207,18 @@ def export_nsys_rep(path: Path, cache_dir: Path | None = None) -> Path:
             f"{path}: reading a .nsys-rep needs Nsight Systems' 'nsys' on PATH; export it yourself with: "
             f"nsys export --type sqlite --output {path.with_suffix('.sqlite')} {path}"
         )
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        probe = cache / f".probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError:
+        # Read-only trace folder (e.g. a shared or mounted dataset): export into the temp dir.
+        cache = Path(tempfile.gettempdir()) / "ep-trace-nsys-cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        out = cache / out.name
+        if out.is_file():
+            return out
     tmp = out.with_suffix(".partial.sqlite")
     cmd = [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(tmp), str(path)]
     log.info("exporting %s with %s", path, " ".join(cmd))

@@ -243,3 +243,23 @@ def test_enclosing_pairs_split_threads_when_keys_overflow() -> None:
                            "_re": [big, big, big - 4, 20]})
     got = enclosing_pairs(ops, ranges).sort("_op", "_range")
     assert got.select("_op", "_range").rows() == [(0, 100), (1, 101), (1, 102)]
+
+
+def test_nsys_rep_in_unwritable_folder_exports_to_tempdir(tmp_path: Path, make_export, monkeypatch) -> None:
+    import tempfile
+
+    src = make_export("prepared.sqlite", strings=STRINGS, kernels=KERNELS[:2], runtime=RUNTIME[:2])
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "nsys").write_text(f'#!/bin/sh\nwhile [ "$1" != "--output" ]; do shift; done\ncp {src} "$2"\n')
+    (bindir / "nsys").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")
+    rep = tmp_path / "job.nsys-rep"
+    rep.write_bytes(b"rep")
+    tt = read_nsys(rep, cache_dir=blocker / "cache")
+    assert _ev(tt, "gpu_kernel").height == 2
+    assert [p.parent.name for p in (tmp_path / "tmp").rglob("*.sqlite")] == ["ep-trace-nsys-cache"]
