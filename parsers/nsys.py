@@ -10,6 +10,14 @@ exports of schema 2.9.1, 3.24.0, 3.24.14 and 3.25.0 in shared/external/nsys/):
 * kernels join their launch on ``correlationId`` AND process (ids collide across processes), only
   runtime (eventClass 0) and driver (1) rows: schema 2.9.1 adds eventClass 67 backtrace duplicates;
 * timestamps are capture-relative ns; epoch ns = ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` + ts.
+
+Events written (``events.kind``): ``gpu_kernel`` (KERNEL rows, and whole-graph GRAPH_TRACE rows),
+``gpu_memcpy`` (with ``bytes``), ``gpu_memset``, ``runtime`` (CUDA runtime and driver API calls,
+``category`` ``cuda_runtime`` / ``cuda_driver``, ``_v<N>`` suffix stripped), ``cpu_annotation`` (NVTX
+push/pop and start/end ranges with ``domain``; emit_nvtx ``, op_id = N`` / ``, seq = N`` suffixes
+stripped) and ``gpu_annotation`` (NVTX -> GPU projection, ``op_id`` = the CPU range). GPU rows carry
+``launch_id`` (the API call), ``op_id`` (innermost NVTX range around the launch on the launching
+thread) and ``tid`` = stream, as Kineto GPU rows do. NVTX marks (eventType 34) are not kept.
 """
 
 from __future__ import annotations
