@@ -33,7 +33,7 @@ def demo(
       ep-trace demo --out demo_traces
       ep-trace demo --out skewed --skew zipf:1.2 --straggler 2:30
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     from ep_trace.workloads.demo import DemoConfig, run_demo
 
@@ -41,19 +41,24 @@ def demo(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed,
     )  # fmt: skip
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err_console, transient=True,
-    ) as bar:  # fmt: skip
-        tasks: dict[str, int] = {}
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        bars: list[Progress] = []
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
+            if not bars:  # started on the first report, so that a bad --out prints one clean line
+                bars.append(stack.enter_context(Progress(
+                    TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=True,
+                )))  # fmt: skip
             if stage not in tasks:
-                tasks[stage] = bar.add_task(_LABELS.get(stage, stage), total=total)
-            bar.update(tasks[stage], completed=done, total=total)
+                tasks[stage] = bars[0].add_task(_LABELS.get(stage, stage), total=total)
+            bars[0].update(tasks[stage], completed=done, total=total)
 
         trace_dir = run_demo(cfg, out, progress=progress)
-    console.print(f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False)
+    console.print(f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False, soft_wrap=True)
     # --- report hook (lead): write <out>/report.html from trace_dir here once `analyze` exists. ---
 
 

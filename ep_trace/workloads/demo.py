@@ -10,9 +10,12 @@ from ``(seed, rank, step, layer)``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,6 +157,24 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
     return h
 
 
+@contextlib.contextmanager
+def _quiet_stderr_fd() -> Iterator[None]:
+    """Silence fd 2 of this rank around profiler start / stop.
+
+    Kineto (torch 2.13) prints ``USDT: ... profiler_start`` / ``profiler_stop`` lines to fd 2 from C++
+    at every start and stop, at any KINETO_LOG_LEVEL; with W ranks they would tear the progress bar.
+    Python exceptions are unaffected (they propagate to the parent through torch.multiprocessing).
+    """
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_id: str) -> None:
     """Body of one spawned rank."""
     import torch.distributed as dist
@@ -179,7 +200,9 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "hidden_size": cfg.hidden,
             "dtype": "float32",
         }
-        tracer = Tracer(out_dir, job_id=job_id, meta=meta).start()
+        tracer = Tracer(out_dir, job_id=job_id, meta=meta)
+        with _quiet_stderr_fd():
+            tracer.start()
         try:
             # Profiler start-up takes a different time on each rank; align the ranks before step 0
             # so that the first all-to-all does not absorb the start-up skew as fake barrier wait.
@@ -190,7 +213,8 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
                 if rank == 0:
                     q.put(("step", s + 1))
         finally:
-            tracer.close()
+            with _quiet_stderr_fd():
+                tracer.close()
         q.put(("written", rank))
         dist.barrier()
     finally:

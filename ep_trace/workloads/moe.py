@@ -13,7 +13,7 @@ Experts are placed contiguously: with W ranks in the EP group and L = E / W, gro
 experts ``j*L .. j*L+L-1``, so sorting assignments by expert id makes the send buffer contiguous per
 destination. With ``chunks > 1`` dispatch / expert / combine are pipelined over chunks with async
 all-to-alls, so the transfer of chunk c+1 (on gloo's worker thread) runs under the GEMMs of chunk c;
-chunk c is tagged as micro-batch c.
+chunk c's ranges and a2a records carry micro-batch c, the count exchange a dispatch range without one.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class MoEWeights:
 class EpDebug:
     """Per-rank evidence for the EP invariants (only with ``debug=True``).
 
-    ``recv_tags[i]`` = ``src_global_rank * T*k + token*k + slot`` of received row i (rows in
+    ``recv_tags[i]`` = ``(src_global_rank << 32) + token*k + slot`` of received row i (rows in
     source-then-expert order); ``recv_experts[i]`` its global expert; ``slot_out [T, k, H]`` the expert
     output that came back for each (token, slot) before weighting.
     """
@@ -224,8 +224,8 @@ def ep_moe_forward(
         y = (slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1)
     if not debug:
         return y
-    tags = dist.get_global_rank(group, me) * T * k if group is not None else me * T * k
-    send_tags = (tags + torch.arange(T * k))[order]
+    src = dist.get_global_rank(group, me) if group is not None else me
+    send_tags = ((src << 32) + torch.arange(T * k))[order]
     recv_tags = torch.empty(sum(recv_splits), dtype=torch.int64)
     _a2a(recv_tags, send_tags, recv_splits, send_splits, group, False)
     dbg = EpDebug(send_splits, recv_splits, recv_tags, local_eid + w.first_expert, slots.view(T, k, H))

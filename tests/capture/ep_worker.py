@@ -1,0 +1,95 @@
+"""Standalone script: run the EP MoE forward on 4 gloo ranks in sub-groups of 1, 2 and 4 ranks.
+
+Run as ``python ep_worker.py OUT_DIR``; writes ``OUT_DIR/{group}-{scenario}-r{rank}.pt`` with the
+inputs, outputs and :class:`EpDebug` evidence of every rank. The test compares them against the
+single-process dense MoE. A script (not a test-module function) because spawned children must be
+able to import the worker function, which pytest's importlib mode does not allow.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ep_trace.workloads.launcher import init_gloo, spawn_ranks
+from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
+
+WORLD = 4
+E, H, FFN = 8, 16, 32
+#: Group name -> global ranks (group-local order = sorted). Non-zero first ranks test the mapping.
+GROUPS = {"g1": [3], "g2": [1, 2], "g4": [0, 1, 2, 3]}
+#: Scenario name -> (top_k, chunks); token counts and routing are built in _inputs.
+SCENARIOS = {
+    "random": (2, 1),
+    "random_chunked": (2, 3),
+    "all_local": (2, 1),
+    "one_remote": (1, 1),
+    "empty_expert": (2, 2),
+    "ragged": (3, 1),
+}
+
+
+def tokens_of(scenario: str, grank: int) -> int:
+    """Tokens of a rank: never a multiple of anything useful; ``ragged`` has a 1-token rank."""
+    if scenario == "ragged":
+        return [1, 13, 37, 5][grank]
+    return 37 + 2 * grank
+
+
+def _inputs(scenario: str, grank: int, lrank: int, gsize: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k, _ = SCENARIOS[scenario]
+    L = E // gsize
+    g = torch.Generator().manual_seed(1000 * grank + len(scenario))
+    T = tokens_of(scenario, grank)
+    x = torch.randn(T, H, generator=g)
+    w = make_layer_weights(H, FFN, E, seed=7, layer=0)
+    if scenario in ("random", "random_chunked", "ragged"):
+        ids, gate = route(x, w.router, k, torch.randn(T, E, generator=g))
+        return x, ids, gate
+    if scenario == "all_local":  # both slots on this rank's own experts (distinct when L >= 2)
+        base = lrank * L
+        first = base + torch.randint(0, L, (T,), generator=g)
+        second = base + (first - base + 1) % L  # L >= 2 in every group here
+        ids = torch.stack([first, second], 1)
+    elif scenario == "one_remote":  # every token to one expert of the next group-local rank
+        dst = (lrank + 1) % gsize
+        ids = (dst * L + torch.randint(0, L, (T, 1), generator=g)).to(torch.int64)
+    else:  # empty_expert: expert 1 is never chosen
+        allowed = torch.tensor([e for e in range(E) if e != 1])
+        pick = torch.stack([torch.randperm(len(allowed), generator=g)[:k] for _ in range(T)])
+        ids = allowed[pick]
+    gate = torch.softmax(torch.randn(T, ids.shape[1], generator=g), -1)
+    return x, ids.to(torch.int64), gate
+
+
+def worker(rank: int, port: int, q: object, out_dir: str) -> None:
+    """One rank: every group it belongs to, every scenario."""
+    init_gloo(rank, WORLD, port)
+    try:
+        groups = {name: dist.new_group(ranks) for name, ranks in GROUPS.items()}  # collective, all ranks
+        for name, ranks in GROUPS.items():
+            if rank not in ranks:
+                continue
+            group, gsize, lrank = groups[name], len(ranks), ranks.index(rank)
+            L = E // gsize
+            w = local_experts(make_layer_weights(H, FFN, E, seed=7, layer=0), lrank * L, L)
+            for scen, (k, chunks) in SCENARIOS.items():
+                x, ids, gate = _inputs(scen, rank, lrank, gsize)
+                y, dbg = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group, chunks=chunks, debug=True)
+                torch.save(
+                    {
+                        "x": x, "ids": ids, "gate": gate, "y": y,
+                        "send_splits": dbg.send_splits, "recv_splits": dbg.recv_splits,
+                        "recv_tags": dbg.recv_tags, "recv_experts": dbg.recv_experts, "slot_out": dbg.slot_out,
+                    },
+                    f"{out_dir}/{name}-{scen}-r{rank}.pt",
+                )  # fmt: skip
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    spawn_ranks(worker, WORLD, (sys.argv[1],))

@@ -1,0 +1,165 @@
+"""DemoConfig validation, the `ep-trace demo` command, and one real chunked multi-rank demo run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+
+from ep_trace.cli import main
+from ep_trace.errors import ConfigError
+from ep_trace.workloads.demo import DemoConfig, run_demo
+from ep_trace.workloads.knobs import SkewSpec, Straggler, skew_probabilities
+from ep_trace.workloads.truth import layer_truth
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"top_k": 9}, "--top-k: 9 is larger than --experts 8"),
+        ({"ranks": 0}, "--ranks: must be an integer >= 1, got 0"),
+        ({"ranks": 3}, "--experts: 8 is not a multiple of --ranks 3 (each rank owns E/W experts)"),
+        ({"tokens": 0}, "--tokens: must be an integer >= 1, got 0"),
+        ({"chunks": 0}, "--chunks: must be an integer >= 1, got 0"),
+        ({"skew": "foo"}, "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2) or hot:EXPERT:SHARE (e.g. hot:3:0.5)"),
+        ({"skew": "zipf:-1"}, "--skew: zipf exponent must be > 0, got -1"),
+        ({"skew": "zipf:x"}, "--skew: exponent 'x' in 'zipf:x' is not a number"),
+        ({"skew": "hot:8:0.2"}, "--skew: hot expert 8 is not an expert id in 0..7 (--experts 8)"),
+        ({"skew": "hot:3:0.7"}, "--skew: hot share 0.7 must be in (0, 1/top_k] = (0, 0.5] (--top-k 2: a token picks an expert at most once)"),
+        ({"straggler": "7:30"}, "--straggler: rank 7 is out of range 0..3 (--ranks 4)"),
+        ({"straggler": "2"}, "--straggler: expected RANK:MS (e.g. 2:30), got '2'"),
+        ({"straggler": "2:-5"}, "--straggler: delay must be a finite number of ms >= 0, got -5"),
+    ],
+)
+def test_bad_knobs_name_the_option(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        DemoConfig(**kwargs)
+    assert str(exc.value).startswith(message)
+
+
+def test_knob_parsing() -> None:
+    cfg = DemoConfig(skew="zipf:1.2", straggler="2:30")
+    assert cfg.skew_spec == SkewSpec("zipf", exponent=1.2) and str(cfg.skew_spec) == "zipf:1.2"
+    assert cfg.straggler_spec == Straggler(2, 30.0)
+    assert cfg.placement == [[0], [0], [1], [1], [2], [2], [3], [3]]
+    assert DemoConfig(skew="HOT:3:0.5").skew_spec == SkewSpec("hot", expert=3, share=0.5)
+    assert DemoConfig(straggler=None).straggler_spec is None
+    p = skew_probabilities(SkewSpec("zipf", exponent=1.0), 4)
+    assert p == pytest.approx([12 / 25, 6 / 25, 4 / 25, 3 / 25])
+    assert skew_probabilities(SkewSpec("hot", expert=1, share=0.4), 3) == pytest.approx([0.3, 0.4, 0.3])
+
+
+def test_cli_bad_knobs_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["demo", "--top-k", "9"]) == 2
+    assert capsys.readouterr().err == "error: --top-k: 9 is larger than --experts 8\n"
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["demo", "--out", str(f)]) == 2
+    assert capsys.readouterr().err == f"error: --out: {f} exists and is a file; give a directory path\n"
+
+
+def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    seen = {}
+
+    def fake_run_demo(cfg: DemoConfig, out: Path, progress=None) -> Path:  # noqa: ANN001
+        seen["cfg"], seen["out"] = cfg, out
+        for s in ("start", "step", "write"):
+            progress(s, 1, 1)
+        return Path(out)
+
+    monkeypatch.setattr("ep_trace.workloads.demo.run_demo", fake_run_demo)
+    argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
+            "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2"]  # fmt: skip
+    assert main(argv) == 0
+    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0)
+    assert seen["out"] == tmp_path / "d"
+    assert capsys.readouterr().out == f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n"
+
+
+# --- one real run: 2 ranks, chunked pipeline, hot expert, straggler --------------------------------
+
+CFG = DemoConfig(ranks=2, experts=4, top_k=2, hidden=32, tokens=96, layers=2, steps=2, skew="hot:1:0.5", straggler="1:20", chunks=3, seed=3)
+
+
+@pytest.fixture(scope="module")
+def chunked_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    out = tmp_path_factory.mktemp("demo") / "traces"
+    out.mkdir()
+    (out / "rank7.ep.jsonl").write_text("stale")  # a file of an earlier, larger run
+    calls: list = []
+    assert run_demo(CFG, out, progress=lambda *a: calls.append(a)) == out
+    return out, calls
+
+
+def _trace(out: Path, r: int) -> list[dict]:
+    with gzip.open(out / f"rank{r}.pt.trace.json.gz", "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def _sidecar(out: Path, r: int) -> list[dict]:
+    return [orjson.loads(x) for x in (out / f"rank{r}.ep.jsonl").read_bytes().splitlines()]
+
+
+@pytest.mark.slow
+def test_run_writes_one_pair_per_rank_and_reports_progress(chunked_run: tuple[Path, list]) -> None:
+    out, calls = chunked_run
+    assert sorted(p.name for p in out.iterdir()) == ["rank0.ep.jsonl", "rank0.pt.trace.json.gz", "rank1.ep.jsonl", "rank1.pt.trace.json.gz"]
+    assert calls[0] == ("start", 0, 2) and calls[-1] == ("write", 2, 2)
+    assert [c for c in calls if c[0] == "step"] == [("step", 1, 2), ("step", 2, 2)]
+    metas = [_sidecar(out, r)[0] for r in (0, 1)]
+    assert metas[0]["job_id"] == metas[1]["job_id"] and len(metas[0]["job_id"]) == 32
+    assert [(m["rank"], m["world_size"], m["backend"], m["num_experts"], m["top_k"], m["hidden_size"]) for m in metas] == [
+        (0, 2, "gloo", 4, 2, 32),
+        (1, 2, "gloo", 4, 2, 32),
+    ]
+    assert metas[0]["placement"] == [[0], [0], [1], [1]]
+
+
+@pytest.mark.slow
+def test_hot_expert_gets_its_share(chunked_run: tuple[Path, list]) -> None:
+    # hot:1:0.5 with top-2: every token must pick expert 1 -> exactly 96 per rank and step.
+    truth = layer_truth(chunked_run[0])
+    assert [(t.step, t.layer) for t in truth] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for t in truth:
+        assert t.expert_counts[1] == 2 * 96 and sum(t.expert_counts) == 2 * 96 * 2
+        assert t.imbalance_expert == pytest.approx(2.0)
+        assert sum(map(sum, t.count_matrix)) == 2 * 96 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [0, 1])
+def test_chunked_a2a_sidecar_matches_trace_ops(chunked_run: tuple[Path, list], rank: int) -> None:
+    out = chunked_run[0]
+    ev = _trace(out, rank)
+    steps = {e["name"]: e for e in ev if e["name"].startswith("ProfilerStep#")}
+    assert sorted(steps) == ["ProfilerStep#0", "ProfilerStep#1"]
+    ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
+    recs = [r for r in _sidecar(out, rank) if r["type"] == "a2a"]
+    for n, st in enumerate(("ProfilerStep#0", "ProfilerStep#1")):
+        s = steps[st]
+        in_step = [e for e in ops if s["ts"] <= e["ts"] <= s["ts"] + s["dur"]]
+        mine = sorted((r for r in recs if r["step"] == n), key=lambda r: r["call"])
+        assert [r["call"] for r in mine] == list(range(14))  # 2 layers x (1 count + 3 dispatch + 3 combine)
+        order = [(r["direction"], r["microbatch"]) for r in mine[:7]]
+        assert order == [("count", 0), ("dispatch", 0), ("dispatch", 1), ("combine", 0), ("dispatch", 2), ("combine", 1), ("combine", 2)]
+        assert len(in_step) == 14
+        for op, r in zip(in_step, mine, strict=True):
+            ci = op["args"]["Concrete Inputs"]  # (out, in, pg, output_split_sizes, input_split_sizes, async_op, timeout)
+            assert json.loads(ci[3]) == r["recv_splits"] and json.loads(ci[4]) == r["send_splits"]
+            assert ci[5] == ("False" if r["direction"] == "count" else "True")
+    names = {e["name"] for e in ev if e["name"].startswith("ep:")}
+    assert {f"ep:{s}:l{l}:mb{c}:fwd" for s in ("dispatch", "expert", "combine") for l in (0, 1) for c in range(3)} <= names
+    assert {"ep:dispatch:l0:fwd", "ep:route:l1:fwd", "ep:permute:l0:fwd", "ep:unpermute:l1:fwd"} <= names
+
+
+@pytest.mark.slow
+def test_straggler_delay_is_in_its_expert_ranges(chunked_run: tuple[Path, list]) -> None:
+    out = chunked_run[0]
+    expert_ms = []
+    for r in (0, 1):
+        expert_ms.append(sum(e["dur"] for e in _trace(out, r) if e["name"].startswith("ep:expert:")) / 1000)
+    # rank 1 sleeps 20 ms per layer and step: 2 x 2 x 20 = 80 ms at least.
+    assert expert_ms[1] >= 80.0 and expert_ms[1] > expert_ms[0] + 40.0
