@@ -7,6 +7,7 @@ attribution -> collective matching -> clock alignment -> waits, stragglers -> im
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -20,6 +21,7 @@ from ep_trace.analysis.intervals import overlap_lengths, range_join, subtract, u
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.errors import NothingToAnalyzeError
+from ep_trace.schema import STAGES as STAGES_SCHEMA
 from ep_trace.schema import TraceTables
 
 __all__ = ["analyze"]
@@ -66,10 +68,14 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("stages", 2, total)
     stage_df, detection = _stages(ev, act, mode, windows, exposed_iv, config)
+    if config.steps is not None:  # ranges outside the chosen steps are not part of the analysis
+        stage_df = stage_df.filter(pl.col("step").is_not_null())
 
     say("matching", 3, total)
     world = max(ranks.height, int(ranks["world_size"].max() or 0) if ranks.height else 0)
     matched, misaligned = matching.match_collectives(coll, windows, world)
+    if config.steps is not None:
+        matched = matched.filter(pl.col("step").is_not_null())
     base = ranks.select("rank", pl.col("clock_offset_ns").alias("offset_ns"))
     calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
     ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
@@ -130,8 +136,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
         hta = hta_overlap(ev)
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
+    filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(dict(STAGES_SCHEMA)))
     partial = Analysis(
-        config=config, tables=tables, rank_summary=rank_summary, steps=steps_df, stages=stage_df.drop("sid"), calls=calls,
+        config=config, tables=filled, rank_summary=rank_summary, steps=steps_df, stages=stage_df.drop("sid"), calls=calls,
         call_ranks=call_ranks, wait_matrix=wait_matrix, stragglers=stragglers, expert_load=el, rank_load=rl, imbalance=imb,
         count_matrix=cm, split_violations=viol, alpha_beta=ab, host_stalls=stalls, clock=clock, intervals=intervals,
         findings=(), detection_method=detection, hta_overlap=hta, load_report=tables.load_report,
@@ -143,7 +150,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     return out
 
 
-def _stages(ev, act, mode, windows, exposed_iv, config) -> tuple[pl.DataFrame, str]:  # noqa: ANN001
+def _stages(
+    ev: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str], windows: pl.DataFrame, exposed_iv: pl.DataFrame, config: AnalysisConfig
+) -> tuple[pl.DataFrame, str]:
+    """Stage rows of every rank (ranges by presets, kernel families where a rank has none) and the method."""
     presets = stages.load_presets(config.stage_presets)
     ranges = stages.detect_ranges(ev, presets)
     parts = []
@@ -215,7 +225,10 @@ def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:
     return s.join(j, on="_i", how="left").sort(["rank", "start_ns"]).select(cols)
 
 
-def _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers) -> pl.DataFrame:  # noqa: ANN001
+def _intervals(
+    steps_df: pl.DataFrame, act: pl.DataFrame, exposed_iv: pl.DataFrame, stage_df: pl.DataFrame, call_ranks: pl.DataFrame,
+    calls: pl.DataFrame, rank_off: pl.DataFrame, config: AnalysisConfig, stragglers: pl.DataFrame,
+) -> pl.DataFrame:
     """Timeline rows of the representative step (clock-aligned), for at most ``max_timeline_ranks`` ranks."""
     if steps_df.is_empty():
         return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "track": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64})

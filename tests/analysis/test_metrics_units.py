@@ -139,3 +139,17 @@ def test_progress_callback(synth):
     seen = []
     analyze(synth["gpu_job"](STARTS, 600_000), progress=lambda s, d, n: seen.append((s, d, n)))
     assert seen[0] == ("steps", 0, 8) and seen[-1] == ("done", 8, 8)
+
+
+def test_seq_matching_survives_a_missing_call(synth):
+    """With Seq recorded, a rank that missed one call does not shift the pairing of the others."""
+    t = synth["gpu_job"](STARTS, 600_000)
+    c = t.collectives.with_columns(pl.lit(7, pl.Int64).alias("seq"))
+    # a second call (seq 8) on ranks 0..2 only: rank 3 missed it
+    extra = t.collectives.filter(pl.col("rank") < 3).with_columns(
+        pl.lit(1, pl.Int64).alias("coll_id"), pl.lit(8, pl.Int64).alias("seq"),
+        pl.col("start_ns") + 50_000, pl.col("end_ns") + 50_000)
+    a = analyze(type(t)(**{**t.__dict__, "collectives": pl.concat([c, extra])}))
+    assert a.calls.sort("match_id").select("key", "n_ranks", "last_rank", "complete", "valid").rows() == [
+        ("seq", 4, 3, True, True), ("seq", 3, 2, False, False)]
+    assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
