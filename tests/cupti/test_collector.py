@@ -1,21 +1,12 @@
-"""CuptiCollector on CPU: an in-test stand-in for cupti-python drives the real collector end to end.
-
-The stand-in (``FakeCupti``) implements the handful of cupti-python calls the collector makes and
-emulates CUPTI's behaviour that matters here: records are handed over only on flush, every CUDA API
-call gets a fresh correlation id, and a call made while an external id is pushed yields an
-EXTERNAL_CORRELATION record with the top of the stack.
-"""
+"""CuptiCollector on CPU: the cupti-python stand-in of conftest.py (``fake``) drives the real collector."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import threading
 import time
-import types
 from pathlib import Path
-from types import SimpleNamespace
+from typing import Any
 
 import polars as pl
 import pyarrow.parquet as pq
@@ -26,85 +17,7 @@ from ep_trace.errors import ConfigError, EpTraceError, MissingDependencyError
 from ep_trace.parsers.cupti import read_cupti
 
 
-class FakeCupti:
-    class ActivityKind:
-        MEMCPY, MEMSET, DRIVER, RUNTIME, CONCURRENT_KERNEL, EXTERNAL_CORRELATION = 1, 2, 4, 5, 10, 39
-
-    class ExternalCorrelationKind:
-        CUSTOM0, CUSTOM1, CUSTOM2 = 3, 4, 5
-
-    class CallbackDomain:
-        DRIVER_API, RUNTIME_API = 1, 2
-
-    def __init__(self, fail_enable: bool = False) -> None:
-        self.fail_enable = fail_enable
-        self.enabled: list[int] = []
-        self.pending: list[SimpleNamespace] = []
-        self.stack: list[tuple[int, int]] = []
-        self.clock = 5_000
-        self.corr = 0
-        self.completed = None
-        self.flushes = 0
-
-    # --- the cupti-python calls the collector makes
-    def activity_register_callbacks(self, requested, completed) -> None:
-        assert requested() == (8 * 1024 * 1024, 0)
-        self.completed = completed
-
-    def activity_enable(self, kind: int) -> None:
-        if self.fail_enable:
-            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
-        self.enabled.append(int(kind))
-
-    def activity_disable(self, kind: int) -> None:
-        self.enabled.remove(int(kind))
-
-    def get_timestamp(self) -> int:
-        self.clock += 10
-        return self.clock
-
-    def activity_push_external_correlation_id(self, kind: int, ext: int) -> None:
-        self.stack.append((kind, ext))
-
-    def activity_pop_external_correlation_id(self, kind: int) -> None:
-        assert self.stack.pop()[0] == kind
-
-    def activity_flush_all(self, flag: int) -> None:
-        assert flag == 1
-        self.flushes += 1
-        batch, self.pending = self.pending, []
-        for i in range(0, len(batch), 3):  # several buffers per flush
-            self.completed(batch[i : i + 3])
-
-    def get_callback_name(self, domain: int, cbid: int) -> str:
-        return {(2, 211): "cudaLaunchKernel_v7000", (1, 652): "cuLaunchKernelEx"}[(domain, cbid)]
-
-    # --- emulation of a CUDA launch as CUPTI reports it
-    def launch(self, name: str, dur: int, stream: int = 7, driver: bool = False) -> None:
-        self.corr += 1
-        t = self.get_timestamp()
-        kind, cbid = (4, 652) if driver else (5, 211)
-        self.pending.append(SimpleNamespace(kind=kind, cbid=cbid, start=t, end=t + 5, process_id=os.getpid(),
-                                            thread_id=threading.get_native_id(), correlation_id=self.corr, return_value=0))
-        if self.stack:
-            self.pending.append(SimpleNamespace(kind=39, external_kind=self.stack[-1][0], external_id=self.stack[-1][1],
-                                                correlation_id=self.corr))
-        self.pending.append(SimpleNamespace(kind=10, start=t + 20, end=t + 20 + dur, device_id=0, context_id=1,
-                                            stream_id=stream, correlation_id=self.corr, name=name, grid_x=1))
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeCupti:
-    f = FakeCupti()
-    pkg = types.ModuleType("cupti")
-    pkg.cupti = f  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "cupti", pkg)
-    monkeypatch.setattr(col, "_cuda_device_count", lambda: 1)
-    yield f
-    assert col.active() is None
-
-
-def test_collector_end_to_end(fake: FakeCupti, tmp_path: Path) -> None:
+def test_collector_end_to_end(fake: Any, tmp_path: Path) -> None:
     c = col.CuptiCollector(tmp_path, rank=2, world_size=4, job_id="job-7")
     before = time.time_ns()
     c.start()
@@ -165,7 +78,7 @@ def test_missing_cupti_message_word_for_word(monkeypatch: pytest.MonkeyPatch, tm
     assert col.active() is None and not list(tmp_path.iterdir())
 
 
-def test_missing_gpu_message_word_for_word(fake: FakeCupti, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_missing_gpu_message_word_for_word(fake: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(col, "_cuda_device_count", lambda: 0)
     with pytest.raises(MissingDependencyError) as ei:
         col.CuptiCollector(tmp_path, 0).start()
@@ -183,7 +96,7 @@ def test_real_device_count_on_this_machine() -> None:
     assert col._cuda_device_count() == 0
 
 
-def test_cupti_refuses_to_start(fake: FakeCupti, tmp_path: Path) -> None:
+def test_cupti_refuses_to_start(fake: Any, tmp_path: Path) -> None:
     fake.fail_enable = True
     with pytest.raises(EpTraceError) as ei:
         col.CuptiCollector(tmp_path, 0).start()
@@ -193,7 +106,7 @@ def test_cupti_refuses_to_start(fake: FakeCupti, tmp_path: Path) -> None:
     )
 
 
-def test_one_collector_per_process(fake: FakeCupti, tmp_path: Path) -> None:
+def test_one_collector_per_process(fake: Any, tmp_path: Path) -> None:
     with col.CuptiCollector(tmp_path, 0):
         with pytest.raises(ConfigError, match="already running"):
             col.CuptiCollector(tmp_path, 1).start()
@@ -214,7 +127,7 @@ def test_import_without_cupti_python_in_subprocess(tmp_path: Path) -> None:
     assert out.stdout.strip() == "ERR " + col.NO_CUPTI_MESSAGE
 
 
-def test_keep_raw_reproduces_the_file(fake: FakeCupti, tmp_path: Path) -> None:
+def test_keep_raw_reproduces_the_file(fake: Any, tmp_path: Path) -> None:
     """Raw records saved as test data (what gpu_check.sh does) convert back to exactly the file's events."""
     from ep_trace.cupti.convert import records_to_events
 
