@@ -60,6 +60,8 @@ _THREAD_NAME = 39
 # emit_nvtx appends ", op_id = N", ", seq = N", ", sizes = [...]", ", input_op_ids = [...]".
 _EMIT_NVTX_SUFFIX = r", (?:op_id|seq|sizes|input_op_ids) = .*$"
 _TID_MASK = 0xFFFFFF
+# torch.profiler's step ranges reach NVTX as "ProfilerStep#N" (emit_nvtx / record_function): events.seq.
+_STEP = pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64)
 
 
 def _tid(g: pl.Expr) -> pl.Expr:
@@ -401,23 +403,24 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
     gpu_ev = gpu.join(coll_of, on="_uid", how="left").select(
         "_uid", "_proc", "kind", "name", "category", null_s.alias("domain"), pl.col("deviceId").alias("device"),
         pl.col("streamId").alias("stream"), _pid(pl.col("_proc")).alias("pid"), pl.col("streamId").alias("tid"),
-        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "coll_id", "bytes")
+        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "coll_id", "bytes",
+        null_i.alias("seq"))
     rt_ev = rt.select(
         "_uid", "_proc", pl.lit("runtime").alias("kind"), "name",
         pl.when(pl.col("eventClass") == 1).then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
         null_s.alias("domain"), null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"),
         _tid(pl.col("globalTid")).alias("tid"), "start", "end", pl.col("correlationId").alias("correlation"),
-        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"), null_i.alias("bytes"))
+        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"), null_i.alias("bytes"), null_i.alias("seq"))
     nv_ev = ranges.select(
         "_uid", "_proc", pl.lit("cpu_annotation").alias("kind"), "name", pl.lit("nvtx").alias("category"), "domain",
         null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"), _tid(pl.col("globalTid")).alias("tid"),
         "start", "end", null_i.alias("correlation"), null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"),
-        null_i.alias("bytes"))
+        null_i.alias("bytes"), _STEP.alias("seq"))
     ann_ev = annotations.with_row_index("_uid", offset=n_before).select(
         pl.col("_uid").cast(i64), "_proc", pl.lit("gpu_annotation").alias("kind"), "name", pl.lit("nvtx_projection").alias("category"),
         "domain", "device", "stream", _pid(pl.col("_proc")).alias("pid"), pl.col("stream").alias("tid"), "start", "end",
         null_i.alias("correlation"), null_i.alias("_launch_uid"), pl.col("_range").alias("_op_uid"), null_i.alias("coll_id"),
-        null_i.alias("bytes"))
+        null_i.alias("bytes"), _STEP.alias("seq"))
     parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
     ev = (
         pl.concat(parts, how="vertical_relaxed")

@@ -263,3 +263,30 @@ def test_nsys_rep_in_unwritable_folder_exports_to_tempdir(tmp_path: Path, make_e
     tt = read_nsys(rep, cache_dir=blocker / "cache")
     assert _ev(tt, "gpu_kernel").height == 2
     assert [p.parent.name for p in (tmp_path / "tmp").rglob("*.sqlite")] == ["ep-trace-nsys-cache"]
+
+
+def test_ep_stage_ranges_and_steps_reach_the_analysis(make_export, tmp_path: Path) -> None:
+    """ep-trace stage() NVTX names + ProfilerStep ranges in an nsys export -> analysis stages."""
+    from ep_trace.analysis import analyze
+    from ep_trace.parsers.dispatch import read_trace_dir
+
+    t = gtid(PID)
+    strings = {**STRINGS, 11: "ncclDevKernel_SendRecv", 12: "sm90_gemm"}
+    nvtx = [
+        (0, 10_000, 59, "ProfilerStep#3", t, None, None, 0),
+        (100, 2_000, 59, "ep:dispatch:l0:fwd", t, None, None, 0),
+        (150, 1_900, 59, "nccl:all_to_all", t, None, None, 0),
+        (2_100, 4_000, 59, "ep:expert:l0:fwd", t, None, None, 0),
+    ]
+    runtime = [(200, 220, 1, t, 1, 4), (2_200, 2_210, 0, t, 2, 3), (2_300, 2_310, 0, t, 3, 3)]
+    kernels = [(5_000, 6_000, 0, 7, 1, gpid(PID), 11), (6_100, 6_500, 0, 7, 2, gpid(PID), 12), (6_600, 7_000, 0, 7, 3, gpid(PID), 12)]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    make_export("run/rank0.sqlite", strings=strings, kernels=kernels, runtime=runtime, nvtx=nvtx)
+    tables = read_trace_dir(folder)
+    ev = tables.events
+    assert ev.filter(pl.col("seq").is_not_null()).select("kind", "seq").sort("kind").rows() == [("cpu_annotation", 3), ("gpu_annotation", 3)]
+    assert tables.collectives.select("collective", "op_name", "n_kernels").rows() == [("all_to_all", "nccl:all_to_all", 1)]
+    st = analyze(tables).stages.sort("stage")
+    assert st.select("step", "layer", "phase", "stage", "method").rows() == [(3, 0, "fwd", "dispatch", "ep_trace"), (3, 0, "fwd", "expert", "ep_trace")]
+    assert st.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, "busy_ns").rows() == [(5_000, 6_000, 1_000), (6_100, 7_000, 800)]
