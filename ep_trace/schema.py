@@ -72,7 +72,7 @@ _RANKS_COLS = [
     ("trace_start_ns", _I64, True, "first event start, epoch ns"),
     ("trace_end_ns", _I64, True, "last event end, epoch ns"),
     ("clock_offset_ns", _I64, False, "offset added to this rank's times to align hosts (0 = none)"),
-    ("rank_source", _S, False, "where the rank came from: 'distributedInfo', 'file_name', 'sidecar', 'nvtx', 'rank_map', 'process_order'"),
+    ("rank_source", _S, False, "where the rank came from: 'distributedInfo', 'file_name', 'sidecar', 'nvtx', 'rank_map', 'process_order', 'cupti_metadata' (footer of a CUPTI events file)"),
     ("has_sidecar", _B, False, "an ep-trace sidecar (rank{r}.ep.jsonl) was merged"),
     ("ep_group_ranks", pl.List(_I32), True, "global ranks of the EP group (sidecar)"),
     ("hidden_size", _I64, True, "model hidden size (sidecar)"),
