@@ -158,54 +158,68 @@ def timeline_selection(analysis: Analysis, max_intervals: int = 20_000) -> Timel
     return TimelineSelection(step, tuple(int(r) for r in chosen), len(all_ranks), min_ns)
 
 
-def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None) -> go.Figure | None:
+def _boxes(x0: np.ndarray, x1: np.ndarray, yc: np.ndarray, half: float) -> tuple[np.ndarray, np.ndarray]:
+    """Closed rectangles as one NaN-separated polyline (drawn as ONE SVG path, not one per bar)."""
+    nan = np.full(len(x0), np.nan)
+    xs = np.column_stack([x0, x1, x1, x0, x0, nan]).ravel()
+    ys = np.column_stack([yc - half, yc - half, yc + half, yc + half, yc - half, nan]).ravel()
+    return np.round(xs, 4), ys
+
+
+def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None, hover_limit: int = 1500) -> go.Figure | None:
     """Per-rank timeline of one step: stage ranges, comm (with barrier wait on top) and exposed comm.
 
     Time is ms since the start of the step on the earliest drawn rank. Three rows per rank:
-    ``stages``, ``comm`` (light bars = communication, red = waiting for the last arriver),
-    ``exposed`` (comm not hidden under compute).
+    ``stages``, ``comm`` (light = communication, red = waiting for the last arriver), ``exposed``
+    (comm not hidden under compute). Each kind of interval is one filled scatter trace of
+    rectangles (6 points per interval, NaN-separated) so thousands of intervals stay one SVG path;
+    per-interval hover labels are added up to ``hover_limit`` intervals.
     """
     sel = selection or timeline_selection(analysis)
     iv = analysis.intervals.filter(pl.col("rank").is_in(list(sel.ranks)))
     if sel.step is not None:
         iv = iv.filter(pl.col("step") == sel.step)
     iv = iv.filter((pl.col("end_ns") - pl.col("start_ns")) >= sel.min_interval_ns)
+    row_of = {"stage": "stages", "comm": "comm", "wait": "comm", "exposed_comm": "exposed"}
+    iv = iv.filter(pl.col("track").is_in(list(row_of)))
     if iv.height == 0:
         return None
     t0 = int(iv["start_ns"].min())  # type: ignore[arg-type]
-    row_of = {"stage": "stages", "comm": "comm", "wait": "comm", "transfer": "comm", "exposed_comm": "exposed"}
-    iv = iv.filter(pl.col("track").is_in(list(row_of))).with_columns(
-        ((pl.col("start_ns") - t0) / MS).round(4).alias("x0"),
-        ((pl.col("end_ns") - pl.col("start_ns")) / MS).round(4).alias("dx"),
-        (pl.lit("r") + pl.col("rank").cast(pl.Utf8) + pl.lit(" ")
-         + pl.col("track").replace_strict(row_of, default="comm")).alias("row"),
-    )
     order = [f"r{r} {k}" for r in sel.ranks for k in ("stages", "comm", "exposed")]
+    ypos = {label: float(len(order) - 1 - i) for i, label in enumerate(order)}
+    iv = iv.with_columns(
+        ((pl.col("start_ns") - t0) / MS).alias("x0"), ((pl.col("end_ns") - t0) / MS).alias("x1"),
+        (pl.lit("r") + pl.col("rank").cast(pl.Utf8) + pl.lit(" ") + pl.col("track").replace_strict(row_of)).alias("row"),
+    ).with_columns(pl.col("row").replace_strict(ypos, return_dtype=pl.Float64).alias("y"))
+    hover = iv.height <= hover_limit
     fig = go.Figure()
 
-    def add(sub: pl.DataFrame, name: str, color: str | None, width: float) -> None:
+    def add(sub: pl.DataFrame, name: str, color: str, half: float) -> None:
         if sub.height == 0:
             return
-        fig.add_trace(go.Bar(
-            name=name, orientation="h", y=sub["row"].to_list(), x=sub["dx"].to_numpy(), base=sub["x0"].to_numpy(),
-            marker_color=color, width=width, hovertext=sub["name"].to_list(),
-            hovertemplate="%{hovertext}<br>start %{base:.3f} ms, %{x:.3f} ms<extra></extra>",
-        ))
+        xs, ys = _boxes(sub["x0"].to_numpy(), sub["x1"].to_numpy(), sub["y"].to_numpy(), half)
+        fig.add_trace(go.Scatter(name=name, x=xs, y=ys, mode="lines", fill="toself", fillcolor=color, line={"width": 0},
+                                 hoveron="fills", hoverinfo="name", legendgroup=name))
+        if hover:
+            mid = ((sub["x0"] + sub["x1"]) / 2).round(4).to_numpy()
+            text = sub.select(pl.format("{}: {} µs", "name", ((pl.col("x1") - pl.col("x0")) * 1000).round(1))).to_series().to_list()
+            fig.add_trace(go.Scatter(x=mid, y=sub["y"].to_numpy(), mode="markers", marker={"size": 6, "opacity": 0},
+                                     hovertext=text, hoverinfo="text", showlegend=False, legendgroup=name, name=f"{name} (hover)"))
 
     stages = iv.filter(pl.col("track") == "stage").with_columns(
         pl.col("name").str.extract(r"^(?:ep:)?([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage"))
     for stage in _stage_order(stages["stage"].unique().to_list()):
-        add(stages.filter(pl.col("stage") == stage), stage, _STAGE_COLORS.get(stage), 0.8)
-    add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.8)
-    add(iv.filter(pl.col("track") == "wait"), "barrier wait", _TRACK_COLORS["wait"], 0.45)
-    add(iv.filter(pl.col("track") == "exposed_comm"), "exposed comm", _TRACK_COLORS["exposed_comm"], 0.8)
-    fig.update_layout(barmode="overlay")
-    fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category")
+        add(stages.filter(pl.col("stage") == stage), stage, _STAGE_COLORS.get(stage, "#999999"), 0.4)
+    add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.4)
+    add(iv.filter(pl.col("track") == "wait"), "barrier wait", _TRACK_COLORS["wait"], 0.22)
+    add(iv.filter(pl.col("track") == "exposed_comm"), "exposed comm", _TRACK_COLORS["exposed_comm"], 0.4)
+    fig.update_yaxes(tickvals=list(ypos.values()), ticktext=list(ypos), range=[-0.6, len(order) - 0.4], showgrid=False, zeroline=False)
     fig.update_xaxes(title_text="ms since step start")
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
         title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
-    return _layout(fig, title, height=120 + 3 * 16 * len(sel.ranks))
+    fig = _layout(fig, title, height=120 + 3 * 16 * len(sel.ranks), hovermode="closest")
+    return fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"})
 
 
 def _binned_matrix(df: pl.DataFrame, row: str, col: str, val: str, n: int, max_cells: int) -> tuple[np.ndarray, list[str], int]:

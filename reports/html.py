@@ -107,12 +107,43 @@ def table_html(headers: Sequence[str], rows: Sequence[Sequence[object]], left: i
 
 
 def figure_html(fig: go.Figure | None, div_id: str, missing: str) -> str:
-    """A figure fragment (plotly.js not included), or the ``missing`` sentence when ``fig`` is None."""
+    """A figure placeholder plus its JSON spec, or the ``missing`` sentence when ``fig`` is None.
+
+    The figure is drawn by the page's renderer script (see :func:`page`), one figure per browser
+    task, so the verdict and the first figures show while the rest are still being drawn.
+    """
     if fig is None:
         return f'<p class="note">{_e(missing)}</p>'
-    frag = fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
-    return f'<div class="fig">{frag}</div>'
+    height = fig.layout.height or 400
+    # "</" inside a <script> block would end it early; JSON allows the escaped form "<\/".
+    spec = fig.to_json().replace("</", "<\\/")
+    return (f'<div class="fig"><div id="{div_id}" class="plotly-graph-div ep-fig" style="height:{height}px;width:100%"></div>'
+            f'<script type="application/json" id="{div_id}-spec">{spec}</script></div>')
+
+
+#: Draws every ``div.ep-fig`` in document order, one per task (setTimeout) so the browser paints in
+#: between; marks ``ep-first-figure`` / ``ep-all-figures`` (performance API) and sets
+#: ``body[data-figures-rendered]`` when done (the browser test waits on it).
+_RENDERER = """
+(function () {
+  var figs = Array.prototype.slice.call(document.querySelectorAll("div.ep-fig"));
+  var config = {displaylogo: false, responsive: true};
+  function draw(i) {
+    if (i >= figs.length) {
+      performance.mark("ep-all-figures");
+      document.body.setAttribute("data-figures-rendered", String(figs.length));
+      return;
+    }
+    var div = figs[i];
+    var spec = JSON.parse(document.getElementById(div.id + "-spec").textContent);
+    Plotly.newPlot(div, spec.data, spec.layout, config).then(function () {
+      if (i === 0) { performance.mark("ep-first-figure"); }
+      setTimeout(function () { draw(i + 1); }, 0);
+    });
+  }
+  draw(0);
+})();
+"""
 
 
 def _findings_html(analysis: Analysis, mean_step: float | None) -> str:
@@ -233,15 +264,19 @@ def _definitions_html() -> str:
 
 
 def page(title: str, body: str, subtitle: str = "") -> str:
-    """Wrap ``body`` into a complete offline HTML document with plotly.js embedded once."""
+    """Wrap ``body`` into a complete offline HTML document with plotly.js embedded once.
+
+    plotly.js (about 4.8 MB) sits at the end of ``<body>``, so the verdict and tables paint before
+    the browser parses it; the renderer script then draws the figures.
+    """
     from plotly.offline import get_plotlyjs
 
     sub = f'<div class="sub">{_e(subtitle)}</div>' if subtitle else ""
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style>'
-        f'<script type="text/javascript">{get_plotlyjs()}</script></head>'
-        f'<body><main><h1>{_e(title)}</h1>{sub}{body}</main></body></html>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
+        f'<body><main><h1>{_e(title)}</h1>{sub}{body}</main>'
+        f'<script type="text/javascript">{get_plotlyjs()}</script><script type="text/javascript">{_RENDERER}</script></body></html>'
     )
 
 

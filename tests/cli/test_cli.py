@@ -75,7 +75,7 @@ def test_analyze_real_sample_writes_report_and_summary(analyzed):
     out, codes = analyzed
     assert codes == {"balanced": 0, "skewed_straggler": 0}
     html = (out / "skewed_straggler.html").read_text()
-    assert html.count("Plotly.newPlot(") >= 9
+    assert html.count('class="plotly-graph-div ep-fig"') >= 9
     summary = orjson.loads((out / "skewed_straggler.json").read_bytes())
     assert summary["schema_version"] == 1 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
     assert "sample_traces/skewed_straggler/rank3.pt.trace.json.gz" in html

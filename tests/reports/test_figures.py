@@ -37,12 +37,28 @@ def test_timeline_selection_median_step_and_all_ranks(a4):
     assert sel.step == 1 and sel.ranks == (0, 1, 2, 3) and not sel.sampled and sel.min_interval_ns == 0
 
 
+def _boxes(fig, name):
+    """(row labels, durations ms) of the rectangles of one timeline trace (6 points per box)."""
+    d = fig.to_dict()
+    tr = next(t for t in d["data"] if t["name"] == name)
+    x, y = arr(tr["x"]), arr(tr["y"])
+    yaxis = d["layout"]["yaxis"]
+    label = dict(zip(arr(yaxis["tickvals"]).tolist(), yaxis["ticktext"]))
+    centers = (y[0::6] + y[2::6]) / 2
+    return [label[c] for c in centers.tolist()], np.round(x[1::6] - x[0::6], 4)
+
+
 def test_timeline_draws_waits_on_the_comm_rows(a4):
-    t = traces(figures.step_timeline(a4))
-    wait = t["barrier wait"]
-    assert set(wait["y"]) == {"r0 comm", "r1 comm", "r3 comm"}  # the straggler never waits
-    np.testing.assert_allclose(arr(wait["x"]), [1.0] * 6)  # 2 dispatches x 3 waiting ranks, 1 ms each
-    assert "dispatch" in t and "exposed comm" in t
+    fig = figures.step_timeline(a4)
+    rows, durs = _boxes(fig, "barrier wait")
+    assert sorted(rows) == ["r0 comm"] * 2 + ["r1 comm"] * 2 + ["r3 comm"] * 2  # the straggler never waits
+    np.testing.assert_allclose(durs, [1.0] * 6)  # 2 dispatches x 3 waiting ranks, 1 ms each
+    rows, durs = _boxes(fig, "expert")
+    assert dict(zip(rows, durs))["r2 stages"] == 1.5  # the straggler's expert stage: 500 µs + 1 ms
+    names = [t["name"] for t in fig.to_dict()["data"] if t.get("showlegend") is not False]
+    assert names == ["route", "permute", "dispatch", "expert", "combine", "unpermute", "comm", "barrier wait", "exposed comm"]
+    hover = next(t for t in fig.to_dict()["data"] if t["name"] == "barrier wait (hover)")
+    assert hover["hovertext"][0] == "wait for rank 2: 1000.0 µs"
 
 
 def test_timeline_samples_large_jobs_keeping_the_straggler(a64):
@@ -50,9 +66,13 @@ def test_timeline_samples_large_jobs_keeping_the_straggler(a64):
     assert sel.sampled and len(sel.ranks) == 16 and sel.n_ranks_total == 64
     assert 2 in sel.ranks and 0 in sel.ranks and 63 in sel.ranks
     fig = figures.step_timeline(a64, sel)
-    rows = {y for tr in fig.to_dict()["data"] for y in tr["y"]}
+    rows, _ = _boxes(fig, "comm")
     assert {r.split()[0] for r in rows} == {f"r{r}" for r in sel.ranks}
     assert "16 of 64 ranks" in fig.layout.title.text
+    # one step of 16 ranks x 4 layers holds fewer than 1500 intervals, so per-interval hover labels are kept
+    assert any(t["name"].endswith("(hover)") for t in fig.to_dict()["data"])
+    big = figures.step_timeline(a64, sel, hover_limit=100)
+    assert not any(t["name"].endswith("(hover)") for t in big.to_dict()["data"])
 
 
 def test_count_matrix_rows_per_step_and_local_ratio(a4):
