@@ -90,6 +90,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     tol = _TOL_FLOOR_NS + int(resid["residual_ns"].max() or 0) if resid.height else _TOL_FLOOR_NS
     calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
     clock = host_off.join(resid, on="host", how="left").with_columns(pl.col("residual_ns").fill_null(0))
+    # every wait figure carries the clock uncertainty of its rank's host
+    unc = ranks.select("rank", pl.col("host").fill_null("<unknown>")).join(clock.select("host", "residual_ns"), on="host", how="left").select(
+        "rank", pl.col("residual_ns").fill_null(0).alias("uncertainty_ns"))
+    call_ranks = call_ranks.join(unc, on="rank", how="left")
     valid_ids = calls.filter(pl.col("valid"))["match_id"]
     vcr = call_ranks.filter(pl.col("match_id").is_in(valid_ids.implode())).join(calls.select("match_id", "last_rank"), on="match_id")
     if calls.height and not calls["complete"].all():
@@ -114,7 +118,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
                 pl.col("barrier_wait_ns").fill_null(0), pl.col("transfer_ns").fill_null(0))
         .sort(["rank", "step"])
     )
-    rank_summary = _rank_summary(steps_df, ranks, mode)
+    rank_summary = _with_uncertainty(_rank_summary(steps_df, ranks, mode), call_ranks)
 
     say("imbalance", 5, total)
     n_exp = ranks["num_experts"].max() if ranks.height else None
@@ -212,6 +216,11 @@ def _rank_summary(steps_df: pl.DataFrame, ranks: pl.DataFrame, mode: dict[int, s
     s = s.with_columns(pl.col(c).round(0).cast(pl.Int64) for c in s.columns if c.endswith("_ns"))
     md = pl.DataFrame({"rank": list(mode), "mode": list(mode.values())}, schema={"rank": pl.Int32, "mode": pl.Utf8})
     return ranks.select("rank", "host").join(s, on="rank", how="inner").join(md, on="rank", how="left").sort("rank")
+
+
+def _with_uncertainty(rank_summary: pl.DataFrame, call_ranks: pl.DataFrame) -> pl.DataFrame:
+    u = call_ranks.group_by("rank").agg(pl.col("uncertainty_ns").max().alias("wait_uncertainty_ns"))
+    return rank_summary.join(u, on="rank", how="left").with_columns(pl.col("wait_uncertainty_ns").fill_null(0))
 
 
 def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:

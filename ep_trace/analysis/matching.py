@@ -168,6 +168,7 @@ def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, t
         (pl.col("_a").first() - pl.col("s").sort().reverse().get(1, null_on_oob=True)).fill_null(0).alias("lateness_ns"),
         pl.max_horizontal(pl.col("bytes_sent").max(), pl.col("bytes_recv").max()).alias("bytes_max"),
         pl.col("cross_rank_bytes_sent").sum().alias("cross_rank_bytes"),
+        pl.col("bytes_sent").sum().alias("logical_bytes"),
         (pl.col("e").min() >= pl.col("_a").first() - tol_ns).alias("causal"),
         pl.col("host").n_unique().alias("_nh"), pl.col("host").null_count().alias("_hn"),
     ).with_columns(

@@ -30,6 +30,10 @@ def _rows(df: pl.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
     return df.select([c for c in cols if c in df.columns]).to_dicts()
 
 
+def _max(df: pl.DataFrame, col: str) -> Any:
+    return df[col].max() if df.height and col in df.columns else None
+
+
 def build_summary(a: Analysis) -> dict[str, Any]:
     """Build the summary dict of ``a`` (keys documented in docs/summary.md).
 
@@ -71,14 +75,23 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         for f in a.findings
     ]
     load_report = [{"file": i.file, "rank": i.rank, "level": i.level, "message": i.message} for i in a.load_report]
+    rs = a.rank_summary
+    overall = {
+        "step_time_ns": _max(rs, "step_time_ns"), "step_time_p99_ns": _max(rs, "step_time_p99_ns"),
+        "exposed_comm_ns": _max(rs, "exposed_comm_ns"), "barrier_wait_ns": _max(rs, "barrier_wait_ns"),
+        "overlap_efficiency_min": float(rs["overlap_efficiency"].fill_nan(None).min()) if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len() else None,
+        "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),
+        "matched_calls": valid.height, "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
+    }
     out = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
+        "overall": overall,
         "ranks": _rows(a.rank_summary, ["rank", "host", "mode", "step_time_ns", "step_time_max_ns", "step_time_p95_ns", "step_time_p99_ns",
                                         "comm_ns", "compute_ns", "exposed_comm_ns", "exposed_comm_p95_ns", "overlap_efficiency",
-                                        "barrier_wait_ns", "barrier_wait_p95_ns", "transfer_ns"]),
+                                        "barrier_wait_ns", "barrier_wait_p95_ns", "transfer_ns", "wait_uncertainty_ns"]),
         "stages": _rows(stages, ["rank", "stage", "busy_ns", "window_ns", "exposed_comm_ns", "n_steps"]) if a.stages.height else [],
         "straggler": straggler,
         "wait_matrix": a.wait_matrix.to_dicts(),
