@@ -230,21 +230,29 @@ class CuptiCollector:
         if self.config.memset:
             kinds.append(cupti.ActivityKind.MEMSET)
         try:
-            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
-            for kind in kinds:
-                cupti.activity_enable(kind)
-                self._kinds.append(kind)
-        except Exception as exc:  # cupti.cuptiError and friends: one clear line, collector rolled back
+            try:
+                cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+                for kind in kinds:
+                    cupti.activity_enable(kind)
+                    self._kinds.append(kind)
+            except Exception as exc:  # cupti.cuptiError and friends: one clear line
+                raise EpTraceError(
+                    f"cupti backend: CUPTI refused to start ({type(exc).__name__}: {exc}); another CUPTI client "
+                    "(Nsight Systems, a running torch.profiler) may own the activity API: stop it or use backend='kineto'"
+                ) from exc
+            self.clock_offset_ns = self._measure_clock_offset()
+            try:
+                self.out_dir.mkdir(parents=True, exist_ok=True)
+                self._writer = EventsWriter(self.path, self._file_meta())
+            except OSError as exc:
+                raise ConfigError(f"out_dir: cannot write {self.path} ({exc.strerror or exc}); choose a writable directory") from exc
+            self._step_start = int(cupti.get_timestamp())
+        except BaseException:  # roll back: collection disabled, no active collector left behind
             self._disable()
+            self._cupti = None
             with _ACTIVE_LOCK:
                 _ACTIVE = None
-            raise EpTraceError(
-                f"cupti backend: CUPTI refused to start ({type(exc).__name__}: {exc}); another CUPTI client "
-                "(Nsight Systems, a running torch.profiler) may own the activity API: stop it or use backend='kineto'"
-            ) from exc
-        self.clock_offset_ns = self._measure_clock_offset()
-        self._writer = EventsWriter(self.path, self._file_meta())
-        self._step_start = int(cupti.get_timestamp())
+            raise
         _log.info("CUPTI collector started for rank %d -> %s", self.rank, self.path)
         return self
 

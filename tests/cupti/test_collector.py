@@ -148,3 +148,16 @@ def test_keep_raw_reproduces_the_file(fake: Any, tmp_path: Path) -> None:
     assert again["name"].to_list() == ["ProfilerStep#4", "ep:route:l1:bwd", "cudaLaunchKernel", "cudaLaunchKernel",
                                        "topk_kernel", "softmax_kernel"]
     assert again.filter(pl.col("kind") == "gpu_kernel").select("launch_id", "op_id").rows() == [(2, 1), (3, 1)]
+
+
+def test_unwritable_out_dir_rolls_back(fake: Any, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError) as ei:
+        col.CuptiCollector(blocker / "sub", 0).start()  # a file where the directory should be
+    assert str(ei.value) == (
+        f"out_dir: cannot write {blocker / 'sub' / 'rank0.ep-events.parquet'} (Not a directory); choose a writable directory"
+    )
+    assert col.active() is None and fake.enabled == []
+    c = col.CuptiCollector(tmp_path / "new" / "dir", 1).start()  # missing directories are created
+    assert c.stop() == tmp_path / "new" / "dir" / "rank1.ep-events.parquet"
