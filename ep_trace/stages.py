@@ -32,13 +32,20 @@ class _Hooks(NamedTuple):
     profiler_enabled: Callable[[], bool]
     enter: Callable[[str, str | None], Any]
     exit: Callable[[Any], None]
+    no_torch_function: Callable[[], Any]
     nvtx_push: Callable[[str], Any] | None
     nvtx_pop: Callable[[], Any] | None
 
 
-@functools.cache
+# Resolved once on first use (importing ep_trace must not import torch). A module slot rather than
+# functools.cache: this is on the per-call path, and a global read is cheaper than a cached call.
+_HOOKS: list[_Hooks] = []
+
+
 def _hooks() -> _Hooks:
-    """Resolve the torch entry points once (lazily: importing ep_trace must not import torch)."""
+    """The torch entry points used per call, resolved lazily."""
+    if _HOOKS:
+        return _HOOKS[0]
     import torch
 
     # The same two ops torch.autograd.profiler.record_function.__enter__/__exit__ call (torch 2.x);
@@ -48,13 +55,26 @@ def _hooks() -> _Hooks:
     push = pop = None
     if torch.cuda.is_available() and any(os.environ.get(k) for k in _NSYS_ENV):
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
-    return _Hooks(torch._C._autograd._profiler_enabled, enter, exit_op, push, pop)
+    hooks = _Hooks(torch._C._autograd._profiler_enabled, enter, exit_op, torch._C.DisableTorchFunctionSubclass, push, pop)
+    _HOOKS.append(hooks)
+    return hooks
 
 
-@functools.lru_cache(maxsize=4096)
+# (stage, layer, microbatch, phase) -> range name. Bounded: cleared when it grows past _NAMES_MAX.
+_NAMES: dict[tuple[str, int | None, int | None, str], str] = {}
+_NAMES_MAX = 4096
+
+
 def stage_name(name: str, layer: int | None = None, microbatch: int | None = None, phase: str = "fwd") -> str:
     """Cached :func:`~ep_trace.stage_names.format_stage_name` (raises ``ConfigError`` on bad input)."""
-    return format_stage_name(name, layer, microbatch, phase)
+    key = (name, layer, microbatch, phase)
+    out = _NAMES.get(key)
+    if out is None:
+        out = format_stage_name(name, layer, microbatch, phase)
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[key] = out
+    return out
 
 
 class stage:  # noqa: N801 - used like a function: `with stage("dispatch", layer=0):`
@@ -80,12 +100,13 @@ class stage:  # noqa: N801 - used like a function: `with stage("dispatch", layer
     __slots__ = ("name", "_rec", "_nvtx")
 
     def __init__(self, name: str, layer: int | None = None, microbatch: int | None = None, phase: str = "fwd") -> None:
-        self.name = stage_name(name, layer, microbatch, phase)
+        # Inlined stage_name(): this constructor is the bulk of the cost when nothing is recording.
+        self.name = _NAMES.get((name, layer, microbatch, phase)) or stage_name(name, layer, microbatch, phase)
         self._rec: Any = None
         self._nvtx = False
 
     def __enter__(self) -> stage:
-        h = _hooks()
+        h = _HOOKS[0] if _HOOKS else _hooks()
         if h.profiler_enabled():
             self._rec = h.enter(self.name, None)
         if h.nvtx_push is not None:
@@ -97,10 +118,14 @@ class stage:  # noqa: N801 - used like a function: `with stage("dispatch", layer
         rec = self._rec
         if rec is not None:
             self._rec = None
-            _hooks().exit(rec)
+            h = _HOOKS[0]
+            # As record_function.__exit__ does: without this, passing the ScriptObject handle goes
+            # through __torch_function__ dispatch, which more than doubles the cost (pytorch#76410).
+            with h.no_torch_function():
+                h.exit(rec)
         if self._nvtx:
             self._nvtx = False
-            _hooks().nvtx_pop()  # type: ignore[misc]
+            _HOOKS[0].nvtx_pop()  # type: ignore[misc]
 
     def __call__(self, func: F) -> F:
         """Decorate ``func`` so that every call runs inside a fresh range of this stage."""
