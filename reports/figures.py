@@ -38,9 +38,9 @@ MS = 1e6
 _TEMPLATE = "plotly_white"
 _STAGE_COLORS = {
     "route": "#8c6bb1", "permute": "#6baed6", "dispatch": "#fd8d3c", "expert": "#41ab5d",
-    "combine": "#e6550d", "unpermute": "#9ecae1", "shared_expert": "#a1d99b", "attn": "#bdbdbd",
+    "combine": "#e6550d", "unpermute": "#9ecae1", "shared_expert": "#a1d99b", "attn": "#737373",
 }
-_TRACK_COLORS = {"comm": "#9ecae1", "wait": "#d62728", "exposed_comm": "#8c564b", "transfer": "#3182bd", "compute": "#74c476"}
+_TRACK_COLORS = {"comm": "#bdbdbd", "wait": "#d62728", "exposed_comm": "#8c564b", "transfer": "#3182bd", "compute": "#74c476"}
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
@@ -170,7 +170,7 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
     """Per-rank timeline of one step: stage ranges, comm (with barrier wait on top) and exposed comm.
 
     Time is ms since the start of the step on the earliest drawn rank. Three rows per rank:
-    ``stages``, ``comm`` (light = communication, red = waiting for the last arriver), ``exposed``
+    ``stages``, ``comm`` (grey = communication, red = waiting for the last arriver), ``exposed``
     (comm not hidden under compute). Each kind of interval is one filled scatter trace of
     rectangles (6 points per interval, NaN-separated) so thousands of intervals stay one SVG path;
     per-interval hover labels are added up to ``hover_limit`` intervals.

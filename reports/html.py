@@ -221,6 +221,30 @@ def _alpha_beta_table(analysis: Analysis) -> str:
     return table_html(["link class", "α (latency)", "β (bandwidth)", "r²", "calls", "verdict"], rows, left=1)
 
 
+def _hta_overlap_html(analysis: Analysis) -> str:
+    """``--hta-compatible``: HTA's overlap figure beside ep-trace's own, per rank."""
+    ho = analysis.hta_overlap
+    if ho is None or ho.height == 0:
+        return ""
+    ours = dict(analysis.rank_summary.select("rank", "overlap_efficiency").iter_rows())
+    rows = [[r["rank"], f"{r['comp_comm_overlap_pctg']:.1f}%" if r.get("comp_comm_overlap_pctg") is not None else "–",
+             fmt_pct(ours.get(r["rank"]))] for r in ho.sort("rank").iter_rows(named=True)]
+    return ("<h3>HTA-compatible overlap (--hta-compatible)</h3>"
+            '<p class="note">HTA counts the share of communication kernel time overlapped by compute kernels, with its own '
+            "name-based classification and step filter; ep-trace's overlap efficiency is |C ∩ K| / |C|.</p>"
+            + table_html(["rank", "HTA comp/comm overlap", "ep-trace overlap efficiency"], rows))
+
+
+def _misaligned_html(analysis: Analysis) -> str:
+    mis = analysis.misaligned
+    if mis is None or mis.height == 0:
+        return ""
+    rows = [[r.get("pg_name"), r.get("step"), r.get("calls_per_rank"), r.get("reason")] for r in mis.head(30).iter_rows(named=True)]
+    return ("<h3>Collectives not matched across ranks</h3>"
+            '<p class="note">These calls are left out of every wait figure rather than paired wrongly.</p>'
+            + table_html(["process group", "step", "calls per rank", "reason"], rows, left=4))
+
+
 def _load_report_html(analysis: Analysis, notes: Sequence[str]) -> str:
     parts = [f'<p>Stage detection method: <b>{_e(analysis.detection_method)}</b>.</p>']
     issues = list(analysis.load_report) or list(analysis.tables.load_report)
@@ -253,6 +277,7 @@ def _load_report_html(analysis: Analysis, notes: Sequence[str]) -> str:
         parts.append(f"<p>Clock alignment: {ck.height} host(s); residual uncertainty of wait figures up to {fmt_ns(worst)}.</p>")
         rows = [[r["host"], fmt_ns(r["offset_ns"], signed=True), fmt_ns(r["residual_ns"])] for r in ck.head(64).iter_rows(named=True)]
         parts.append(table_html(["host", "offset applied", "residual"], rows))
+    parts.append(_misaligned_html(analysis))
     all_notes = list(analysis.notes) + list(notes)
     if all_notes:
         parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in all_notes) + "</ul>")
@@ -328,7 +353,7 @@ def render_report(
         tl_note += f'<p class="note">Intervals shorter than {fmt_ns(sel.min_interval_ns)} are not drawn.</p>'
         notes.append(f"Timeline: intervals shorter than {fmt_ns(sel.min_interval_ns)} left out.")
     sections.append(("timeline", "Timeline of a representative step",
-                     '<p class="note">The step whose slowest-rank length is the median. Red = waiting for the last arriver inside a collective; orange = communication not hidden under compute.</p>'
+                     '<p class="note">The step whose slowest-rank length is the median. Grey = communication; red = waiting for the last arriver inside a collective; brown = communication not hidden under compute (exposed).</p>'
                      + tl_note + figure_html(figures.step_timeline(analysis, sel), "fig-timeline", "No intervals to draw for this step.")))
     tick(3)
     no_routing = "No routing data: the traces carry neither an ep-trace sidecar nor all-to-all split sizes, so expert load and the count matrix are unknown."
@@ -346,7 +371,8 @@ def render_report(
     tick(4)
     sections.append(("overlap", "Overlap: how much communication is hidden",
                      figure_html(figures.overlap_per_rank(analysis), "fig-overlap-rank", "No communication intervals found.")
-                     + figure_html(figures.overlap_per_stage(analysis), "fig-overlap-stage", "No per-stage communication (no stages with comm).")))
+                     + figure_html(figures.overlap_per_stage(analysis), "fig-overlap-stage", "No per-stage communication (no stages with comm).")
+                     + _hta_overlap_html(analysis)))
     tick(5)
     sections.append(("wait", "Barrier wait and stragglers",
                      figure_html(figures.barrier_wait_per_rank(analysis), "fig-wait-rank", "No matched collectives, so no barrier wait.")

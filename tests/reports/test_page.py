@@ -84,3 +84,18 @@ def test_large_job_notes_sampling_and_lists_skipped_rank():
     html = render_report(a)
     assert "16 of 64 ranks drawn" in html
     assert "truncated gzip stream: rank skipped" in html
+
+
+def test_hta_overlap_and_unmatched_collectives_are_shown(a4):
+    import dataclasses
+
+    import polars as pl
+
+    a = dataclasses.replace(
+        a4,
+        hta_overlap=pl.DataFrame({"rank": [0, 1], "comm_us": [10, 10], "overlap_us": [2, 3], "comp_comm_overlap_pctg": [20.0, 30.0]}),
+        misaligned=pl.DataFrame({"pg_name": ["0"], "step": [1], "calls_per_rank": ["0:3,1:2"], "reason": ["rank 1 has fewer calls"]}),
+    )
+    html = render_report(a)
+    assert '<tr><td class="l">0</td><td>20.0%</td><td>25.0%</td></tr>' in html
+    assert '<tr><td class="l">0</td><td class="l">1</td><td class="l">0:3,1:2</td><td class="l">rank 1 has fewer calls</td></tr>' in html
