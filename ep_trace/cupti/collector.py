@@ -80,6 +80,11 @@ _FIELDS: dict[int, tuple[str, ...]] = {
     KIND_DRIVER: ("start", "end", "cbid", "process_id", "thread_id", "correlation_id"),
     KIND_EXTERNAL_CORRELATION: ("external_kind", "external_id", "correlation_id"),
 }
+# High-frequency API calls that launch nothing, muted as Kineto does (CuptiActivityApi.cpp, CUDA >= 12.5):
+# cudaGetDevice_v3020 (runtime 17); cuCtxGetCurrent (304), cuDevicePrimaryCtxGetState (392),
+# cuKernelGetAttribute (686) (driver). Best effort: older CUPTI lacks the per-cbid filter.
+_MUTED_RUNTIME_CBIDS = (17,)
+_MUTED_DRIVER_CBIDS = (304, 392, 686)
 _NEEDS_PID = frozenset({KIND_CONCURRENT_KERNEL, KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, KIND_EXTERNAL_CORRELATION})
 
 _ACTIVE: CuptiCollector | None = None
@@ -240,6 +245,7 @@ class CuptiCollector:
                     f"cupti backend: CUPTI refused to start ({type(exc).__name__}: {exc}); another CUPTI client "
                     "(Nsight Systems, a running torch.profiler) may own the activity API: stop it or use backend='kineto'"
                 ) from exc
+            self._mute_noisy_apis()
             self.clock_offset_ns = self._measure_clock_offset()
             try:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -377,6 +383,17 @@ class CuptiCollector:
                 name = None
             self._api_names[key] = name
         return self._api_names[key]
+
+    def _mute_noisy_apis(self) -> None:
+        cupti = self._cupti
+        for fn, cbids in (("activity_enable_runtime_api", _MUTED_RUNTIME_CBIDS), ("activity_enable_driver_api", _MUTED_DRIVER_CBIDS)):
+            f = getattr(cupti, fn, None)
+            for cbid in cbids if f is not None else ():
+                try:
+                    f(cbid, 0)
+                except Exception as exc:  # CUPTI < 12.5: no per-API filter; records are just more numerous
+                    _log.debug("cupti: %s(%d, 0) failed: %s", fn, cbid, exc)
+                    return
 
     def _flush_device(self) -> None:
         if self.config.sync_on_step:

@@ -39,6 +39,7 @@ class FakeCupti:
         self.corr = 0
         self.completed = None
         self.flushes = 0
+        self.muted: list[tuple[str, int, int]] = []
 
     # --- the cupti-python calls the collector makes
     def activity_register_callbacks(self, requested, completed) -> None:
@@ -49,6 +50,12 @@ class FakeCupti:
         if self.fail_enable:
             raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
         self.enabled.append(int(kind))
+
+    def activity_enable_runtime_api(self, cbid: int, enable: int) -> None:
+        self.muted.append(("runtime", cbid, enable))
+
+    def activity_enable_driver_api(self, cbid: int, enable: int) -> None:
+        self.muted.append(("driver", cbid, enable))
 
     def activity_disable(self, kind: int) -> None:
         self.enabled.remove(int(kind))

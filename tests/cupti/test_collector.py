@@ -23,6 +23,8 @@ def test_collector_end_to_end(fake: Any, tmp_path: Path) -> None:
     c.start()
     assert col.active() is c
     assert sorted(fake.enabled) == [1, 2, 4, 5, 10, 39]
+    # Kineto's mute list: cudaGetDevice; cuCtxGetCurrent, cuDevicePrimaryCtxGetState, cuKernelGetAttribute
+    assert fake.muted == [("runtime", 17, 0), ("driver", 304, 0), ("driver", 392, 0), ("driver", 686, 0)]
     # step 0: one kernel inside a dispatch stage, one outside
     c.range_push("ep:dispatch:l0:fwd")
     fake.launch("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 300, stream=13, driver=True)
