@@ -121,3 +121,26 @@ def test_external_traces_analyse(external_dir, sub):
         # 33 SendRecv per process; ends differ by -8.8..+26.6 µs while starts differ by up to 3.34 ms
         v = a.calls.filter(pl.col("valid"))
         assert v.height == 33 and v["end_skew_ns"].max() <= 27_000 and v["arrival_skew_ns"].max() <= 3_340_000
+
+
+@pytest.mark.slow
+def test_demo_injected_straggler_and_hot_expert(tmp_path):
+    """A fresh `ep-trace demo` run (gloo, 4 ranks): the injected straggler and hot expert are found."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "demo"
+    subprocess.run(
+        [sys.executable, "-m", "ep_trace", "demo", "--out", str(out), "--ranks", "4", "--experts", "8", "--tokens", "256",
+         "--layers", "2", "--steps", "3", "--skew", "hot:5:0.5", "--straggler", "1:40"],
+        check=True, capture_output=True, timeout=300,
+    )
+    a = analyze(read_trace_dir(out))
+    ie, ir = _sidecar_truth(out)
+    for r in a.imbalance.iter_rows(named=True):
+        assert r["I_e"] == pytest.approx(ie[(r["step"], r["layer"])], rel=1e-12)
+        assert r["I_r"] == pytest.approx(ir[(r["step"], r["layer"])], rel=1e-12)
+    assert a.stragglers["rank"][0] == 1
+    by_kind = {f.kind: f for f in a.findings}
+    assert by_kind["straggler_wait"].ranks == (1,)
+    assert by_kind["routing_imbalance"].evidence["hot_experts"][0]["expert"] == 5
