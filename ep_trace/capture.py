@@ -67,13 +67,22 @@ def _job_id(explicit: str | None, backend: str | None) -> str:
 class _StepScope:
     """What :meth:`Tracer.step` returns; as a context manager it bounds exactly one step."""
 
-    __slots__ = ("_tracer", "number")
+    __slots__ = ("_tracer", "number", "_after_initial")
 
-    def __init__(self, tracer: Tracer, number: int) -> None:
+    def __init__(self, tracer: Tracer, number: int, after_initial: bool) -> None:
         self._tracer = tracer
         self.number = number
+        self._after_initial = after_initial
 
     def __enter__(self) -> Tracer:
+        if self._after_initial:
+            # `with Tracer() as t: with t.step(): ...`: step() already closed the step that __enter__
+            # opened, empty. Ranges cannot be withdrawn from Kineto, so say what happened.
+            logger.warning(
+                "ep-trace: ProfilerStep#%d is empty: inside `with Tracer(...) as t` call t.step() at the end "
+                "of each step; use `with tracer.step():` on a Tracer that you close() yourself",
+                self.number - 1,
+            )
         return self._tracer
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -129,6 +138,7 @@ class Tracer:
         self._writer: SidecarWriter | None = None
         self._step_rec: Any = None
         self._open_step: int | None = None
+        self._initial_step_open = False  # the step __enter__ opened is still open
         self.rank = 0
         self.world_size = 1
         self.trace_file: Path | None = None
@@ -214,6 +224,7 @@ class Tracer:
     def __enter__(self) -> Tracer:
         self.start()
         self._begin_step()
+        self._initial_step_open = True
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
@@ -237,10 +248,11 @@ class Tracer:
         """
         if self._prof is None:
             self.start()
+        after_initial = self._open_step is not None and self._initial_step_open
         if self._open_step is not None:
             self._end_step()
         number = self._begin_step()
-        return _StepScope(self, number)
+        return _StepScope(self, number, after_initial)
 
     def _begin_step(self) -> int:
         from torch.autograd.profiler import record_function
@@ -255,6 +267,7 @@ class Tracer:
         return number
 
     def _end_step(self) -> None:
+        self._initial_step_open = False
         rec, self._step_rec = self._step_rec, None
         self._open_step = None
         if rec is not None:

@@ -194,3 +194,15 @@ def test_sidecar_keeps_finished_steps_when_killed(tmp_path: Path) -> None:
         ("step_end", 1),
     ]
     assert not (tmp_path / "rank0.pt.trace.json.gz").exists()  # Kineto writes only at stop
+
+
+def test_scope_form_inside_entered_tracer_warns_about_the_empty_first_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with Tracer(tmp_path) as t:
+        for _ in range(2):
+            with t.step():
+                _work(0)
+    assert [r.getMessage() for r in caplog.records if r.name == "ep_trace.capture"] == [
+        "ep-trace: ProfilerStep#0 is empty: inside `with Tracer(...) as t` call t.step() at the end of each step; "
+        "use `with tracer.step():` on a Tracer that you close() yourself"
+    ]
+    assert _names(tmp_path / "rank0.pt.trace.json.gz", "ProfilerStep#") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
