@@ -58,6 +58,11 @@ def load_presets(user: Path | None = None) -> list[dict]:
         for i, p in enumerate(extra):
             if "name" not in p or "pattern" not in p:
                 raise ConfigError(f"--stages: {user}: preset[{i}] needs 'name' and 'pattern'")
+            try:  # polars' (Rust) regex dialect: no look-around, no back-references
+                pl.Series([""], dtype=pl.Utf8).str.contains(p["pattern"])
+            except pl.exceptions.ComputeError as exc:
+                raise ConfigError(f"--stages: {user}: preset[{i}] pattern {p['pattern']!r} is not a valid regex; "
+                                  "use the Rust regex syntax (no look-around)") from exc
         names = {p["name"] for p in extra}
         presets = [p for p in presets if p["name"] not in names] + [{"tier": 1, **p} for p in extra]
     return presets

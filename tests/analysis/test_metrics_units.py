@@ -153,3 +153,21 @@ def test_seq_matching_survives_a_missing_call(synth):
     assert a.calls.sort("match_id").select("key", "n_ranks", "last_rank", "complete", "valid").rows() == [
         ("seq", 4, 3, True, True), ("seq", 3, 2, False, False)]
     assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
+
+
+def test_bad_user_regex(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_text("[[preset]]\nname = 'x'\npattern = '^(?=look)ahead'\n")
+    with pytest.raises(ConfigError, match=r"preset\[0\] pattern .* is not a valid regex"):
+        load_presets(f)
+
+
+def test_summary_keys_are_documented(synth):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "summary.md").read_text()
+    s = analyze(synth["gpu_job"](STARTS, 600_000), AnalysisConfig(hta_compatible=True)).summary()
+    keys = set(s) | set(s["ranks"][0]) | set(s["stages"][0]) | set(s["imbalance"]) | set(s["findings"][0]) | set(s["overall"])
+    keys |= set(s["straggler"]) | set(s["clock"][0])
+    missing = sorted(k for k in keys if f"`{k}`" not in doc)
+    assert missing == []
