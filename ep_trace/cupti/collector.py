@@ -10,8 +10,9 @@ Kineto JSON is produced or parsed.
 Attribution to ``stage()`` ranges: :meth:`CuptiCollector.range_push` pushes a fresh external
 correlation id (kind CUSTOM2, see :data:`~ep_trace.cupti.convert.EXTERNAL_KIND_EP_TRACE`) and
 records the host range; CUPTI stamps every CUDA API call made inside it with that id. ``stage()``
-reaches the collector through :func:`active` (one collector per process: CUPTI's activity buffers
-and callbacks are process-global, so a second collector could only steal the first one's records).
+reaches the running collector through the module slot ``ep_trace.stages._CUPTI`` that
+:meth:`CuptiCollector.start` fills (one collector per process: CUPTI's activity buffers and
+callbacks are process-global, so a second collector could only steal the first one's records).
 
 Importing this module never imports cupti or torch; :meth:`CuptiCollector.start` does, and raises
 :class:`~ep_trace.errors.MissingDependencyError` with an actionable one-line message when cupti-python
@@ -92,8 +93,24 @@ _ACTIVE_LOCK = threading.Lock()
 
 
 def active() -> CuptiCollector | None:
-    """The running collector of this process, or ``None`` (what ``stage()`` checks per range)."""
+    """The running collector of this process, or ``None``."""
     return _ACTIVE
+
+
+def _stage_slot() -> list[Any]:
+    """``ep_trace.stages._CUPTI``: the slot ``stage()`` reads per call (one global read when empty).
+
+    Registering there, instead of ``stage()`` asking this module, keeps ``stage()`` free of imports
+    and function calls when no collector runs. Falls back to a private list when ``ep_trace.stages``
+    has no slot (integration not applied): the collector then records only what ``range_push`` gets.
+    """
+    from ep_trace import stages
+
+    slot = getattr(stages, "_CUPTI", None)
+    return slot if isinstance(slot, list) else _NO_SLOT
+
+
+_NO_SLOT: list[Any] = []
 
 
 @dataclass(frozen=True)
@@ -259,6 +276,7 @@ class CuptiCollector:
             with _ACTIVE_LOCK:
                 _ACTIVE = None
             raise
+        _stage_slot().append(self)
         _log.info("CUPTI collector started for rank %d -> %s", self.rank, self.path)
         return self
 
@@ -292,6 +310,9 @@ class CuptiCollector:
         global _ACTIVE
         if self._cupti is None:
             return self.path
+        slot = _stage_slot()
+        if self in slot:
+            slot.remove(self)
         try:
             self._flush_device()
             self._write_batch()
