@@ -95,14 +95,18 @@ def _comm_kernels(events: Any) -> int:
 
 
 def _analysis_summary(job_dir: Path) -> str:
-    """Run the project's analysis on a trace directory if the pipeline exists; one line either way."""
+    """Run the project's ingest + analysis on a trace directory; one line of per-step medians (ns)."""
     try:
+        import polars as pl
+
         from ep_trace.analysis import analyze
-        from ep_trace.parsers import read_trace_dir  # type: ignore[attr-defined]
+        from ep_trace.parsers import read_trace_dir
 
         a = analyze(read_trace_dir(job_dir))
-        fields = getattr(a, "__dataclass_fields__", {})
-        return "ok: " + ", ".join(sorted(fields))[:300]
+        steps = a.steps.filter(pl.col("rank") == 0)
+        cols = [c for c in ("step_time_ns", "comm_ns", "compute_ns", "overlapped_ns", "exposed_comm_ns") if c in steps.columns]
+        med = {c: int(steps[c].median()) for c in cols} if steps.height else {}
+        return f"ok: {steps.height} steps, {a.stages.height} stage rows, rank-0 medians {med}"[:400]
     except Exception as exc:  # the check reports what is missing instead of dying
         return f"not run: {type(exc).__name__}: {exc}"[:300]
 
@@ -129,6 +133,7 @@ def compare_world(work: Path, world: int) -> dict[str, Any]:
     except Exception as exc:
         res["cupti_error"] = f"{type(exc).__name__}: {exc}"[:500]
     res["analysis_kineto"] = _analysis_summary(work / f"kineto_w{world}" / "trace")
+    res["analysis_cupti"] = _analysis_summary(work / f"cupti_w{world}" / "trace")
     return res
 
 
@@ -231,7 +236,7 @@ def results_block(res: dict[str, Any]) -> str:
             lines.append("- stage envelope median us (Kineto / CUPTI): " + ", ".join(
                 f"{n} {kin_st.get(n, 0) / 1e3:.1f} / {cup_st.get(n, 0) / 1e3:.1f}" for n in sorted(set(kin_st) | set(cup_st))
             ))
-        for key in ("kineto_error", "cupti_error", "analysis_kineto"):
+        for key in ("kineto_error", "cupti_error", "analysis_kineto", "analysis_cupti"):
             if c.get(key):
                 lines.append(f"- {key}: {c[key]}")
     if res.get("skipped"):
