@@ -144,3 +144,22 @@ def test_demo_injected_straggler_and_hot_expert(tmp_path):
     by_kind = {f.kind: f for f in a.findings}
     assert by_kind["straggler_wait"].ranks == (1,)
     assert by_kind["routing_imbalance"].evidence["hot_experts"][0]["expert"] == 5
+
+
+@pytest.mark.slow
+def test_demo_chunked_pipelining_shows_true_overlap(tmp_path, skewed):
+    """gloo: synchronous dispatch/combine overlap nothing; chunked pipelining overlaps comm workers with compute."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "chunks"
+    subprocess.run(
+        [sys.executable, "-m", "ep_trace", "demo", "--out", str(out), "--ranks", "4", "--experts", "8", "--tokens", "256",
+         "--layers", "2", "--steps", "2", "--chunks", "4"],
+        check=True, capture_output=True, timeout=300,
+    )
+    a = analyze(read_trace_dir(out))
+    assert (a.rank_summary["overlap_efficiency"] > 0.02).all()
+    assert (a.stages.filter(pl.col("stage").is_in(["dispatch", "combine"]))["overlapped_ns"] > 0).any()
+    assert (skewed[2].rank_summary["overlap_efficiency"] == 0.0).all()
+    assert a.calls["valid"].all() and a.misaligned.height == 0
