@@ -26,6 +26,7 @@ def demo(
     straggler: Annotated[Optional[str], typer.Option("--straggler", help="RANK:MS extra compute on one rank.")] = None,  # noqa: UP045 - typer needs Optional on 3.10
     chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
+    backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
 ) -> None:
     """Run a real multi-rank EP MoE layer on gloo/CPU under ep_trace.Tracer and write its traces.
 
@@ -39,7 +40,7 @@ def demo(
 
     cfg = DemoConfig(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
-        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed,
+        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed, backend=backend,
     )  # fmt: skip
     from contextlib import ExitStack
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ep_trace.errors import ConfigError
 from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
-from ep_trace.workloads.launcher import Progress, init_gloo, spawn_ranks
+from ep_trace.workloads.launcher import Progress, init_rank, spawn_ranks
 
 __all__ = ["DemoConfig", "run_demo", "routing_bias", "MAX_RANKS"]
 
@@ -53,6 +53,7 @@ class DemoConfig:
         straggler: ``RANK:MS`` extra busy compute per expert stage on that rank, or ``None``.
         chunks: Pipeline chunks for dispatch / expert / combine (1 = none).
         seed: Seed of weights, tokens and routing noise.
+        backend: ``gloo`` (CPU tensors) or ``nccl`` (one CUDA device per rank, ``cuda:<rank>``).
     """
 
     ranks: int = 4
@@ -66,6 +67,7 @@ class DemoConfig:
     straggler: str | None = None
     chunks: int = 1
     seed: int = 0
+    backend: str = "gloo"
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
 
@@ -81,6 +83,8 @@ class DemoConfig:
         _at_least(self.steps, 1, "--steps")
         _at_least(self.chunks, 1, "--chunks")
         _at_least(self.seed, 0, "--seed")
+        if self.backend not in ("gloo", "nccl"):
+            raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
         if self.top_k > self.experts:
             raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
         if self.experts % self.ranks:
@@ -138,6 +142,12 @@ def _tokens(cfg: DemoConfig, rank: int, step: int) -> Any:
     return torch.randn(cfg.tokens, cfg.hidden, generator=g)
 
 
+def _device(cfg: DemoConfig, rank: int) -> Any:
+    import torch
+
+    return torch.device(f"cuda:{rank}") if cfg.backend == "nccl" else torch.device("cpu")
+
+
 def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, straggle_ms: float) -> Any:
     """One forward step of ``cfg.layers`` residual MoE layers on this rank; returns the activations."""
     import torch.distributed as dist
@@ -146,11 +156,12 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
     from ep_trace.stages import stage
     from ep_trace.workloads.moe import ep_moe_forward, route
 
-    h = _tokens(cfg, rank, step)
+    dev = _device(cfg, rank)
+    h = _tokens(cfg, rank, step).to(dev)
     ranks = list(range(dist.get_world_size()))
     for layer, w in enumerate(weights):
         with stage("route", layer):
-            ids, gate = route(h, w.router, cfg.top_k, routing_bias(cfg, rank, step, layer))
+            ids, gate = route(h, w.router, cfg.top_k, routing_bias(cfg, rank, step, layer).to(dev))
             record_routing(layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks)
         y = ep_moe_forward(h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms)
         h = h + y
@@ -180,15 +191,15 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
     import torch.distributed as dist
 
     from ep_trace.capture import Tracer
-    from ep_trace.workloads.moe import local_experts, make_layer_weights
+    from ep_trace.workloads.moe import MoEWeights, local_experts, make_layer_weights
 
-    init_gloo(rank, cfg.ranks, port)
+    init_rank(rank, cfg.ranks, port, backend=cfg.backend)
     try:
-        L = cfg.experts_per_rank
-        weights = [
-            local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=l), rank * L, L)
-            for l in range(cfg.layers)
-        ]
+        L, dev = cfg.experts_per_rank, _device(cfg, rank)
+        weights = []
+        for layer in range(cfg.layers):
+            w = local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=layer), rank * L, L)
+            weights.append(MoEWeights(w.router.to(dev), w.w1.to(dev), w.w2.to(dev), w.first_expert))
         strag = cfg.straggler_spec
         straggle_ms = strag.ms if strag is not None and strag.rank == rank else 0.0
         model_step(cfg, weights, rank, -1, straggle_ms)  # warm-up: gloo pairs connect on first use
@@ -245,9 +256,15 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
         The trace directory.
 
     Raises:
-        ConfigError: ``out_dir`` is a file.
+        ConfigError: ``out_dir`` is a file, or ``nccl`` without one CUDA device per rank.
     """
     out = Path(out_dir)
+    if config.backend == "nccl":
+        import torch
+
+        n = torch.cuda.device_count()
+        if n < config.ranks:
+            raise ConfigError(f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible")
     _prepare_out_dir(out)
     counts = {"ready": 0, "written": 0}
 

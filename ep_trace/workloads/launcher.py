@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["free_port", "spawn_ranks", "init_gloo", "Progress"]
+__all__ = ["free_port", "spawn_ranks", "init_rank", "Progress"]
 
 #: ``progress(stage, done, total)`` callback.
 Progress = Callable[[str, int, int], None]
@@ -21,8 +21,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_gloo(rank: int, world: int, port: int, timeout_s: float = 120.0) -> None:
-    """Join the gloo process group of a spawned run (called inside each rank)."""
+def init_rank(rank: int, world: int, port: int, timeout_s: float = 120.0, backend: str = "gloo") -> None:
+    """Join the process group of a spawned run (called inside each rank); TCP rendezvous on loopback.
+
+    ``backend="nccl"`` binds rank r to ``cuda:r`` first (NCCL needs one device per rank).
+    """
     import torch
     import torch.distributed as dist
 
@@ -31,8 +34,10 @@ def init_gloo(rank: int, world: int, port: int, timeout_s: float = 120.0) -> Non
     os.environ["LOCAL_RANK"] = str(rank)
     # gloo picks an interface from the host name, which may not resolve; pin loopback.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )
 
 

@@ -134,7 +134,7 @@ def _chunk_bounds(n: int, chunks: int) -> list[int]:
     return [(n * c) // chunks for c in range(chunks + 1)]
 
 
-def _chunk_rows(sizes: list[int], chunks: int) -> tuple[list[torch.Tensor], list[list[int]]]:
+def _chunk_rows(sizes: list[int], chunks: int, device: torch.device) -> tuple[list[torch.Tensor], list[list[int]]]:
     """For a buffer of per-peer segments ``sizes``: per chunk, the row index and the per-peer split."""
     offsets = [0]
     for s in sizes:
@@ -143,7 +143,7 @@ def _chunk_rows(sizes: list[int], chunks: int) -> tuple[list[torch.Tensor], list
     idx, splits = [], []
     for c in range(chunks):
         parts = [torch.arange(offsets[j] + b[c], offsets[j] + b[c + 1]) for j, b in enumerate(bounds)]
-        idx.append(torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64))
+        idx.append((torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)).to(device))
         splits.append([b[c + 1] - b[c] for b in bounds])
     return idx, splits
 
@@ -199,9 +199,11 @@ def ep_moe_forward(
         _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
         record_a2a("count", [L] * W, [L] * W, layer=layer, row_bytes=counts.element_size(), group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
         rc = recv_counts.view(W, L)
+        # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H
+        # sync every all_to_allv-based EP layer has between the count exchange and token dispatch.
         send_splits = counts.view(W, L).sum(1).tolist()
         recv_splits = rc.sum(1).tolist()
-        local_eid = torch.repeat_interleave(torch.arange(L).repeat(W), rc.reshape(-1))
+        local_eid = torch.repeat_interleave(torch.arange(L, device=x.device).repeat(W), rc.reshape(-1))
         if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
             recv_x = x.new_empty(sum(recv_splits), H)
             t0 = time.time_ns()
@@ -225,8 +227,8 @@ def ep_moe_forward(
     if not debug:
         return y
     src = dist.get_global_rank(group, me) if group is not None else me
-    send_tags = ((src << 32) + torch.arange(T * k))[order]
-    recv_tags = torch.empty(sum(recv_splits), dtype=torch.int64)
+    send_tags = ((src << 32) + torch.arange(T * k, device=x.device))[order]
+    recv_tags = torch.empty(sum(recv_splits), dtype=torch.int64, device=x.device)
     _a2a(recv_tags, send_tags, recv_splits, send_splits, group, False)
     dbg = EpDebug(send_splits, recv_splits, recv_tags, local_eid + w.first_expert, slots.view(T, k, H))
     return y, dbg
@@ -248,8 +250,8 @@ def _pipelined(
     """Chunked dispatch -> expert -> combine: chunk c+1's dispatch is in flight during chunk c's GEMMs."""
     H = x.shape[1]
     row_bytes = H * x.element_size()
-    s_idx, s_split = _chunk_rows(send_splits, chunks)
-    r_idx, r_split = _chunk_rows(recv_splits, chunks)
+    s_idx, s_split = _chunk_rows(send_splits, chunks, x.device)
+    r_idx, r_split = _chunk_rows(recv_splits, chunks, x.device)
     back = x.new_empty(send_x.shape[0], H)
 
     def launch_dispatch(c: int) -> tuple[Any, torch.Tensor, int, int | None]:
@@ -285,7 +287,7 @@ def _pipelined(
 def dense_slot_outputs(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor) -> torch.Tensor:
     """Single-process reference: ``[T, k, H]`` output of expert ``topk_ids[t, s]`` on token t."""
     T, k = topk_ids.shape
-    out = torch.zeros(T, k, x.shape[1], dtype=x.dtype)
+    out = torch.zeros(T, k, x.shape[1], dtype=x.dtype, device=x.device)
     for e in range(w.num_local):
         t_idx, s_idx = (topk_ids == e + w.first_expert).nonzero(as_tuple=True)
         if len(t_idx):

@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ep_trace.workloads.launcher import init_gloo, spawn_ranks
+from ep_trace.workloads.launcher import init_rank, spawn_ranks
 from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
 
 WORLD = 4
@@ -66,7 +66,7 @@ def _inputs(scenario: str, grank: int, lrank: int, gsize: int) -> tuple[torch.Te
 
 def worker(rank: int, port: int, q: object, out_dir: str) -> None:
     """One rank: every group it belongs to, every scenario."""
-    init_gloo(rank, WORLD, port)
+    init_rank(rank, WORLD, port)
     try:
         groups = {name: dist.new_group(ranks) for name, ranks in GROUPS.items()}  # collective, all ranks
         for name, ranks in GROUPS.items():

@@ -32,12 +32,23 @@ from ep_trace.workloads.truth import layer_truth
         ({"straggler": "7:30"}, "--straggler: rank 7 is out of range 0..3 (--ranks 4)"),
         ({"straggler": "2"}, "--straggler: expected RANK:MS (e.g. 2:30), got '2'"),
         ({"straggler": "2:-5"}, "--straggler: delay must be a finite number of ms >= 0, got -5"),
+        ({"backend": "mpi"}, "--backend: unknown backend 'mpi'; use gloo or nccl"),
     ],
 )
 def test_bad_knobs_name_the_option(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         DemoConfig(**kwargs)
     assert str(exc.value).startswith(message)
+
+
+def test_nccl_without_gpus_is_a_config_error(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.device_count() >= 4:
+        pytest.skip("this machine has 4 GPUs")
+    with pytest.raises(ConfigError, match=r"^--backend: nccl needs one CUDA device per rank: --ranks 4 but \d device\(s\) visible$"):
+        run_demo(DemoConfig(backend="nccl"), tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_knob_parsing() -> None:
@@ -74,7 +85,7 @@ def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, ca
     argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
             "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2"]  # fmt: skip
     assert main(argv) == 0
-    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0)
+    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo")
     assert seen["out"] == tmp_path / "d"
     assert capsys.readouterr().out == f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n"
 
