@@ -2,7 +2,8 @@
 
 Each output file holds the rank's canonical events (written from ``tables.events``, not copied from
 the input file, so Nsight input works too) plus an "ep-trace analysis" process whose threads are
-the analysis tracks: EP stages, comm, barrier wait, transfer, exposed comm (``Analysis.intervals``).
+the analysis tracks of every step: EP stages (``Analysis.stages``), comm / barrier wait / transfer
+of every matched collective (``call_ranks``), and exposed comm (``intervals``).
 Open them in https://ui.perfetto.dev or chrome://tracing.
 
 Chrome trace JSON timestamps are µs; we write ``ts`` as µs relative to the earliest event of the
@@ -20,7 +21,7 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 
-__all__ = ["TRACK_TIDS", "ANALYSIS_PID", "GPU_PID_BASE", "annotated_trace", "write_annotated_traces"]
+__all__ = ["TRACK_TIDS", "ANALYSIS_PID", "GPU_PID_BASE", "rank_offsets", "analysis_tracks", "annotated_trace", "write_annotated_traces"]
 
 #: pid of the extra "ep-trace analysis" process in every annotated file.
 ANALYSIS_PID = 2_000_000
@@ -31,6 +32,56 @@ TRACK_TIDS: dict[str, int] = {"stage": 1, "comm": 2, "wait": 3, "transfer": 4, "
 _TRACK_NAMES = {"stage": "EP stages", "comm": "communication", "wait": "barrier wait", "transfer": "transfer (wait-free)",
                 "exposed_comm": "exposed comm (not overlapped)", "compute": "compute"}
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
+
+
+def rank_offsets(analysis: Analysis) -> pl.DataFrame:
+    """Per rank: ns added to the rank's own clock to reach the analysis' aligned clock.
+
+    = the parser's ``ranks.clock_offset_ns`` + the host offset the analysis estimated (``clock``).
+    Events are on the rank's own clock; ``call_ranks`` and ``intervals`` are on the aligned clock.
+    """
+    rk = analysis.tables.ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
+    ck = analysis.clock.select("host", pl.col("offset_ns").alias("_host_off")) if analysis.clock.height else pl.DataFrame(
+        schema={"host": pl.Utf8, "_host_off": pl.Int64})
+    return rk.join(ck, on="host", how="left").select(
+        "rank", (pl.col("clock_offset_ns") + pl.col("_host_off").fill_null(0)).cast(pl.Int64).alias("offset_ns"))
+
+
+def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
+    """Every analysis interval of every rank and step, aligned clock: rank, track, name, step, start_ns, end_ns.
+
+    stage = the stage's device window (host range when it has no device work); comm / wait /
+    transfer = each matched collective call split as in DESIGN.md §5; exposed_comm = from
+    ``Analysis.intervals`` (the representative step only: the analysis keeps those per step).
+    """
+    off = rank_offsets(analysis)
+    st = analysis.stages
+    parts = []
+    if st.height:
+        layer = pl.when(pl.col("layer").is_not_null()).then(pl.lit(":l") + pl.col("layer").cast(pl.Utf8)).otherwise(pl.lit(""))
+        parts.append(st.join(off, on="rank", how="left").select(
+            pl.col("rank").cast(pl.Int32), pl.lit("stage").alias("track"),
+            pl.concat_str([pl.lit("ep:"), pl.col("stage"), layer, pl.lit(":"), pl.col("phase").fill_null("fwd")]).alias("name"),
+            pl.col("step").cast(pl.Int64),
+            (pl.coalesce("start_ns", "cpu_start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"),
+            (pl.coalesce("end_ns", "cpu_end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
+        ))
+    cr = analysis.call_ranks
+    if cr.height:
+        c = cr.select("match_id", pl.col("rank").cast(pl.Int32), "start_ns", "end_ns").join(
+            analysis.calls.select("match_id", "collective", "direction", "arrival_ns", "last_rank", pl.col("step").cast(pl.Int64)), on="match_id")
+        label = pl.concat_str([pl.col("collective"), pl.col("direction").fill_null("")], separator=":").str.strip_chars_end(":")
+        parts += [
+            c.select("rank", pl.lit("comm").alias("track"), label.alias("name"), "step", "start_ns", "end_ns"),
+            c.select("rank", pl.lit("wait").alias("track"), pl.format("wait for rank {}", "last_rank").alias("name"), "step",
+                     "start_ns", pl.min_horizontal("arrival_ns", "end_ns").alias("end_ns")),
+            c.select("rank", pl.lit("transfer").alias("track"), label.alias("name"), "step",
+                     pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"), "end_ns"),
+        ]
+    iv = analysis.intervals.filter(pl.col("track") == "exposed_comm")
+    parts.append(iv.select(pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
+    out = pl.concat([p.cast({"start_ns": pl.Int64, "end_ns": pl.Int64}) for p in parts], how="vertical_relaxed")
+    return out.filter(pl.col("end_ns") > pl.col("start_ns")).sort("rank", "track", "start_ns")
 
 
 def _x_events(df: pl.DataFrame, base_ns: int) -> pl.DataFrame:
@@ -50,18 +101,30 @@ def _meta(pid: int, tid: int | None, kind: str, name: str) -> dict:
     return ev
 
 
-def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None) -> bytes:
+def _aligned_events(analysis: Analysis) -> pl.DataFrame:
+    ev = analysis.tables.events
+    return ev.join(rank_offsets(analysis), on="rank", how="left").with_columns(
+        pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0))
+
+
+def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
+                    events: pl.DataFrame | None = None, tracks: pl.DataFrame | None = None) -> bytes:
     """The Chrome trace JSON (uncompressed bytes) of one rank with the analysis tracks added.
 
+    Times are on the analysis' aligned clock (host offsets applied), so the extra tracks line up
+    with the events and several ranks line up with each other.
+
     Args:
-        analysis: The analysis (its ``tables.events`` and ``intervals``).
+        analysis: The analysis (its ``tables.events``, stages, calls and intervals).
         rank: Global rank.
         base_ns: Epoch ns of ``ts = 0``; default = the earliest event of the whole job.
+        events: Pre-computed :func:`_aligned_events` (speed-up when writing many ranks).
+        tracks: Pre-computed :func:`analysis_tracks`.
     """
-    ev = analysis.tables.events
-    iv = analysis.intervals
+    ev = _aligned_events(analysis) if events is None else events
+    tr = analysis_tracks(analysis) if tracks is None else tracks
     if base_ns is None:
-        starts = [s for s in (ev["start_ns"].min(), iv["start_ns"].min()) if s is not None]
+        starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
         base_ns = int(min(starts)) if starts else 0  # type: ignore[call-overload]
     e = ev.filter(pl.col("rank") == rank)
     is_gpu = pl.col("kind").is_in(list(_GPU_KINDS))
@@ -72,7 +135,7 @@ def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None) -
         pl.struct(pl.col("kind"), pl.col("correlation"), pl.col("external_id").alias("External id")).alias("args"),
     )
     parts = [_x_events(e, base_ns)]
-    a = iv.filter(pl.col("rank") == rank).filter(pl.col("track").is_in(list(TRACK_TIDS)))
+    a = tr.filter(pl.col("rank") == rank)
     if a.height:
         a = a.with_columns(
             pl.lit("ep-trace").alias("cat"), pl.lit(ANALYSIS_PID).alias("pid"),
@@ -111,14 +174,15 @@ def write_annotated_traces(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    ev = analysis.tables.events
-    todo = sorted(ranks) if ranks is not None else sorted(set(ev["rank"].unique().to_list()) | set(analysis.intervals["rank"].unique().to_list()))
-    starts = [s for s in (ev["start_ns"].min(), analysis.intervals["start_ns"].min()) if s is not None]
+    ev = _aligned_events(analysis)
+    tr = analysis_tracks(analysis)
+    todo = sorted(ranks) if ranks is not None else sorted(set(ev["rank"].unique().to_list()) | set(tr["rank"].unique().to_list()))
+    starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
     base = int(min(starts)) if starts else 0  # type: ignore[call-overload]
     paths = []
     for i, r in enumerate(todo):
         p = out / f"rank{r}.ep-annotated.json.gz"
-        p.write_bytes(gzip.compress(annotated_trace(analysis, int(r), base), compresslevel=6))
+        p.write_bytes(gzip.compress(annotated_trace(analysis, int(r), base, ev, tr), compresslevel=6))
         paths.append(p)
         if progress:
             progress("annotate", i + 1, len(todo))

@@ -56,9 +56,12 @@ def test_annotated_trace_has_tracks_and_events():
     extra = [e for e in x if e["pid"] == ANALYSIS_PID]
     assert len(orig) == a.tables.events.filter(a.tables.events["rank"] == 0).height == 36
     tracks = {e["args"]["track"] for e in extra}
-    assert tracks == {"stage", "comm", "wait", "exposed_comm"}
+    assert tracks == {"stage", "comm", "wait", "transfer", "exposed_comm"}
     waits = [e for e in extra if e["tid"] == TRACK_TIDS["wait"]]
-    assert len(waits) == 6 and all(e["dur"] == 1000.0 for e in waits)  # 6 dispatch waits of 1 ms, in µs
+    assert len(waits) == 6 and all(e["dur"] == 1000.0 for e in waits)  # 3 steps x 2 dispatches, 1 ms each, in µs
+    assert {e["name"] for e in waits} == {"wait for rank 2"}
+    stages = [e for e in extra if e["tid"] == TRACK_TIDS["stage"]]
+    assert len(stages) == 36 and stages[0]["name"] == "ep:route:l0:fwd"  # 3 steps x 2 layers x 6 stages
     first = min(orig, key=lambda e: e["ts"])
     assert first["ts"] == 0.0 and first["name"] == "ep:route:l0:fwd" and doc["otherData"]["base_time_ns"] == 1_700_000_000_000_000_000
     names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -70,3 +73,18 @@ def test_write_annotated_traces(tmp_path):
     assert [p.name for p in paths] == [f"rank{r}.ep-annotated.json.gz" for r in range(4)]
     doc = orjson.loads(gzip.decompress(paths[2].read_bytes()))
     assert not [e for e in doc["traceEvents"] if e.get("tid") == TRACK_TIDS["wait"] and e["ph"] == "X"]  # the straggler never waits
+
+
+def test_annotated_events_move_to_the_aligned_clock():
+    import dataclasses
+
+    import polars as pl
+
+    a = make_fake_analysis()
+    shifted = dataclasses.replace(a, clock=a.clock.with_columns(pl.lit(5_000, pl.Int64).alias("offset_ns")))
+    ev0 = {e["name"]: e["ts"] for e in orjson.loads(annotated_trace(a, 0))["traceEvents"] if e["ph"] == "X" and e["pid"] == 100}
+    doc = orjson.loads(annotated_trace(shifted, 0, base_ns=1_700_000_000_000_000_000))
+    ev1 = {e["name"]: e["ts"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 100}
+    assert ev1["ep:route:l0:fwd"] == ev0["ep:route:l0:fwd"] + 5.0  # events get the host offset (5 µs) ...
+    comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("tid") == TRACK_TIDS["comm"] and e["pid"] == ANALYSIS_PID]
+    assert min(e["ts"] for e in comm) == 125.0  # ... calls are already aligned: route 50 + permute 75 µs, unshifted
