@@ -141,3 +141,33 @@ def test_with_hta_section(tmp_path, external_dir):
     assert "Temporal breakdown per rank" in html and "Idle-time breakdown per rank" in html
     # HTA's own numbers for rank 0 of this trace (idle 6419 µs, compute 1034 µs)
     assert "<tr><td class=\"l\">0</td><td>6419.0</td><td>1034.0</td>" in html
+
+
+def test_analyze_and_annotate_nsys_input(capsys, tmp_path, external_dir):
+    src = external_dir / "nsys" / "nsys_ai_2gpu" / "mfu_2gpu_before.sqlite"
+    code, out, _ = _run(capsys, "analyze", str(src), "-o", str(tmp_path / "n.html"), "--json", str(tmp_path / "n.json"), "-q")
+    assert code == 0
+    summary = orjson.loads((tmp_path / "n.json").read_bytes())
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    assert '<td class="l">nsys</td>' in (tmp_path / "n.html").read_text()
+    code, out, _ = _run(capsys, "annotate", str(src), "-o", str(tmp_path / "ann"))
+    assert code == 0 and sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["rank0.ep-annotated.json.gz", "rank1.ep-annotated.json.gz"]
+    doc = orjson.loads(gzip.decompress((tmp_path / "ann" / "rank1.ep-annotated.json.gz").read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] >= 1_000_000 and e["pid"] < 2_000_000]
+    assert kernels and all(e["dur"] >= 0 for e in kernels)
+
+
+def test_analyze_several_directories_of_one_job(capsys, tmp_path, samples_dir):
+    import shutil
+
+    a, b = tmp_path / "node0", tmp_path / "node1"
+    for d, ranks in ((a, (0, 1)), (b, (2, 3))):
+        d.mkdir()
+        for r in ranks:
+            for suffix in ("pt.trace.json.gz", "ep.jsonl"):
+                shutil.copy(samples_dir / "balanced" / f"rank{r}.{suffix}", d)
+    code, _, _ = _run(capsys, "analyze", str(a), str(b), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json"), "-q")
+    assert code == 0
+    assert [r["rank"] for r in orjson.loads((tmp_path / "s.json").read_bytes())["ranks"]] == [0, 1, 2, 3]
+    code, _, err = _run(capsys, "analyze", str(a), str(a), "-o", str(tmp_path / "r2.html"))
+    assert code == 2 and err.strip() == f"error: {a}: rank 0 is also in {a}; pass directories of one job with disjoint ranks"
