@@ -111,9 +111,12 @@ class Tracer:
         with_stack: Passed to ``torch.profiler.profile``.
         meta: Extra ``meta`` keys of docs/sidecar.md known up front (``num_experts``, ``top_k``,
             ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
+        backend: ``"kineto"`` (torch.profiler, writes ``rank{r}.pt.trace.json.gz``) or ``"cupti"``
+            (:class:`ep_trace.cupti.collector.CuptiCollector`, writes ``rank{r}.ep-events.parquet``;
+            needs the ``cupti`` extra and a GPU).
 
     Raises:
-        ConfigError: ``out_dir`` exists and is not a directory.
+        ConfigError: ``out_dir`` exists and is not a directory, or an unknown ``backend``.
     """
 
     def __init__(
@@ -125,7 +128,12 @@ class Tracer:
         record_shapes: bool = True,
         with_stack: bool = False,
         meta: dict[str, Any] | None = None,
+        backend: str = "kineto",
     ) -> None:
+        if backend not in ("kineto", "cupti"):
+            raise ConfigError(f"backend: unknown backend {backend!r}; use 'kineto' or 'cupti'")
+        self._backend = backend
+        self._cupti: Any = None
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise ConfigError(f"out_dir: {self.out_dir} exists and is not a directory; choose a directory path")
@@ -183,7 +191,16 @@ class Tracer:
         meta.update(self._extra_meta)
         self.trace_file = trace_path(self.out_dir, rank)
         self.sidecar_file = sidecar_path(self.out_dir, rank)
+        if self._backend == "cupti":  # before the sidecar opens: no cupti-python / GPU -> clear error, no files
+            from ep_trace.cupti.collector import CuptiCollector
+
+            self._cupti = CuptiCollector(self.out_dir, rank, world_size=world, job_id=meta["job_id"]).start()
+            self.trace_file = self._cupti.path
         self._writer = SidecarWriter(self.sidecar_file, meta, first_step=self._next_step)
+        if self._backend == "cupti":
+            self._prof = self._cupti
+            _push(self._writer)
+            return self
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         prof = profile(activities=activities, record_shapes=self._record_shapes, with_stack=self._with_stack)
         prof.start()
@@ -204,9 +221,10 @@ class Tracer:
         try:
             if self._open_step is not None:
                 self._end_step()
-            prof.stop()
-            assert self.trace_file is not None
-            prof.export_chrome_trace(str(self.trace_file))  # torch gzips when the path ends in .gz
+            prof.stop()  # CuptiCollector.stop() writes rank{r}.ep-events.parquet
+            if prof is not self._cupti:
+                assert self.trace_file is not None
+                prof.export_chrome_trace(str(self.trace_file))  # torch gzips when the path ends in .gz
         finally:
             if writer is not None:
                 _pop(writer)
@@ -269,8 +287,10 @@ class Tracer:
     def _end_step(self) -> None:
         self._initial_step_open = False
         rec, self._step_rec = self._step_rec, None
-        self._open_step = None
+        number, self._open_step = self._open_step, None
         if rec is not None:
             rec.__exit__(None, None, None)
+        if self._cupti is not None and number is not None:
+            self._cupti.step_end(number)  # flush CUPTI buffers: one Parquet row group per step
         if self._writer is not None:
             self._writer.end_step(time.time_ns())

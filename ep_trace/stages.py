@@ -60,6 +60,10 @@ def _hooks() -> _Hooks:
     return hooks
 
 
+# The running CUPTI collector, if any: ep_trace.cupti.collector.CuptiCollector.start() appends itself,
+# stop() removes it. A module slot, so a stage() call costs one global read when none runs.
+_CUPTI: list[Any] = []
+
 # (stage, layer, microbatch, phase) -> range name. Bounded: cleared when it grows past _NAMES_MAX.
 _NAMES: dict[tuple[str, int | None, int | None, str], str] = {}
 _NAMES_MAX = 4096
@@ -112,9 +116,13 @@ class stage:  # noqa: N801 - used like a function: `with stage("dispatch", layer
         if h.nvtx_push is not None:
             h.nvtx_push(self.name)
             self._nvtx = True
+        if _CUPTI:  # CUPTI backend: CUDA calls inside carry this range's external correlation id
+            _CUPTI[0].range_push(self.name)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if _CUPTI:
+            _CUPTI[0].range_pop()
         rec = self._rec
         if rec is not None:
             self._rec = None

@@ -210,6 +210,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "placement": cfg.placement,
             "hidden_size": cfg.hidden,
             "dtype": "float32",
+            "device": str(dev),
         }
         tracer = Tracer(out_dir, job_id=job_id, meta=meta)
         with _quiet_stderr_fd():
