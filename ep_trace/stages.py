@@ -2,7 +2,9 @@
 
 ``stage("dispatch", layer=3)`` opens a ``torch.autograd.profiler.record_function`` range named by
 :func:`ep_trace.stage_names.format_stage_name` (``ep:dispatch:l3:fwd``) and, when CUDA is
-available and an Nsight Systems collector is attached, an NVTX range with the same name.
+available and an Nsight Systems collector is attached (its injection variables are set in the
+process), an NVTX range with the same name. ``EP_TRACE_NVTX=1`` forces NVTX ranges on a CUDA machine
+(e.g. for another NVTX collector), ``EP_TRACE_NVTX=0`` turns them off; read once, at the first call.
 
 Cost: when neither a profiler nor an NVTX collector is active, a call is one cached name lookup and
 one C++ flag check (measured in ``benchmarks/stage_overhead.py``; figures in benchmarks/README.md).
@@ -37,6 +39,14 @@ class _Hooks(NamedTuple):
     nvtx_pop: Callable[[], Any] | None
 
 
+def _nvtx_wanted() -> bool:
+    """NVTX ranges on CUDA machines: ``$EP_TRACE_NVTX`` = 1 / 0 forces on / off, else on under nsys."""
+    forced = os.environ.get("EP_TRACE_NVTX", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return any(os.environ.get(k) for k in _NSYS_ENV)
+
+
 # Resolved once on first use (importing ep_trace must not import torch). A module slot rather than
 # functools.cache: this is on the per-call path, and a global read is cheaper than a cached call.
 _HOOKS: list[_Hooks] = []
@@ -53,7 +63,7 @@ def _hooks() -> _Hooks:
     enter = torch.ops.profiler._record_function_enter_new
     exit_op = torch.ops.profiler._record_function_exit._RecordFunction
     push = pop = None
-    if torch.cuda.is_available() and any(os.environ.get(k) for k in _NSYS_ENV):
+    if torch.cuda.is_available() and _nvtx_wanted():
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
     hooks = _Hooks(torch._C._autograd._profiler_enabled, enter, exit_op, torch._C.DisableTorchFunctionSubclass, push, pop)
     _HOOKS.append(hooks)

@@ -206,3 +206,20 @@ def test_scope_form_inside_entered_tracer_warns_about_the_empty_first_step(tmp_p
         "use `with tracer.step():` on a Tracer that you close() yourself"
     ]
     assert _names(tmp_path / "rank0.pt.trace.json.gz", "ProfilerStep#") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [({}, False), ({"NSYS_PROFILING_SESSION_ID": "7"}, True), ({"EP_TRACE_NVTX": "1"}, True),
+     ({"EP_TRACE_NVTX": "0", "CUDA_INJECTION64_PATH": "/x.so"}, False)],
+)  # fmt: skip
+def test_nvtx_only_with_a_collector(monkeypatch: pytest.MonkeyPatch, env: dict, expected: bool) -> None:
+    from ep_trace import stages
+
+    for k in ("EP_TRACE_NVTX", *stages._NSYS_ENV):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert stages._nvtx_wanted() is expected
+    if not torch.cuda.is_available():
+        assert stages._hooks().nvtx_push is None  # CPU machine: never NVTX
