@@ -1,1 +1,10 @@
-"""Reference expert-parallel MoE workload (needs torch)."""
+"""Reference expert-parallel MoE workload (needs torch for everything but knobs and truth).
+
+- :mod:`~ep_trace.workloads.moe`: the EP MoE layer (route -> permute -> count exchange -> token
+  all_to_allv -> grouped expert GEMMs -> combine all_to_allv -> unpermute) and its dense reference.
+- :mod:`~ep_trace.workloads.demo`: :class:`~ep_trace.workloads.demo.DemoConfig` and
+  :func:`~ep_trace.workloads.demo.run_demo` (what ``ep-trace demo`` runs).
+- :mod:`~ep_trace.workloads.launcher`: torch.multiprocessing spawn + process group on loopback.
+- :mod:`~ep_trace.workloads.knobs`: ``--skew`` / ``--straggler`` parsing (no torch).
+- :mod:`~ep_trace.workloads.truth`: routing ground truth of a demo directory from its sidecars (no torch).
+"""
