@@ -151,9 +151,8 @@ def reference_step(job: Job, dev: torch.device) -> Callable[[], torch.Tensor]:
 def _install_cupti_stage_hook() -> bool:
     """Make ``stage()`` push/pop CUPTI external-correlation ranges, unless ep_trace already does.
 
-    Until ``ep_trace.stages`` calls ``ep_trace.cupti.collector.active()`` itself (the integration
-    the lead applies), the check wraps ``stage.__enter__`` / ``__exit__`` so that CUPTI kernels are
-    attributed to stages exactly as the integrated version will do.
+    ``ep_trace.stages`` has the ``_CUPTI`` slot since the integration; this shim only matters when the
+    check runs against an older checkout without it.
     """
     import inspect
 

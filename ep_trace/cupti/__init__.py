@@ -4,6 +4,7 @@ Modules: :mod:`~ep_trace.cupti.collector` (``CuptiCollector``: cupti-python acti
 per-step Parquet; the only module that imports cupti, and only in ``start()``),
 :mod:`~ep_trace.cupti.convert` (pure: activity records as dicts -> canonical ``events``),
 :mod:`~ep_trace.cupti.writer` (the ``rank{r}.ep-events.parquet`` layout, read back by
-``ep_trace.parsers.cupti.read_cupti``). ``tracer_integration.patch`` adds
-``Tracer(..., backend="cupti")`` and the ``stage()`` hook to the capture modules.
+``ep_trace.parsers.cupti.read_cupti``).
+``Tracer(..., backend="cupti")`` drives the collector; ``stage()`` reaches it through
+``ep_trace.stages._CUPTI``.
 """

@@ -1,12 +1,7 @@
-"""Tracer(..., backend="cupti") + stage() with the cupti-python stand-in (active once the Tracer supports it).
-
-The integration itself is ep_trace/cupti/tracer_integration.patch (capture.py + stages.py belong to the
-capture area); until it is applied this test is skipped.
-"""
+"""Tracer(..., backend="cupti") + stage() with the cupti-python stand-in of conftest.py."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,12 +16,6 @@ from ep_trace.capture import Tracer  # noqa: E402
 from ep_trace.errors import ConfigError, MissingDependencyError  # noqa: E402
 from ep_trace.parsers import read_trace_dir  # noqa: E402
 from ep_trace.stages import stage  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    "backend" not in inspect.signature(Tracer.__init__).parameters,
-    reason="Tracer(backend=...) not integrated yet (apply ep_trace/cupti/tracer_integration.patch)",
-)
-
 
 def test_tracer_cupti_backend(fake: Any, tmp_path: Path) -> None:
     f = fake
