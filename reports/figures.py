@@ -64,11 +64,13 @@ def _n_steps(analysis: Analysis) -> int:
     return 1
 
 
-def stage_breakdown(analysis: Analysis) -> go.Figure | None:
-    """Per-rank × stage stacked bars of busy and window time, ms per step (P50 over steps).
+def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | None:
+    """Per-rank × stage busy and window time, ms per step (P50 over steps).
 
-    Each rank has two stacked columns: ``busy`` (|union of the stage's device intervals|) and
-    ``window`` (first start → last end). Windows longer than busy time mean idle gaps (waiting).
+    Up to ``max_bar_ranks`` ranks: each rank has two stacked columns, ``busy`` (|union of the
+    stage's device intervals|) and ``window`` (first start → last end); a window longer than busy
+    time means idle gaps (waiting). Beyond that, a (stage busy / window) × rank heatmap, which stays
+    readable and light for hundreds of ranks.
     """
     st = analysis.stages
     if st.height == 0:
@@ -82,13 +84,27 @@ def stage_breakdown(analysis: Analysis) -> go.Figure | None:
         .sort("rank")
     )
     ranks = per["rank"].unique().sort().to_list()
+    stages = _stage_order(per["stage"].unique().to_list())
+    grid = pl.DataFrame({"rank": ranks}, schema={"rank": per.schema["rank"]})
+
+    def column(stage: str, what: str) -> np.ndarray:
+        sub = grid.join(per.filter(pl.col("stage") == stage), on="rank", how="left").fill_null(0)
+        return sub[what].to_numpy() / MS
+
+    fig = go.Figure()
+    if len(ranks) > max_bar_ranks:
+        rows = [(f"{s} {w}", column(s, f"{w}_ns")) for s in stages for w in ("busy", "window")]
+        fig.add_trace(go.Heatmap(z=np.round(np.vstack([r for _, r in rows]), 4), x=[f"r{r}" for r in ranks], y=[n for n, _ in rows],
+                                 colorscale="YlOrRd", colorbar={"title": "ms"},
+                                 hovertemplate="%{y} on %{x}: %{z:.3f} ms<extra></extra>"))
+        fig.update_yaxes(autorange="reversed", type="category")
+        fig.update_xaxes(type="category", title_text="rank")
+        return _layout(fig, f"Stage time per rank, ms per step (P50 over steps; {len(ranks)} ranks as a heatmap)",
+                       height=160 + 22 * len(rows))
     labels = [f"r{r}" for r in ranks]
     x = [labels * 2, ["busy"] * len(ranks) + ["window"] * len(ranks)]
-    fig = go.Figure()
-    for stage in _stage_order(per["stage"].unique().to_list()):
-        sub = pl.DataFrame({"rank": ranks}, schema={"rank": per.schema["rank"]}).join(
-            per.filter(pl.col("stage") == stage), on="rank", how="left").fill_null(0)
-        y = np.concatenate([sub["busy_ns"].to_numpy(), sub["window_ns"].to_numpy()]) / MS
+    for stage in stages:
+        y = np.concatenate([column(stage, "busy_ns"), column(stage, "window_ns")])
         fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage), showlegend=True,
                              hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>"))
     fig.update_layout(barmode="stack")

@@ -132,3 +132,13 @@ def test_every_figure_tolerates_empty_frames():
     assert figures.imbalance_per_layer(a) is None
     assert figures.wait_matrix_heatmap(a) is None  # nobody waited
     assert figures.stage_breakdown(a) is not None
+
+
+def test_stage_breakdown_becomes_a_heatmap_for_many_ranks(a64):
+    d = figures.stage_breakdown(a64).to_dict()["data"]
+    assert len(d) == 1 and d[0]["type"] == "heatmap"
+    assert d[0]["y"][:4] == ["route busy", "route window", "permute busy", "permute window"] and len(d[0]["x"]) == 64
+    z = arr(d[0]["z"])
+    row = d[0]["y"].index("dispatch window")
+    # 4 layers x (300 µs + 2 ms / 4 layers of wait on everyone but the straggler rank 2) per step
+    assert z[row, 0] == pytest.approx(3.2) and z[row, 2] == pytest.approx(1.2)
