@@ -171,3 +171,24 @@ def test_analyze_several_directories_of_one_job(capsys, tmp_path, samples_dir):
     assert [r["rank"] for r in orjson.loads((tmp_path / "s.json").read_bytes())["ranks"]] == [0, 1, 2, 3]
     code, _, err = _run(capsys, "analyze", str(a), str(a), "-o", str(tmp_path / "r2.html"))
     assert code == 2 and err.strip() == f"error: {a}: rank 0 is also in {a}; pass directories of one job with disjoint ranks"
+
+
+def test_with_hta_missing_dependency_message(capsys, tmp_path, samples_dir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import fails as if the extra were absent
+    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "-o", str(tmp_path / "r.html"), "--with-hta")
+    assert code == 2
+    assert err.strip() == ("error: --with-hta: holistictraceanalysis is not installed (hta.trace_analysis missing); "
+                           "install it with: pip install 'ep-trace[hta]'")
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_build_report_reports_progress(tmp_path, samples_dir):
+    from ep_trace.reports.pipeline import build_report
+
+    seen: list[tuple[str, int, int]] = []
+    build_report(samples_dir / "balanced", tmp_path / "r.html", progress=lambda s, d, t: seen.append((s, d, t)))
+    stages = list(dict.fromkeys(s for s, _, _ in seen))
+    assert stages[0] == "read" and stages[-1] == "render"
+    assert ("read", 4, 4) in seen and seen[-1] == ("render", 9, 9)
