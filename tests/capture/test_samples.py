@@ -13,11 +13,17 @@ import pytest
 from ep_trace.stage_names import parse_stage_name
 from ep_trace.workloads.truth import format_truth_table, layer_truth, read_sidecar
 
-SAMPLES = ("balanced", "skewed_straggler")
+SAMPLES = ("balanced", "skewed_straggler", "chunked_overlap")
 COMMANDS = {
     "balanced": "ep-trace demo --out sample_traces/balanced",
     "skewed_straggler": "ep-trace demo --out sample_traces/skewed_straggler --skew zipf:1.2 --straggler 2:30",
+    "chunked_overlap": "ep-trace demo --out sample_traces/chunked_overlap --chunks 4",
 }
+#: all-to-alls per rank and step: 2 layers x (count + dispatch + combine), chunked: x (1 + 4 + 4).
+A2A_PER_STEP = {"balanced": 6, "skewed_straggler": 6, "chunked_overlap": 18}
+#: ep: ranges per rank and step: 6 per layer; chunked: route, permute, unpermute, count exchange,
+#: 4 x expert and 4 x 2 (launch, wait) for dispatch and for combine = 24 per layer.
+RANGES_PER_STEP = {"balanced": 12, "skewed_straggler": 12, "chunked_overlap": 48}
 # Required keys and types per sidecar record type (docs/sidecar.md, v1).
 SCHEMA = {
     "meta": {"rank": int, "world_size": int, "local_rank": int, "host": str, "backend": (str, type(None)), "device": str,
@@ -56,7 +62,7 @@ def test_sidecar_follows_the_documented_schema(samples_dir: Path, name: str) -> 
         counts = {}
         for t in ("routing", "a2a", "step_end"):
             counts[t] = sum(1 for x in recs if x["type"] == t)
-        assert counts == {"routing": 6, "a2a": 18, "step_end": 3}
+        assert counts == {"routing": 6, "a2a": 3 * A2A_PER_STEP[name], "step_end": 3}
         assert recs[-1] == {"type": "step_end", "v": 1, "step": 2, "time_ns": recs[-1]["time_ns"]}
         for a in (x for x in recs if x["type"] == "a2a"):
             assert a["row_bytes"] == (8 if a["direction"] == "count" else 256 * 4)
@@ -87,16 +93,17 @@ def test_kineto_trace_matches_sidecar(samples_dir: Path, name: str) -> None:
         steps = sorted((e for e in ev if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
         assert [e["name"] for e in steps] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
         stages = [parse_stage_name(e["name"]) for e in ev if e["name"].startswith("ep:")]
-        assert len(stages) == 3 * 2 * 6 and all(s is not None and s.phase == "fwd" for s in stages)
-        assert sum(1 for e in ev if e["name"] == "gloo:all_to_all") == 18
+        assert len(stages) == 3 * RANGES_PER_STEP[name] and all(s is not None and s.phase == "fwd" for s in stages)
+        assert sum(1 for e in ev if e["name"] == "gloo:all_to_all") == 3 * A2A_PER_STEP[name]
         ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
         for n, s in enumerate(steps):
             in_step = [e for e in ops if s["ts"] <= e["ts"] <= s["ts"] + s["dur"]]
             a2a = sorted((x for x in side if x["type"] == "a2a" and x["step"] == n), key=lambda x: x["call"])
-            assert len(in_step) == len(a2a) == 6
+            assert len(in_step) == len(a2a) == A2A_PER_STEP[name]
             for op, rec in zip(in_step, a2a, strict=True):
                 ci = op["args"]["Concrete Inputs"]
                 assert (json.loads(ci[3]), json.loads(ci[4])) == (rec["recv_splits"], rec["send_splits"])
+                assert ci[5] == str(name == "chunked_overlap" and rec["direction"] != "count")
 
 
 @pytest.mark.parametrize("name", SAMPLES)
@@ -111,6 +118,8 @@ def test_skewed_sample_has_the_expected_imbalance_and_straggler(samples_dir: Pat
     balanced = layer_truth(samples_dir / "balanced")
     assert min(t.imbalance_expert for t in skewed) > 2.0 > 1.2 > max(t.imbalance_expert for t in balanced)
     assert all(t.rank_load.index(max(t.rank_load)) == 0 for t in skewed)  # experts 0, 1 live on rank 0
+    # Chunking changes how rows travel, not where: same routing and count matrices as balanced.
+    assert layer_truth(samples_dir / "chunked_overlap") == balanced
     text = (samples_dir / "skewed_straggler" / "README.md").read_text()
     assert "Straggler: **rank 2**" in text
     arrivals = re.search(r"= \[([\d, ]+)\]\.", text)
