@@ -4,7 +4,9 @@ Both runs are reduced to a :class:`RunDigest` (from an :class:`Analysis`, or fro
 summary, docs/summary.md), so a trace directory can be compared with a summary saved by CI.
 Definitions used on both sides, so they agree:
 
-* step time = the slowest rank's P50 step time (ns);
+* step time = the slowest rank's mean step time (ns), so that it adds up with the stage times,
+  which are means per step; a summary without ``step_time_mean_ns`` falls back to the P50
+  (``RunDigest.step_stat`` says which, and the headline says so);
 * stage time = per stage, the per-step window (first start → last end, summed over layers and
   micro-batches) averaged over ranks; busy time alongside;
 * the step-time change is "explained" by the sum of the stage-window changes; the rest is work
@@ -31,7 +33,7 @@ __all__ = [
     "stage_delta_figure", "rank_delta_figure", "render_compare_html", "load_run",
 ]
 
-_RANK_COLS = ("step_time_ns", "comm_ns", "exposed_comm_ns", "barrier_wait_ns", "transfer_ns")
+_RANK_COLS = ("step_time_ns", "step_time_mean_ns", "comm_ns", "exposed_comm_ns", "barrier_wait_ns", "transfer_ns")
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class RunDigest:
 
     Attributes:
         label: Name shown (directory or file).
-        ranks: rank + ``_RANK_COLS`` (ns, mean per step; step_time_ns is the P50 over steps).
+        ranks: rank + ``_RANK_COLS`` (ns per step; step_time_ns is the P50 over steps, step_time_mean_ns the mean).
         stages: stage, busy_ns, window_ns (ns per step, mean over ranks).
         findings: kind, severity, title, est_saving_ns.
     """
@@ -51,11 +53,16 @@ class RunDigest:
     findings: pl.DataFrame
 
     @property
-    def step_time_ns(self) -> float | None:
-        """The slowest rank's P50 step time, ns."""
+    def step_stat(self) -> str:
+        """``'mean'`` when every rank has a mean step time, else ``'P50'``."""
+        col = self.ranks["step_time_mean_ns"]
+        return "mean" if self.ranks.height and col.null_count() == 0 else "P50"
+
+    def step_time_ns(self, stat: str | None = None) -> float | None:
+        """The slowest rank's step time, ns: ``stat`` ``'mean'`` or ``'P50'`` (default: :attr:`step_stat`)."""
         if self.ranks.height == 0:
             return None
-        v = self.ranks["step_time_ns"].max()
+        v = self.ranks["step_time_mean_ns" if (stat or self.step_stat) == "mean" else "step_time_ns"].max()
         return None if v is None else float(v)  # type: ignore[arg-type]
 
 
@@ -73,6 +80,9 @@ def _rank_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
 def digest_analysis(analysis: Analysis, label: str) -> RunDigest:
     """Reduce an :class:`Analysis` to a :class:`RunDigest`."""
     rs = analysis.rank_summary
+    if analysis.steps.height:
+        mean = analysis.steps.group_by("rank").agg(pl.col("step_time_ns").mean().alias("step_time_mean_ns"))
+        rs = rs.join(mean.with_columns(pl.col("rank").cast(rs.schema["rank"])), on="rank", how="left")
     ranks = _rank_frame(rs.select("rank", *[c for c in _RANK_COLS if c in rs.columns]).to_dicts())
     st = analysis.stages
     if st.height:
@@ -131,6 +141,8 @@ class Comparison:
         ranks: rank, a_/b_/delta_ for step_time, exposed_comm and barrier_wait (ns).
         findings: kind, a_saving_ns, b_saving_ns, status (``new | resolved | better | worse | same``).
         explained_ns: Sum of the stage-window deltas.
+        step_stat: ``'mean'`` when both runs know their mean step time, else ``'P50'``.
+        a_step_ns, b_step_ns: The slowest rank's step time of each run (that statistic), ns.
     """
 
     a: RunDigest
@@ -140,6 +152,9 @@ class Comparison:
     ranks: pl.DataFrame
     findings: pl.DataFrame
     explained_ns: float
+    step_stat: str = "mean"
+    a_step_ns: float | None = None
+    b_step_ns: float | None = None
 
 
 def _change(delta: pl.Expr, base: pl.Expr, tol: float) -> pl.Expr:
@@ -170,9 +185,10 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
         .alias("status"),
         pl.coalesce("b_title", "a_title").alias("title"),
     ).select("kind", "title", "a_saving_ns", "b_saving_ns", "status").sort("kind")
-    sa, sb = a.step_time_ns, b.step_time_ns
+    stat = "mean" if a.step_stat == b.step_stat == "mean" else "P50"
+    sa, sb = a.step_time_ns(stat), b.step_time_ns(stat)
     delta = None if sa is None or sb is None else sb - sa
-    return Comparison(a, b, delta, st, rk, fd, float(st["delta_ns"].sum()) if st.height else 0.0)
+    return Comparison(a, b, delta, st, rk, fd, float(st["delta_ns"].sum()) if st.height else 0.0, stat, sa, sb)
 
 
 def _clean(x: Any) -> Any:
@@ -186,7 +202,7 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
 
     return {
         "schema_version": 1, "a": c.a.label, "b": c.b.label,
-        "step_time_ns": {"a": c.a.step_time_ns, "b": c.b.step_time_ns, "delta": c.step_delta_ns},
+        "step_time_ns": {"a": c.a_step_ns, "b": c.b_step_ns, "delta": c.step_delta_ns, "statistic": c.step_stat},
         "explained_by_stages_ns": c.explained_ns,
         "unexplained_ns": None if c.step_delta_ns is None else c.step_delta_ns - c.explained_ns,
         "stages": recs(c.stages), "ranks": recs(c.ranks), "findings": recs(c.findings),
@@ -195,15 +211,17 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
 
 def headline(c: Comparison) -> str:
     """One sentence: how the step time moved and which stage moved most."""
-    if c.step_delta_ns is None or not c.a.step_time_ns:
+    if c.step_delta_ns is None or not c.a_step_ns:
         return "Step time not comparable (one run has no steps)."
     word = "faster" if c.step_delta_ns < 0 else "slower"
-    s = (f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A ({fmt_pct(c.step_delta_ns / c.a.step_time_ns, signed=True)}: "
-         f"{fmt_ns(c.a.step_time_ns)} → {fmt_ns(c.b.step_time_ns)}).")
+    stat = c.step_stat
+    s = (f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A ({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
+         f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank).")
     if c.stages.height:
         top = c.stages.sort(pl.col("delta_ns").abs(), descending=True).row(0, named=True)
         s += f" Largest stage change: {top['stage']} {fmt_ns(top['delta_ns'], signed=True)}."
-    s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}; the remaining {fmt_ns(c.step_delta_ns - c.explained_ns, signed=True)} is outside the EP stages."
+    s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}; the remaining {fmt_ns(c.step_delta_ns - c.explained_ns, signed=True)} is outside the EP stages"
+    s += "." if stat == "mean" else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
     return s
 
 

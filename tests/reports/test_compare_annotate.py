@@ -17,7 +17,8 @@ def test_compare_straggler_fixed():
     a = digest_analysis(make_fake_analysis(straggler=2, straggler_ms=2.0), "before")
     b = digest_analysis(make_fake_analysis(straggler=None), "after")
     c = compare_runs(a, b)
-    assert a.step_time_ns == 5_078_000 and b.step_time_ns == 3_078_000 and c.step_delta_ns == -2_000_000
+    assert a.step_stat == "mean" and c.step_stat == "mean"
+    assert a.step_time_ns() == 5_078_000 and b.step_time_ns() == 3_078_000 and c.step_delta_ns == -2_000_000
     st = {r["stage"]: r for r in c.stages.iter_rows(named=True)}
     # dispatch window: 3 waiting ranks lose 2 x 1 ms each -> mean over ranks -1.5 ms; expert: rank 2 -2 ms -> -0.5 ms.
     assert st["dispatch"]["delta_ns"] == -1_500_000 and st["dispatch"]["change"] == "better"
@@ -25,9 +26,11 @@ def test_compare_straggler_fixed():
     assert c.explained_ns == -2_000_000
     f = {r["kind"]: r["status"] for r in c.findings.iter_rows(named=True)}
     assert f == {"straggler_wait": "resolved", "routing_imbalance": "same", "exposed_comm": "same"}
-    assert headline(c).startswith("B is 2.00 ms faster per step than A (-39.4%: 5.08 ms → 3.08 ms). Largest stage change: dispatch -1.50 ms.")
+    assert headline(c).startswith("B is 2.00 ms faster per step than A (-39.4%: 5.08 ms → 3.08 ms, mean step of the slowest rank). "
+                                  "Largest stage change: dispatch -1.50 ms.")
     d = comparison_to_dict(c)
-    assert d["unexplained_ns"] == 0 and d["step_time_ns"] == {"a": 5_078_000.0, "b": 3_078_000.0, "delta": -2_000_000.0}
+    assert d["unexplained_ns"] == 0
+    assert d["step_time_ns"] == {"a": 5_078_000.0, "b": 3_078_000.0, "delta": -2_000_000.0, "statistic": "mean"}
     assert "Plotly.newPlot(" in render_compare_html(c)
 
 
@@ -40,7 +43,7 @@ def test_digest_summary_from_json_dict():
         "findings": [{"kind": "exposed_comm", "severity": "low", "title": "t", "est_saving_ns": 2000}],
     }
     d = digest_summary(s, "s.json")
-    assert d.step_time_ns == 12_000
+    assert d.step_stat == "P50" and d.step_time_ns() == 12_000  # no step_time_mean_ns in this summary
     assert d.stages.row(0) == ("dispatch", 100.0, 200.0)
     assert d.findings["est_saving_ns"].to_list() == [2000]
     with pytest.raises(BadInputError, match=r"^x\.json: not an ep-trace summary"):
