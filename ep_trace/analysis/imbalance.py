@@ -126,6 +126,8 @@ def run_aggregate(imb: pl.DataFrame) -> dict[str, float | None]:
     """Whole-run I_e and I_r: sum of per-(step, layer) maxima over sum of means; ``balancedness`` = 1 / I_r."""
     def agg(mx: str, mn: str) -> float | None:
         d = imb.filter(pl.col(mx).is_not_null() & pl.col(mn).is_not_null())
+        if mx == "n_e_max":  # n_e is per (step, layer): count it once, not once per micro-batch row
+            d = d.unique(["step", "layer"], keep="first")
         s = float(d[mn].sum()) if d.height else 0.0
         return float(d[mx].sum()) / s if s > 0 else None
 

@@ -47,7 +47,7 @@ def test_overlap_exact():
 ivl = st.tuples(st.integers(0, 2), st.integers(0, 60), st.integers(0, 25)).map(lambda t: (t[0], t[1], t[1] + t[2]))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(ivl, max_size=25), st.lists(ivl, max_size=25))
 def test_algebra_matches_per_ns_reference(a, b):
     n = 100

@@ -17,7 +17,7 @@ from ep_trace.parsers.dispatch import read_trace_dir
 
 
 def _sidecar_truth(d: Path) -> tuple[dict, dict]:
-    """I_e and I_r per (step, layer) computed straight from the rank{r}.ep.jsonl files."""
+    """I_e per (step, layer) and I_r per (step, layer, micro-batch) straight from the rank{r}.ep.jsonl files."""
     counts: dict = {}
     sends: dict = {}
     for f in sorted(d.glob("rank*.ep.jsonl")):
@@ -28,7 +28,7 @@ def _sidecar_truth(d: Path) -> tuple[dict, dict]:
                 key = (r["step"], r["layer"])
                 counts[key] = counts.get(key, 0) + np.array(r["expert_counts"])
             if r["type"] == "a2a" and r["direction"] == "dispatch":
-                sends.setdefault((r["step"], r["layer"]), {})[rank] = r["send_splits"]
+                sends.setdefault((r["step"], r["layer"], r["microbatch"]), {})[rank] = r["send_splits"]
     ie = {k: v.max() / v.mean() for k, v in counts.items()}
     ir = {}
     for k, rows in sends.items():
@@ -49,10 +49,10 @@ def skewed(samples_dir):
 def test_skewed_straggler_demo(skewed):
     d, t, a = skewed
     ie, ir = _sidecar_truth(d)
-    got = {(r["step"], r["layer"]): r for r in a.imbalance.iter_rows(named=True)}
-    assert set(got) == set(ie) and len(ie) == 6
-    for k in ie:
-        assert got[k]["I_e"] == pytest.approx(ie[k], rel=1e-12)
+    got = {(r["step"], r["layer"], r["microbatch"]): r for r in a.imbalance.iter_rows(named=True)}
+    assert set(got) == set(ir) and len(ie) == 6
+    for k in ir:
+        assert got[k]["I_e"] == pytest.approx(ie[k[:2]], rel=1e-12)
         assert got[k]["I_r"] == pytest.approx(ir[k], rel=1e-12)
     assert a.stragglers["rank"][0] == 2  # injected with --straggler 2:...
     kinds = [f.kind for f in a.findings]
@@ -124,41 +124,30 @@ def test_external_traces_analyse(external_dir, sub):
 
 
 @pytest.mark.slow
-def test_demo_injected_straggler_and_hot_expert(tmp_path):
-    """A fresh `ep-trace demo` run (gloo, 4 ranks): the injected straggler and hot expert are found."""
+def test_demo_straggler_hot_expert_and_pipelining(tmp_path, skewed):
+    """A fresh `ep-trace demo` run (gloo, 4 ranks, chunked dispatch/GEMM/combine) with an injected
+    straggler and a hot expert: both are found, I_e / I_r equal the sidecar's, and the chunked
+    pipeline shows true overlap (the synchronous sample trace shows none)."""
     import subprocess
     import sys
 
     out = tmp_path / "demo"
     subprocess.run(
         [sys.executable, "-m", "ep_trace", "demo", "--out", str(out), "--ranks", "4", "--experts", "8", "--tokens", "256",
-         "--layers", "2", "--steps", "3", "--skew", "hot:5:0.5", "--straggler", "1:40"],
+         "--layers", "2", "--steps", "3", "--skew", "hot:5:0.5", "--straggler", "1:40", "--chunks", "4"],
         check=True, capture_output=True, timeout=300,
     )
     a = analyze(read_trace_dir(out))
     ie, ir = _sidecar_truth(out)
+    assert len(ie) == 6 and len(ir) == 6 * 4  # 4 chunks per layer, each its own dispatch all-to-all
+    assert a.imbalance.height == len(ir)
     for r in a.imbalance.iter_rows(named=True):
         assert r["I_e"] == pytest.approx(ie[(r["step"], r["layer"])], rel=1e-12)
-        assert r["I_r"] == pytest.approx(ir[(r["step"], r["layer"])], rel=1e-12)
+        assert r["I_r"] == pytest.approx(ir[(r["step"], r["layer"], r["microbatch"])], rel=1e-12)
     assert a.stragglers["rank"][0] == 1
     by_kind = {f.kind: f for f in a.findings}
     assert by_kind["straggler_wait"].ranks == (1,)
     assert by_kind["routing_imbalance"].evidence["hot_experts"][0]["expert"] == 5
-
-
-@pytest.mark.slow
-def test_demo_chunked_pipelining_shows_true_overlap(tmp_path, skewed):
-    """gloo: synchronous dispatch/combine overlap nothing; chunked pipelining overlaps comm workers with compute."""
-    import subprocess
-    import sys
-
-    out = tmp_path / "chunks"
-    subprocess.run(
-        [sys.executable, "-m", "ep_trace", "demo", "--out", str(out), "--ranks", "4", "--experts", "8", "--tokens", "256",
-         "--layers", "2", "--steps", "2", "--chunks", "4"],
-        check=True, capture_output=True, timeout=300,
-    )
-    a = analyze(read_trace_dir(out))
     assert (a.rank_summary["overlap_efficiency"] > 0.02).all()
     assert (a.stages.filter(pl.col("stage").is_in(["dispatch", "combine"]))["overlapped_ns"] > 0).any()
     assert (skewed[2].rank_summary["overlap_efficiency"] == 0.0).all()
