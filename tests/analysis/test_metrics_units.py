@@ -171,3 +171,18 @@ def test_summary_keys_are_documented(synth):
     keys |= set(s["straggler"]) | set(s["clock"][0])
     missing = sorted(k for k in keys if f"`{k}`" not in doc)
     assert missing == []
+
+
+def test_frames_follow_frame_docs(synth):
+    from ep_trace.analysis.result import FRAME_DOCS
+    from ep_trace.schema import SCHEMAS
+
+    a = analyze(synth["gpu_job"](STARTS, 600_000, splits=[[4, 2, 2, 0], [1, 2, 0, 1], [0, 0, 5, 1], [1, 0, 0, 5]]))
+    for name, cols in FRAME_DOCS.items():
+        df = getattr(a, name)
+        want = [c for c in cols if not c.startswith("(")]
+        if name == "stages":
+            want = [*SCHEMAS["stages"], "comm_ns", "overlapped_ns", "exposed_comm_ns"]
+        if name == "count_matrix":
+            want = list(SCHEMAS["routing_matrix"])
+        assert sorted(df.columns) == sorted(want), name
