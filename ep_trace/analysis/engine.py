@@ -130,7 +130,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("bandwidth", 6, total)
     ab = bandwidth.alpha_beta_fit(calls)
-    stalls = host_stalls(ev, matched, act, mode)
+    arrivals = matched.filter(pl.col("match_id").is_not_null()).select("rank", "coll_id", "match_id").join(
+        calls.select("match_id", "arrival_ns"), on="match_id").join(rank_off, on="rank").select(
+        "rank", "coll_id", (pl.col("arrival_ns") - pl.col("offset_ns")).alias("arrival_ns"))
+    stalls = host_stalls(ev, matched, act, mode, arrivals)
     stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
 
     say("findings", 7, total)

@@ -7,8 +7,9 @@ the call during which no device interval of the rank runs.
 
 CPU ranks (gloo): the count exchange before the token all-to-all — collectives with
 ``direction == 'count'`` (sidecar) — during which the compute thread does nothing; the blocking span
-is from the caller op's start to the end of the worker transfer; stall = the part of it not covered
-by compute.
+is from the later of the caller op's start and the call's last arrival (the wait before the last
+arrival is barrier wait, charged to the straggler) to the end of the worker transfer; stall = the part
+of it not covered by compute.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ __all__ = ["host_stalls", "BLOCKING_RE"]
 BLOCKING_RE = r"^(?:cuda(?:Stream|Device|Event)Synchronize|cudaMemcpy(?:_v\d+)?$|cudaMemcpy2D|cuStreamSynchronize|cuCtxSynchronize|aten::_local_scalar_dense$|aten::item$)"
 
 
-def host_stalls(events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
+def host_stalls(
+    events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str], arrivals: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """Blocking host calls and the device idle time under each.
 
     Args:
@@ -31,6 +34,9 @@ def host_stalls(events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mod
         coll: Collectives with ``step`` (from matching).
         act: Device activity with ``cls``.
         mode: rank -> 'gpu' / 'cpu'.
+        arrivals: ``rank, coll_id, arrival_ns`` — the last arrival of the matched call on the rank's
+            own clock; on CPU the stall starts there (the wait before it is barrier wait, already
+            charged to the straggler).
 
     Returns:
         Columns ``rank, name, start_ns, end_ns, stall_ns``.
@@ -43,8 +49,13 @@ def host_stalls(events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mod
     busy_gpu = act.filter(pl.col("rank").is_in(gpu))
     # gloo: the caller op returns once the work is queued; the caller then waits for the worker, so
     # the blocking span runs from the op start to the end of the worker's transfer
-    blk_cpu = coll.filter(pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null()).select(
-        "rank", pl.col("op_name").alias("name"), pl.col("cpu_start_ns").alias("start_ns"),
+    cc = coll.filter(pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null())
+    if arrivals is not None:
+        cc = cc.join(arrivals, on=["rank", "coll_id"], how="left")
+    else:
+        cc = cc.with_columns(pl.lit(None, pl.Int64).alias("arrival_ns"))
+    blk_cpu = cc.select(
+        "rank", pl.col("op_name").alias("name"), pl.max_horizontal("cpu_start_ns", "arrival_ns").alias("start_ns"),
         pl.max_horizontal("cpu_end_ns", "end_ns").alias("end_ns"))
     busy_cpu = act.filter(pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute"))
     blk = pl.concat([blk_gpu, blk_cpu]).filter(pl.col("end_ns") > pl.col("start_ns")).with_row_index("bid")
