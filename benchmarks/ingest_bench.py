@@ -92,18 +92,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("data", type=Path)
     ap.add_argument("--hta", action="store_true", help="also time HTA's TraceAnalysis load")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--modes", default="floor,ingest", help="comma list of floor, ingest, hta")
     args = ap.parse_args(argv)
     mb = 1e6
     big = largest_uncompressed(args.data)
-    res = {m: run(m, args.data, args.repeat) for m in (["floor", "ingest"] + (["hta"] if args.hta else []))}
-    fl, ing = res["floor"], res["ingest"]
+    modes = [m for m in args.modes.split(",") if m] + (["hta"] if args.hta and "hta" not in args.modes else [])
+    res = {m: run(m, args.data, args.repeat) for m in modes}
+    fl, ing = res.get("floor"), res.get("ingest")
     print(f"data: {args.data}  largest rank file: {big / mb:.1f} MB uncompressed")
     for m, r in res.items():
         print(f"{m:>7}: {r['wall_s']:7.2f} s  peak RSS {r['peak_rss'] / mb:8.1f} MB (after imports {r['base_rss'] / mb:7.1f} MB, "
               f"children {r['children_peak_rss'] / mb:7.1f} MB)  events {r['events']}")
-    print(f"ingest / floor time: {ing['wall_s'] / fl['wall_s']:.2f}x")
-    if "hta" in res:
+    if fl and ing:
+        print(f"ingest / floor time: {ing['wall_s'] / fl['wall_s']:.2f}x")
+    if "hta" in res and ing:
         print(f"HTA / ingest time: {res['hta']['wall_s'] / ing['wall_s']:.2f}x")
+    if not ing:
+        return
     grow = ing["peak_rss"] - ing["base_rss"]
     print(f"ingest RSS growth {grow / mb:.1f} MB = {grow / (big + ing['tables_bytes']):.2f} x (largest file {big / mb:.1f} MB + output tables {ing['tables_bytes'] / mb:.1f} MB)")
 

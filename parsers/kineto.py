@@ -176,21 +176,27 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, base_ns: int, kept_arg
     return df
 
 
-def _mark_comm_workers(ev: pl.DataFrame) -> pl.DataFrame:
-    """``gloo:*`` user annotations on a thread that issues no collective itself -> comm_worker.
+def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
+    """``kind`` from ``category``; ``gloo:*`` user annotations on a thread that issues no collective
+    itself become comm_worker.
 
     ProcessGroupGloo runs the transfer on its own worker threads (torch 2.x, verified 2.13 and the
     2024 ``rank-34`` trace); the caller thread holds ``ProfilerStep#`` / ``c10d::*`` ops instead.
     """
+    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
+    gloo = ev.select("pid", "tid", "category", "name").filter((pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:"))
+    if gloo.height == 0:
+        return kind.alias("kind")
     caller = (
-        ev.filter(pl.col("name").str.starts_with("ProfilerStep#") | pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms"))
+        ev.select("pid", "tid", "name")
+        .filter(pl.col("name").str.starts_with("ProfilerStep#") | pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms"))
         .select("pid", "tid")
         .unique()
         .with_columns(pl.lit(True).alias("_caller"))
     )
-    ev = ev.join(caller, on=["pid", "tid"], how="left", nulls_equal=True)
-    is_worker = (pl.col("kind") == "cpu_annotation") & pl.col("name").str.starts_with("gloo:") & pl.col("_caller").is_null()
-    return ev.with_columns(pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(pl.col("kind")).alias("kind")).drop("_caller")
+    on_caller = ev.select("pid", "tid").join(caller, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left")["_caller"]
+    is_worker = (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:") & on_caller.is_null()
+    return pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(kind).alias("kind")
 
 
 def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | None] | None:
@@ -261,20 +267,26 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     if ev.height == 0:
         raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
 
-    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
-    ev = ev.with_columns(kind.alias("kind"), pl.col("name").fill_null("")).rename({"pid_raw": "pid", "tid_raw": "tid"})
-    ev = _mark_comm_workers(ev)
+    ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
+    if ev["name"].null_count():
+        ev = ev.with_columns(pl.col("name").fill_null(""))
+    ev = ev.with_columns(_kind_expr(ev))
     gpu = pl.col("kind").is_in(_GPU_KINDS)
+    steps = ev.select("event_id", "name").filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    seq = ev.select("event_id").join(
+        steps.select("event_id", pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq")),
+        on="event_id", how="left", maintain_order="left",
+    )["seq"]
     ev = ev.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.when(gpu).then(pl.col("pid")).cast(pl.Int32).alias("device"),
         pl.when(gpu).then(pl.col("tid")).alias("stream"),
-        pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq"),
+        seq,
     )
     ev = link_events(ev)
     colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
     if coll_of_event.height:
-        ev = ev.join(coll_of_event, on="event_id", how="left")
+        ev = ev.with_columns(ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"])
     ev = ev.sort("start_ns", "event_id")
     events_df = schema.validate("events", schema.conform("events", ev), str(path))
 

@@ -14,7 +14,6 @@ named by the column builder.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -35,10 +34,47 @@ CHUNK_BYTES = 2 << 20
 
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
+_NON_SPACE = re.compile(rb"\S")
 _FIX_REEXPORT = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
 
 
-def read_bytes(path: Path) -> bytes:
+def _gunzip(raw: bytes) -> bytearray:
+    """Decompress gzip into one preallocated buffer.
+
+    ``gzip.decompress`` peaks at twice the output (CPython 3.11 grows and copies its result); the
+    gzip trailer's ISIZE gives the final size (mod 2^32), so the output is written in place, fed
+    1 MB of input at a time. Multi-member files and wrong ISIZE values still work (the buffer grows).
+
+    Raises:
+        EOFError: the stream ends early. zlib.error: corrupt data.
+    """
+    out = bytearray(int.from_bytes(raw[-4:], "little"))
+    pos = 0
+    view = memoryview(raw)
+    while len(view):
+        d = zlib.decompressobj(wbits=31)
+        i = 0
+        while not d.eof and i < len(view):
+            buf: bytes | memoryview = view[i : i + (1 << 20)]
+            i += 1 << 20
+            while buf:
+                piece = d.decompress(buf, 1 << 22)
+                n = len(piece)
+                if pos + n > len(out):
+                    out.extend(bytes(pos + n - len(out)))
+                out[pos : pos + n] = piece
+                pos += n
+                buf = d.unconsumed_tail
+                if d.eof:
+                    break
+        if not d.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+        view = memoryview(d.unused_data).toreadonly() if d.unused_data.strip(b"\x00") else memoryview(b"")
+    del out[pos:]
+    return out
+
+
+def read_bytes(path: Path) -> bytes | bytearray:
     """Read a ``.json`` / ``.json.gz`` file (gzip recognised by its magic bytes).
 
     Raises:
@@ -49,17 +85,17 @@ def read_bytes(path: Path) -> bytes:
         raise TraceFormatError(path, "empty file", _FIX_REEXPORT)
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
+            raw = _gunzip(raw)
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(path, f"invalid or truncated gzip data ({exc})", _FIX_REEXPORT) from None
-        if not raw.strip():
+        if _NON_SPACE.search(raw) is None:  # (raw.strip() would copy the whole buffer)
             raise TraceFormatError(path, "empty file (after gunzip)", _FIX_REEXPORT)
     elif path.name.endswith(".gz"):
         raise TraceFormatError(path, "invalid gzip data (no gzip header)", _FIX_REEXPORT)
     return raw
 
 
-def _loads(raw: bytes, path: Path, what: str) -> Any:
+def _loads(raw: bytes | bytearray, path: Path, what: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -73,7 +109,7 @@ def _loads(raw: bytes, path: Path, what: str) -> Any:
         raise TraceFormatError(path, f"invalid or truncated JSON in {what} ({exc})", _FIX_REEXPORT) from None
 
 
-def _closes_last_event(raw: bytes, open_pos: int, end: int) -> bool:
+def _closes_last_event(raw: bytes | bytearray, open_pos: int, end: int) -> bool:
     """True when ``raw[x:end]`` is one or more whole events for some event boundary x before ``end``.
 
     Boundaries are tried from the last one backwards, since a string may contain ``}, {``.
@@ -92,7 +128,7 @@ def _closes_last_event(raw: bytes, open_pos: int, end: int) -> bool:
     return False
 
 
-def _array_end(raw: bytes, open_pos: int) -> int | None:
+def _array_end(raw: bytes | bytearray, open_pos: int) -> int | None:
     """Index of the ``]`` closing the ``traceEvents`` array, found from the end of the document.
 
     Later top-level values can hold arrays too (``INFO`` is a list of log lines), so a candidate
@@ -115,7 +151,7 @@ def _array_end(raw: bytes, open_pos: int) -> int | None:
     return None
 
 
-def decode_header(raw: bytes, path: Path) -> tuple[dict[str, Any], memoryview | list[Any]]:
+def decode_header(raw: bytes | bytearray, path: Path) -> tuple[dict[str, Any], memoryview | list[Any]]:
     """Split a trace document into its top-level keys and its events.
 
     Returns:

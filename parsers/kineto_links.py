@@ -89,12 +89,16 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
         .select("external_id", pl.col("event_id").alias("_ext_op"))
         .unique("external_id", keep="first")
     )
-    ev = ev.join(launches, on="correlation", how="left").with_columns(
+    # Joins run on a narrow frame (ids only) and the two results are attached in row order, so the
+    # wide events frame (names, ...) is never copied by a join.
+    n = ev.select("event_id", "kind", "correlation", "external_id")
+    n = n.join(launches, on="correlation", how="left", maintain_order="left").with_columns(
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
         pl.when(pl.col("kind") == "runtime").then(pl.col("event_id")).when(gpu).then(pl.col("_launch")).alias("_launch"),
     )
-    ev = ev.join(launch_op, on="_launch", how="left").join(by_ext, on="external_id", how="left")
+    n = n.join(launch_op, on="_launch", how="left", maintain_order="left").join(by_ext, on="external_id", how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
     linked = gpu | (pl.col("kind") == "runtime")
     op_id = pl.when(linked & ext_ok).then(pl.col("_ext_op")).when(linked).then(pl.col("_launch_op"))
-    return ev.with_columns(op_id.alias("op_id")).drop("_launch", "_launch_op", "_ext_op")
+    n = n.select("launch_id", op_id.alias("op_id"))
+    return ev.with_columns(n["launch_id"], n["op_id"])
