@@ -31,12 +31,23 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from ep_trace.errors import ConfigError
+from ep_trace.errors import ConfigError, MissingDependencyError
 from ep_trace.sidecar import SidecarWriter, _pop, _push, sidecar_path, trace_path
 
-__all__ = ["Tracer"]
+__all__ = ["Tracer", "require_torch"]
 
 logger = logging.getLogger(__name__)
+
+
+def require_torch() -> Any:
+    """Import torch, or raise :class:`MissingDependencyError` saying how to install it."""
+    try:
+        import torch
+    except ImportError:
+        raise MissingDependencyError(
+            "torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'"
+        ) from None
+    return torch
 
 
 def _dist_info() -> tuple[int, int, str | None]:
@@ -162,7 +173,7 @@ class Tracer:
         """Start the profiler and open the sidecar (idempotent). Returns ``self``."""
         if self._prof is not None:
             return self
-        import torch
+        torch = require_torch()
         from torch.profiler import ProfilerActivity, profile
 
         import ep_trace

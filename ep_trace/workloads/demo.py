@@ -258,11 +258,13 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
 
     Raises:
         ConfigError: ``out_dir`` is a file, or ``nccl`` without one CUDA device per rank.
+        MissingDependencyError: torch is not installed.
     """
     out = Path(out_dir)
-    if config.backend == "nccl":
-        import torch
+    from ep_trace.capture import require_torch
 
+    torch = require_torch()
+    if config.backend == "nccl":
         n = torch.cuda.device_count()
         if n < config.ranks:
             raise ConfigError(f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible")

@@ -174,3 +174,25 @@ def test_straggler_delay_is_in_its_expert_ranges(chunked_run: tuple[Path, list])
         expert_ms.append(sum(e["dur"] for e in _trace(out, r) if e["name"].startswith("ep:expert:")) / 1000)
     # rank 1 sleeps 20 ms per layer and step: 2 x 2 x 20 = 80 ms at least.
     assert expert_ms[1] >= 80.0 and expert_ms[1] > expert_ms[0] + 40.0
+
+
+_NO_TORCH = """
+import sys
+sys.modules["torch"] = None  # import torch -> ImportError, as on a machine without it
+from ep_trace.cli import main
+print("rc", main(["demo", "--top-k", "9"]))
+print("rc", main(["demo", "--out", sys.argv[1]]))
+"""
+
+
+def test_demo_without_torch_validates_then_names_the_missing_extra(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _NO_TORCH, str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    assert p.stdout.splitlines() == ["rc 2", "rc 2"]
+    assert p.stderr.splitlines() == [
+        "error: --top-k: 9 is larger than --experts 8",
+        "error: torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'",
+    ]
+    assert not (tmp_path / "d").exists()
