@@ -110,7 +110,8 @@ def build_report(
         from ep_trace.reports.hta_section import hta_section
 
         extra.append(hta_section(analysis, progress))
-    page = render_report(analysis, sources=[str(d) for d in dirs], extra_sections=extra, progress=progress)
+    title = "ep-trace report: " + ", ".join(Path(d).name or str(d) for d in dirs)
+    page = render_report(analysis, title=title, sources=[str(d) for d in dirs], extra_sections=extra, progress=progress)
     out = Path(out_html)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

@@ -2,7 +2,7 @@
 
 Checks: no console errors, every figure rendered (plot and SVG counts), the verdict text, a
 screenshot under test-artifacts/, and the 64-rank synthetic report's size (< 10 MB) and open time
-(< 3 s of browser main-thread work, see test_64_rank_report_is_small_and_fast).
+(< 3 s of renderer main-thread CPU, see test_64_rank_report_is_small_and_fast).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _open(browser, path: Path, screenshot: str | None = None) -> dict:
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
     mark = "(n) => performance.getEntriesByName(n)[0].startTime / 1000"
     res = {
-        "errors": errors, "wall_s": wall_s, "main_thread_s": metrics["TaskDuration"],
+        "errors": errors, "wall_s": wall_s, "main_thread_s": metrics["TaskDuration"], "main_thread_cpu_s": metrics["ThreadTime"],
         "first_paint_s": page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime / 1000"),
         "first_figure_s": page.evaluate(mark, "ep-first-figure"), "all_figures_s": page.evaluate(mark, "ep-all-figures"),
         "rendered": int(page.evaluate("document.body.dataset.figuresRendered")),
@@ -90,9 +90,10 @@ def test_64_rank_report_is_small_and_fast(browser, tmp_path):
     assert r["errors"] == []
     assert r["plots"] == r["divs"] == r["rendered"] == 10
     assert r["verdict"] == "Rank 2 arrives last in every dispatch; the other ranks wait 2.0 ms per step"
-    # "Opens in < 3 s": the verdict paints before plotly.js is parsed and the first figure is drawn
-    # (performance marks set by the page). The remaining figures are drawn one per task afterwards;
-    # on a 2-core CI box shared with other jobs wall time measures the neighbours too, so the total
-    # only gets a sanity bound.
-    assert r["first_paint_s"] < 3.0 and r["first_figure_s"] < 3.0, r
-    assert r["all_figures_s"] < 20.0, r
+    # "Opens in < 3 s": the verdict paints before plotly.js is parsed (wall clock), and drawing the
+    # whole page costs < 3 s of the renderer main thread's CPU time (Chrome's ThreadTime counter) —
+    # what it takes on an idle core. Wall time on a 2-core CI box shared with other jobs measures the
+    # neighbours too (a load average of 8 doubles it), so it only gets a sanity bound.
+    assert r["first_paint_s"] < 3.0, r
+    assert r["main_thread_cpu_s"] < 3.0, r
+    assert r["all_figures_s"] < 30.0, r
