@@ -174,12 +174,10 @@ def timeline_selection(analysis: Analysis, max_intervals: int = 20_000) -> Timel
     return TimelineSelection(step, tuple(int(r) for r in chosen), len(all_ranks), min_ns)
 
 
-def _boxes(x0: np.ndarray, x1: np.ndarray, yc: np.ndarray, half: float) -> tuple[np.ndarray, np.ndarray]:
-    """Closed rectangles as one NaN-separated polyline (drawn as ONE SVG path, not one per bar)."""
+def _segments(x0: np.ndarray, x1: np.ndarray, yc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Horizontal segments as one NaN-separated polyline (drawn as ONE SVG path, not one per bar)."""
     nan = np.full(len(x0), np.nan)
-    xs = np.column_stack([x0, x1, x1, x0, x0, nan]).ravel()
-    ys = np.column_stack([yc - half, yc - half, yc + half, yc + half, yc - half, nan]).ravel()
-    return np.round(xs, 4), ys
+    return np.round(np.column_stack([x0, x1, nan]).ravel(), 4), np.column_stack([yc, yc, nan]).ravel()
 
 
 def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None, hover_limit: int = 1500) -> go.Figure | None:
@@ -187,8 +185,8 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
 
     Time is ms since the start of the step on the earliest drawn rank. Three rows per rank:
     ``stages``, ``comm`` (grey = communication, red = waiting for the last arriver), ``exposed``
-    (comm not hidden under compute). Each kind of interval is one filled scatter trace of
-    rectangles (6 points per interval, NaN-separated) so thousands of intervals stay one SVG path;
+    (comm not hidden under compute). Each kind of interval is one scatter trace of wide line
+    segments (3 points per interval, NaN-separated) so thousands of intervals stay one SVG path;
     per-interval hover labels are added up to ``hover_limit`` intervals.
     """
     sel = selection or timeline_selection(analysis)
@@ -210,12 +208,16 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
     hover = iv.height <= hover_limit
     fig = go.Figure()
 
+    height = 120 + 3 * 16 * len(sel.ranks)
+    row_px = (height - 100) / max(len(order), 1)  # plot-area pixels per row
+
     def add(sub: pl.DataFrame, name: str, color: str, half: float) -> None:
         if sub.height == 0:
             return
-        xs, ys = _boxes(sub["x0"].to_numpy(), sub["x1"].to_numpy(), sub["y"].to_numpy(), half)
-        fig.add_trace(go.Scatter(name=name, x=xs, y=ys, mode="lines", fill="toself", fillcolor=color, line={"width": 0},
-                                 hoveron="fills", hoverinfo="name", legendgroup=name))
+        xs, ys = _segments(sub["x0"].to_numpy(), sub["x1"].to_numpy(), sub["y"].to_numpy())
+        # a segment stroked as wide as the bar: far cheaper for the browser than filled polygons
+        fig.add_trace(go.Scatter(name=name, x=xs, y=ys, mode="lines", line={"width": max(2.0 * half * row_px, 1.0), "color": color},
+                                 hoverinfo="name", legendgroup=name))
         if hover:
             mid = ((sub["x0"] + sub["x1"]) / 2).round(4).to_numpy()
             text = sub.select(pl.format("{}: {} µs", "name", ((pl.col("x1") - pl.col("x0")) * 1000).round(1))).to_series().to_list()
@@ -234,7 +236,7 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
         title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
-    fig = _layout(fig, title, height=120 + 3 * 16 * len(sel.ranks), hovermode="closest")
+    fig = _layout(fig, title, height=height, hovermode="closest")
     return fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"})
 
 

@@ -38,14 +38,13 @@ def test_timeline_selection_median_step_and_all_ranks(a4):
 
 
 def _boxes(fig, name):
-    """(row labels, durations ms) of the rectangles of one timeline trace (6 points per box)."""
+    """(row labels, durations ms) of the bars of one timeline trace (3 points per segment)."""
     d = fig.to_dict()
     tr = next(t for t in d["data"] if t["name"] == name)
     x, y = arr(tr["x"]), arr(tr["y"])
     yaxis = d["layout"]["yaxis"]
     label = dict(zip(arr(yaxis["tickvals"]).tolist(), yaxis["ticktext"]))
-    centers = (y[0::6] + y[2::6]) / 2
-    return [label[c] for c in centers.tolist()], np.round(x[1::6] - x[0::6], 4)
+    return [label[c] for c in y[0::3].tolist()], np.round(x[1::3] - x[0::3], 4)
 
 
 def test_timeline_draws_waits_on_the_comm_rows(a4):
