@@ -129,6 +129,7 @@ def record_a2a(
     microbatch: int = 0,
     group_ranks: Sequence[int] | None = None,
     call: int | None = None,
+    phase: str = "fwd",
 ) -> None:
     """Record one all-to-all(v) call of this rank with its full split lists.
 
@@ -144,6 +145,7 @@ def record_a2a(
         group_ranks: Global ranks of the group in group-local order (default: the EP group of meta).
         call: Ordinal from :func:`reserve_a2a_call` taken when an async call was *issued*; default:
             the next ordinal now (right for synchronous calls recorded right after they return).
+        phase: ``"fwd"``, or ``"bwd"`` for the transposed all-to-all of the backward pass.
 
     Raises:
         ConfigError: unknown direction, or split lists whose length differs from the group size.
@@ -153,6 +155,8 @@ def record_a2a(
         return
     if direction not in A2A_DIRECTIONS:
         raise ConfigError(f"direction: unknown all-to-all direction {direction!r}; use one of {A2A_DIRECTIONS}")
+    if phase not in ("fwd", "bwd"):
+        raise ConfigError(f"phase: unknown phase {phase!r}; use 'fwd' or 'bwd'")
     send = _as_int_list(send_splits, "send_splits")
     recv = _as_int_list(recv_splits, "recv_splits")
     ranks = [int(r) for r in group_ranks] if group_ranks is not None else list(w.meta.get("ep_group_ranks") or [])
@@ -167,6 +171,7 @@ def record_a2a(
         layer=int(layer),
         microbatch=int(microbatch),
         direction=direction,
+        phase=phase,
         call=w.next_a2a_call() if call is None else int(call),
         send_splits=send,
         recv_splits=recv,

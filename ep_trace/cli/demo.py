@@ -27,6 +27,7 @@ def demo(
     chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
+    backward: Annotated[bool, typer.Option("--backward", help="Also run the backward pass (needs --chunks 1).")] = False,
 ) -> None:
     """Run a real multi-rank EP MoE layer on gloo/CPU under ep_trace.Tracer and write its traces.
 
@@ -40,7 +41,7 @@ def demo(
 
     cfg = DemoConfig(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
-        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed, backend=backend,
+        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed, backend=backend, backward=backward,
     )  # fmt: skip
     from contextlib import ExitStack
 

@@ -54,6 +54,8 @@ class DemoConfig:
         chunks: Pipeline chunks for dispatch / expert / combine (1 = none).
         seed: Seed of weights, tokens and routing noise.
         backend: ``gloo`` (CPU tensors) or ``nccl`` (one CUDA device per rank, ``cuda:<rank>``).
+        backward: Also run the backward pass of each step (loss = mean of squared activations):
+            transposed all-to-alls and ``phase="bwd"`` stage ranges. Needs ``chunks == 1``.
     """
 
     ranks: int = 4
@@ -68,6 +70,7 @@ class DemoConfig:
     chunks: int = 1
     seed: int = 0
     backend: str = "gloo"
+    backward: bool = False
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
 
@@ -85,6 +88,8 @@ class DemoConfig:
         _at_least(self.seed, 0, "--seed")
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
+        if self.backward and self.chunks > 1:
+            raise ConfigError(f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks {self.chunks}")
         if self.top_k > self.experts:
             raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
         if self.experts % self.ranks:
@@ -154,18 +159,26 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
 
     from ep_trace.routing import record_routing
     from ep_trace.stages import stage
+    from ep_trace.workloads.autograd import bwd_region
     from ep_trace.workloads.moe import ep_moe_forward, route
 
     dev = _device(cfg, rank)
-    h = _tokens(cfg, rank, step).to(dev)
+    h = _tokens(cfg, rank, step).to(dev).requires_grad_(cfg.backward)
     ranks = list(range(dist.get_world_size()))
     for layer, w in enumerate(weights):
+        r_in, r_out = bwd_region("route", layer)
         with stage("route", layer):
-            ids, gate = route(h, w.router, cfg.top_k, routing_bias(cfg, rank, step, layer).to(dev))
+            ids, gate = route(r_in(h), w.router, cfg.top_k, routing_bias(cfg, rank, step, layer).to(dev))
+            gate = r_out(gate)
             record_routing(layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks)
         y = ep_moe_forward(h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms)
         h = h + y
-    return h
+    if cfg.backward:
+        (h * h).mean().backward()  # gradients are dropped: the demo measures, it does not train
+        for w in weights:
+            for t in (w.router, w.w1, w.w2):
+                t.grad = None
+    return h.detach()
 
 
 @contextlib.contextmanager
@@ -199,7 +212,8 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
         weights = []
         for layer in range(cfg.layers):
             w = local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=layer), rank * L, L)
-            weights.append(MoEWeights(w.router.to(dev), w.w1.to(dev), w.w2.to(dev), w.first_expert))
+            router, w1, w2 = (t.to(dev).requires_grad_(cfg.backward) for t in (w.router, w.w1, w.w2))
+            weights.append(MoEWeights(router, w1, w2, w.first_expert))
         strag = cfg.straggler_spec
         straggle_ms = strag.ms if strag is not None and strag.rank == rank else 0.0
         model_step(cfg, weights, rank, -1, straggle_ms)  # warm-up: gloo pairs connect on first use

@@ -26,8 +26,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ep_trace.routing import record_a2a, record_routing, reserve_a2a_call
+from ep_trace.routing import record_a2a, reserve_a2a_call
 from ep_trace.stages import stage
+from ep_trace.workloads.autograd import a2a, bwd_region
 
 __all__ = [
     "MoEWeights",
@@ -179,6 +180,9 @@ def ep_moe_forward(
         straggle_ms: Extra busy compute inside the expert stage, per layer (split over chunks).
         debug: Also return :class:`EpDebug` (costs one extra all-to-all of tags, not recorded).
 
+    Autograd: with ``chunks=1`` the layer is differentiable (tokens, gate weights, expert weights);
+    its backward runs the transposed all-to-alls and tags every stage with ``phase="bwd"``.
+
     Returns:
         ``[T, H]`` output in the original token order, and the debug record when ``debug``.
     """
@@ -187,12 +191,15 @@ def ep_moe_forward(
     L = num_experts // W
     T, H = x.shape
     k = topk_ids.shape[1]
-    row_bytes = H * x.element_size()
+    grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad or w.w1.requires_grad)
+    if grad and chunks > 1:
+        raise ValueError("ep_moe_forward: the chunked pipeline is forward-only; use chunks=1 with autograd")
+    p_in, p_out = bwd_region("permute", layer)
     with stage("permute", layer):
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=num_experts)
-        send_x = x.index_select(0, order // k)
+        send_x = p_out(p_in(x).index_select(0, order // k))
     with stage("dispatch", layer):
         recv_counts = torch.empty_like(counts)
         t0 = time.time_ns()
@@ -205,25 +212,22 @@ def ep_moe_forward(
         recv_splits = rc.sum(1).tolist()
         local_eid = torch.repeat_interleave(torch.arange(L, device=x.device).repeat(W), rc.reshape(-1))
         if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
-            recv_x = x.new_empty(sum(recv_splits), H)
-            t0 = time.time_ns()
-            _a2a(recv_x, send_x, recv_splits, send_splits, group, False)
-            record_a2a("dispatch", send_splits, recv_splits, layer=layer, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+            recv_x = a2a(send_x, recv_splits, send_splits, group=group, ranks=ranks, layer=layer, direction="dispatch")
     if chunks <= 1:
+        e_in, e_out = bwd_region("expert", layer)
         with stage("expert", layer):
-            out = _grouped_experts(recv_x, local_eid, w)
+            out = e_out(_grouped_experts(e_in(recv_x), local_eid, w))
             _straggle(straggle_ms)
         with stage("combine", layer):
-            back = x.new_empty(T * k, H)
-            t0 = time.time_ns()
-            _a2a(back, out, send_splits, recv_splits, group, False)
-            record_a2a("combine", recv_splits, send_splits, layer=layer, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+            back = a2a(out, send_splits, recv_splits, group=group, ranks=ranks, layer=layer, direction="combine")
     else:
         back = _pipelined(x, send_x, local_eid, w, send_splits, recv_splits, ranks, group, layer, chunks, straggle_ms)
+    u_in, u_out = bwd_region("unpermute", layer)
     with stage("unpermute", layer):
+        back = u_in(back)
         slots = torch.empty_like(back)
         slots[order] = back
-        y = (slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1)
+        y = u_out((slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1))
     if not debug:
         return y
     src = dist.get_global_rank(group, me) if group is not None else me

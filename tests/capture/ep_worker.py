@@ -64,6 +64,27 @@ def _inputs(scenario: str, grank: int, lrank: int, gsize: int) -> tuple[torch.Te
     return x, ids.to(torch.int64), gate
 
 
+def _grad_case(name: str, group: object, rank: int, lrank: int, gsize: int, out_dir: str) -> None:
+    """Backward through the EP layer: loss = sum(y * R) with R fixed per rank; save every gradient."""
+    L = E // gsize
+    full = make_layer_weights(H, FFN, E, seed=7, layer=0)
+    w = local_experts(full, lrank * L, L)
+    router, w1, w2 = (t.clone().requires_grad_(True) for t in (w.router, w.w1, w.w2))
+    w = type(w)(router, w1, w2, w.first_expert)
+    x, _, _ = _inputs("random", rank, lrank, gsize)
+    x = x.requires_grad_(True)
+    g = torch.Generator().manual_seed(77 + rank)
+    ids, gate = route(x, router, 2, torch.randn(x.shape[0], E, generator=g))
+    y = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group)
+    r = torch.randn(y.shape, generator=g)
+    (y * r).sum().backward()
+    torch.save(
+        {"x": x.detach(), "ids": ids, "r": r, "bias_seed": 77 + rank, "y": y.detach(), "gx": x.grad,
+         "grouter": router.grad, "gw1": w1.grad, "gw2": w2.grad},
+        f"{out_dir}/{name}-grad-r{rank}.pt",
+    )  # fmt: skip
+
+
 def worker(rank: int, port: int, q: object, out_dir: str) -> None:
     """One rank: every group it belongs to, every scenario."""
     init_rank(rank, WORLD, port)
@@ -86,6 +107,7 @@ def worker(rank: int, port: int, q: object, out_dir: str) -> None:
                     },
                     f"{out_dir}/{name}-{scen}-r{rank}.pt",
                 )  # fmt: skip
+            _grad_case(name, group, rank, lrank, gsize, out_dir)
         dist.barrier()
     finally:
         dist.destroy_process_group()

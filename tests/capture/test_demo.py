@@ -33,6 +33,7 @@ from ep_trace.workloads.truth import layer_truth
         ({"straggler": "2"}, "--straggler: expected RANK:MS (e.g. 2:30), got '2'"),
         ({"straggler": "2:-5"}, "--straggler: delay must be a finite number of ms >= 0, got -5"),
         ({"backend": "mpi"}, "--backend: unknown backend 'mpi'; use gloo or nccl"),
+        ({"backward": True, "chunks": 2}, "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2"),
     ],
 )
 def test_bad_knobs_name_the_option(kwargs: dict, message: str) -> None:
@@ -85,7 +86,7 @@ def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, ca
     argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
             "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2"]  # fmt: skip
     assert main(argv) == 0
-    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo")
+    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo", False)
     assert seen["out"] == tmp_path / "d"
     assert capsys.readouterr().out == f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n"
 
@@ -196,3 +197,28 @@ def test_demo_without_torch_validates_then_names_the_missing_extra(tmp_path: Pat
         "error: torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'",
     ]
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.slow
+def test_backward_run_has_bwd_ranges_and_transposed_a2a(tmp_path: Path) -> None:
+    cfg = DemoConfig(ranks=2, experts=4, hidden=16, tokens=40, layers=2, steps=1, backward=True, seed=1)
+    run_demo(cfg, tmp_path)
+    for rank in (0, 1):
+        ev = _trace(tmp_path, rank)
+        bwd = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in ev if e["name"].endswith(":bwd"))
+        order = ["unpermute", "combine", "expert", "dispatch", "permute", "route"]
+        # Reverse data path, last layer first, one range each, never overlapping.
+        assert [n for _, _, n in bwd] == [f"ep:{s}:l{layer}:bwd" for layer in (1, 0) for s in order]
+        assert all(a[1] <= b[0] for a, b in zip(bwd, bwd[1:]))
+        a2a = sorted((r for r in _sidecar(tmp_path, rank) if r["type"] == "a2a"), key=lambda r: r["call"])
+        assert [(r["layer"], r["direction"], r["phase"]) for r in a2a] == [
+            (0, "count", "fwd"), (0, "dispatch", "fwd"), (0, "combine", "fwd"),
+            (1, "count", "fwd"), (1, "dispatch", "fwd"), (1, "combine", "fwd"),
+            (1, "combine", "bwd"), (1, "dispatch", "bwd"), (0, "combine", "bwd"), (0, "dispatch", "bwd"),
+        ]  # fmt: skip
+        fwd = {(r["layer"], r["direction"]): r for r in a2a if r["phase"] == "fwd"}
+        for r in (x for x in a2a if x["phase"] == "bwd"):
+            f = fwd[(r["layer"], r["direction"])]
+            assert (r["send_splits"], r["recv_splits"]) == (f["recv_splits"], f["send_splits"])
+        ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
+        assert [json.loads(op["args"]["Concrete Inputs"][4]) for op in ops] == [r["send_splits"] for r in a2a]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ep_trace.workloads.moe import dense_moe_forward, dense_slot_outputs, make_layer_weights
+from ep_trace.workloads.moe import dense_moe_forward, dense_slot_outputs, make_layer_weights, route
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -36,7 +36,7 @@ def _load(out: Path, group: str, scen: str) -> list[dict]:
 
 
 def test_worker_wrote_every_case(ep_run: Path) -> None:
-    assert len(list(ep_run.glob("*.pt"))) == sum(len(r) for r in W.GROUPS.values()) * len(W.SCENARIOS) == 42
+    assert len(list(ep_run.glob("*.pt"))) == sum(len(r) for r in W.GROUPS.values()) * (len(W.SCENARIOS) + 1) == 49
 
 
 @pytest.mark.parametrize("group,scen", CASES)
@@ -99,3 +99,30 @@ def test_degenerate_routing_shapes(ep_run: Path) -> None:
     assert 1 not in torch.cat([r["ids"] for r in g4["empty_expert"]]).tolist()
     assert [r["x"].shape[0] for r in g4["ragged"]] == [1, 13, 37, 5]
     assert sum(sum(r["recv_splits"]) for r in g4["ragged"]) == 3 * (1 + 13 + 37 + 5)
+
+
+@pytest.mark.parametrize("group", list(W.GROUPS))
+def test_ep_backward_equals_dense_backward(ep_run: Path, group: str) -> None:
+    """Gradients through the differentiable all-to-alls equal the dense MoE's (tokens, router, experts)."""
+    res = [torch.load(ep_run / f"{group}-grad-r{r}.pt") for r in W.GROUPS[group]]
+    full = make_layer_weights(W.H, W.FFN, W.E, seed=7, layer=0)
+    router, w1, w2 = (t.clone().requires_grad_(True) for t in (full.router, full.w1, full.w2))
+    dense_w = type(full)(router, w1, w2, 0)
+    xs = [r["x"].clone().requires_grad_(True) for r in res]
+    loss = 0
+    for xr, r in zip(xs, res, strict=True):
+        bias = torch.randn(xr.shape[0], W.E, generator=torch.Generator().manual_seed(r["bias_seed"]))
+        ids, gate = route(xr, router, 2, bias)
+        assert torch.equal(ids, r["ids"])  # same routing decision as the rank made
+        y = dense_moe_forward(xr, dense_w, ids, gate)
+        torch.testing.assert_close(y.detach(), r["y"], rtol=1e-5, atol=1e-5)
+        loss = loss + (y * r["r"]).sum()
+    loss.backward()
+    L = W.E // len(res)
+    for lrank, (xr, r) in enumerate(zip(xs, res, strict=True)):
+        torch.testing.assert_close(r["gx"], xr.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(r["gw1"], w1.grad[lrank * L : (lrank + 1) * L], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(r["gw2"], w2.grad[lrank * L : (lrank + 1) * L], rtol=1e-4, atol=1e-5)
+    # Each rank's router copy sees only its own tokens: the sum over ranks is the dense gradient.
+    torch.testing.assert_close(sum(r["grouter"] for r in res), router.grad, rtol=1e-4, atol=1e-5)
+    assert float(router.grad.abs().sum()) > 0 and float(w1.grad.abs().sum()) > 0

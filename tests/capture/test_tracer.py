@@ -116,10 +116,10 @@ def test_a2a_records_and_call_ordinals(tmp_path: Path) -> None:
         t.step()
         record_a2a("combine", [1], [3], layer=1, row_bytes=4, start_ns=10, end_ns=11)  # group from meta: [0]
     a2a = [r for r in _sidecar(tmp_path / "rank0.ep.jsonl") if r["type"] == "a2a"]
-    assert [(r["step"], r["direction"], r["call"], r["microbatch"]) for r in a2a] == [
-        (0, "count", 1, 0),
-        (0, "dispatch", 0, 1),
-        (1, "combine", 0, 0),
+    assert [(r["step"], r["direction"], r["call"], r["microbatch"], r["phase"]) for r in a2a] == [
+        (0, "count", 1, 0, "fwd"),
+        (0, "dispatch", 0, 1, "fwd"),
+        (1, "combine", 0, 0, "fwd"),
     ]
     assert a2a[1]["send_splits"] == [3, 0] and a2a[1]["recv_splits"] == [1, 4] and a2a[1]["row_bytes"] == 1024
     assert a2a[2]["group_ranks"] == [0] and (a2a[2]["start_ns"], a2a[2]["end_ns"]) == (10, 11)
@@ -133,6 +133,8 @@ def test_recording_is_a_noop_without_tracer_and_validates_with_one(tmp_path: Pat
     with Tracer(tmp_path):
         with pytest.raises(ConfigError, match="direction: unknown all-to-all direction 'nonsense'"):
             record_a2a("nonsense", [1], [1], layer=0, row_bytes=1, start_ns=0, end_ns=0)
+        with pytest.raises(ConfigError, match="phase: unknown phase 'sideways'"):
+            record_a2a("count", [1], [1], layer=0, row_bytes=1, start_ns=0, end_ns=0, phase="sideways")
         with pytest.raises(ConfigError, match="lengths 2/1 differ from the group size 1"):
             record_a2a("count", [1, 1], [1], layer=0, row_bytes=1, start_ns=0, end_ns=0)
         with pytest.raises(ConfigError, match="placement: has 2 entries for 4 experts"):

@@ -1,0 +1,130 @@
+"""Autograd pieces of the reference EP layer: a recorded all-to-all and backward stage ranges.
+
+``dist.all_to_all_single`` is not differentiable. :func:`a2a` wraps it in an autograd Function whose
+backward runs the transposed all-to-all (send and receive splits swapped) inside
+``stage(<stage>, layer, phase="bwd")`` and records it to the sidecar with ``"phase": "bwd"``.
+
+Backward ranges of compute stages: autograd runs a region's backward nodes between the backward of
+its output and the backward of its input, so :func:`bwd_region` puts identity nodes on both ends
+that open and close ``stage(..., phase="bwd")`` (the engine executes CPU backward on the calling
+thread in reverse creation order, so the range brackets exactly the region's nodes).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ep_trace.routing import record_a2a
+from ep_trace.stages import stage
+
+__all__ = ["a2a", "bwd_region", "BwdRange"]
+
+
+def a2a(
+    inp: torch.Tensor,
+    out_splits: list[int],
+    in_splits: list[int],
+    *,
+    group: Any,
+    ranks: list[int],
+    layer: int,
+    direction: str,
+) -> torch.Tensor:
+    """Synchronous ``all_to_all_single`` of rows, differentiable, recorded in both directions.
+
+    Args:
+        inp: ``[sum(in_splits), H]`` rows in destination order.
+        out_splits: Rows received from each group-local peer.
+        in_splits: Rows sent to each group-local peer.
+        group: Process group (``None``: default).
+        ranks: Global ranks of the group, group-local order (sidecar).
+        layer: Layer index (sidecar, backward stage range).
+        direction: ``dispatch`` or ``combine`` (also the stage name of the backward range).
+    """
+    return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction)
+
+
+def _run(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> None:
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+
+
+class _A2A(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, ranks: list[int], layer: int, direction: str) -> torch.Tensor:  # noqa: E501
+        out = inp.new_empty(sum(out_splits), inp.shape[1])
+        t0 = time.time_ns()
+        _run(out, inp.contiguous(), out_splits, in_splits, group)
+        rb = inp.shape[1] * inp.element_size()
+        record_a2a(direction, in_splits, out_splits, layer=layer, row_bytes=rb, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+        ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        out_splits, in_splits, group, ranks, layer, direction, rb = ctx.args
+        with stage(direction, layer, phase="bwd"):
+            g = grad.new_empty(sum(in_splits), grad.shape[1])
+            t0 = time.time_ns()
+            _run(g, grad.contiguous(), in_splits, out_splits, group)
+            record_a2a(direction, out_splits, in_splits, layer=layer, row_bytes=rb, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns(), phase="bwd")
+        return g, None, None, None, None, None, None
+
+
+class BwdRange:
+    """Holder of one backward stage range, shared by the two ends of a region."""
+
+    __slots__ = ("name", "layer", "open")
+
+    def __init__(self, name: str, layer: int) -> None:
+        self.name, self.layer = name, layer
+        self.open: stage | None = None
+
+
+class _Open(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, rng: BwdRange) -> torch.Tensor:
+        ctx.rng = rng
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rng = ctx.rng
+        if rng.open is None:
+            rng.open = stage(rng.name, rng.layer, phase="bwd").__enter__()
+        return g, None
+
+
+class _Close(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, rng: BwdRange) -> torch.Tensor:
+        ctx.rng = rng
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        rng = ctx.rng
+        if rng.open is not None:
+            rng.open.__exit__(None, None, None)
+            rng.open = None
+        return g, None
+
+
+def bwd_region(name: str, layer: int) -> tuple[Any, Any]:
+    """``(enter, leave)`` markers of a region whose backward gets ``stage(name, layer, phase="bwd")``.
+
+    Use ``x = enter(x)`` on the region's input and ``y = leave(y)`` on its output; both are identity
+    in the forward pass. Tensors that do not require grad pass through untouched.
+    """
+    rng = BwdRange(name, layer)
+
+    def enter(t: torch.Tensor) -> torch.Tensor:
+        return _Close.apply(t, rng) if t.requires_grad else t
+
+    def leave(t: torch.Tensor) -> torch.Tensor:
+        return _Open.apply(t, rng) if t.requires_grad else t
+
+    return enter, leave
