@@ -124,7 +124,7 @@ def _strings(src: TableSource) -> pl.DataFrame:
 def _resolve(df: pl.DataFrame, col: str, strings: pl.DataFrame, out: str) -> pl.DataFrame:
     if col not in df.columns:
         return df.with_columns(pl.lit(None, dtype=pl.Utf8).alias(out))
-    return df.join(strings.rename({"_sid": col, "_str": out}), on=col, how="left")
+    return df.with_columns(pl.col(col).replace_strict(strings["_sid"], strings["_str"], default=None, return_dtype=pl.Utf8).alias(out))
 
 
 def _read_gpu(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
@@ -424,7 +424,8 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
     parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
     ev = (
         pl.concat(parts, how="vertical_relaxed")
-        .join(rank_of.select("_proc", "rank"), on="_proc", how="inner")
+        .with_columns(pl.col("_proc").replace_strict(rank_of["_proc"], rank_of["rank"], default=None).alias("rank"))
+        .filter(pl.col("rank").is_not_null())
         .with_columns((pl.col("start") + offset).alias("start_ns"), (pl.col("end") + offset).alias("end_ns"))
         .sort(["rank", "start_ns", "end_ns", "_uid"], descending=[False, False, True, False])
         .with_columns(pl.int_range(pl.len(), dtype=i64).over("rank").alias("event_id"))
