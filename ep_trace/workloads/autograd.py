@@ -84,12 +84,16 @@ class BwdRange:
         self.open: stage | None = None
 
 
-class _Open(torch.autograd.Function):
+class _Marker(torch.autograd.Function):
+    """Identity in the forward pass; subclasses act on the range in the backward pass."""
+
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, rng: BwdRange) -> torch.Tensor:
         ctx.rng = rng
         return t.view_as(t)
 
+
+class _Open(_Marker):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         rng = ctx.rng
@@ -98,12 +102,7 @@ class _Open(torch.autograd.Function):
         return g, None
 
 
-class _Close(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, rng: BwdRange) -> torch.Tensor:
-        ctx.rng = rng
-        return t.view_as(t)
-
+class _Close(_Marker):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
         rng = ctx.rng
