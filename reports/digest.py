@@ -88,10 +88,11 @@ def verdict(analysis: Analysis) -> Verdict:
 
 
 def rank_table(analysis: Analysis) -> pl.DataFrame:
-    """One row per rank: step time P50/P95/P99/max over steps and the per-step mean of comm metrics.
+    """One row per rank: step time P50/P95/P99/max over steps, the per-step mean of comm metrics and
+    the P99 over steps of exposed comm and barrier wait (where a mean would hide the tail).
 
     Columns: rank, host, step_p50_ns, step_p95_ns, step_p99_ns, step_max_ns, comm_ns, exposed_comm_ns,
-    overlap_efficiency, barrier_wait_ns, transfer_ns.
+    overlap_efficiency, barrier_wait_ns, transfer_ns, exposed_p99_ns, wait_p99_ns.
     """
     rs = analysis.rank_summary
     cols = ["rank", "host", "comm_ns", "exposed_comm_ns", "overlap_efficiency", "barrier_wait_ns", "transfer_ns"]
@@ -102,9 +103,12 @@ def rank_table(analysis: Analysis) -> pl.DataFrame:
             *[pl.col("step_time_ns").cast(pl.Float64).quantile(x, interpolation="linear").alias(f"step_{n}_ns")
               for n, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))],
             pl.col("step_time_ns").max().cast(pl.Float64).alias("step_max_ns"),
+            pl.col("exposed_comm_ns").cast(pl.Float64).quantile(0.99, interpolation="linear").alias("exposed_p99_ns"),
+            pl.col("barrier_wait_ns").cast(pl.Float64).quantile(0.99, interpolation="linear").alias("wait_p99_ns"),
         ).with_columns(pl.col("rank").cast(base.schema.get("rank", pl.Int32)))
         base = base.join(q, on="rank", how="full", coalesce=True) if base.height else q
-    for c in ("host", "step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns", *cols[2:]):
+    quantiles = ("step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns")
+    for c in ("host", *quantiles, *cols[2:], "exposed_p99_ns", "wait_p99_ns"):
         if c not in base.columns:
             base = base.with_columns(pl.lit(None, dtype=pl.Utf8 if c == "host" else pl.Float64).alias(c))
-    return base.select("rank", "host", "step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns", *cols[2:]).sort("rank")
+    return base.select("rank", "host", *quantiles, *cols[2:], "exposed_p99_ns", "wait_p99_ns").sort("rank")

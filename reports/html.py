@@ -170,10 +170,11 @@ def _rank_table_html(analysis: Analysis, max_rows: int = 64) -> str:
         rt = rt.sort("step_max_ns", descending=True, nulls_last=True).head(max_rows)
         note = f'<p class="note">The {max_rows} ranks with the longest max step are shown; the JSON summary has all.</p>'
     rows = [[r["rank"], r["host"] or "–", fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p95_ns"]), fmt_ns(r["step_p99_ns"]),
-             fmt_ns(r["step_max_ns"]), fmt_ns(r["comm_ns"]), fmt_ns(r["exposed_comm_ns"]), fmt_pct(r["overlap_efficiency"]),
-             fmt_ns(r["barrier_wait_ns"]), fmt_ns(r["transfer_ns"])] for r in rt.iter_rows(named=True)]
-    return note + table_html(["rank", "host", "step P50", "P95", "P99", "max", "comm / step", "exposed / step",
-                              "overlap eff.", "wait / step", "transfer / step"], rows, left=2)
+             fmt_ns(r["step_max_ns"]), fmt_ns(r["comm_ns"]), fmt_ns(r["exposed_comm_ns"]), fmt_ns(r["exposed_p99_ns"]),
+             fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]), fmt_ns(r["wait_p99_ns"]), fmt_ns(r["transfer_ns"])]
+            for r in rt.iter_rows(named=True)]
+    return note + table_html(["rank", "host", "step P50", "P95", "P99", "max", "comm / step", "exposed / step", "exposed P99",
+                              "overlap eff.", "wait / step", "wait P99", "transfer / step"], rows, left=2)
 
 
 def _imbalance_table(analysis: Analysis) -> str:

@@ -44,6 +44,7 @@ def test_rank_table_percentiles(a4):
     assert rt["step_p50_ns"].to_list() == [5_075_000.0, 5_076_000.0, 5_077_000.0, 5_078_000.0]
     assert rt["step_max_ns"].to_list() == rt["step_p99_ns"].to_list()
     assert rt["barrier_wait_ns"].to_list() == [2_000_000, 2_000_000, 0, 2_000_000]
+    assert rt["wait_p99_ns"].to_list() == [2e6, 2e6, 0.0, 2e6] and rt["exposed_p99_ns"].to_list() == [2.16e6, 2.16e6, 6.6e5, 2.16e6]
 
 
 def test_sections_in_the_required_order(page4):
