@@ -220,7 +220,14 @@ def headline(c: Comparison) -> str:
     if c.stages.height:
         top = c.stages.sort(pl.col("delta_ns").abs(), descending=True).row(0, named=True)
         s += f" Largest stage change: {top['stage']} {fmt_ns(top['delta_ns'], signed=True)}."
-    s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}; the remaining {fmt_ns(c.step_delta_ns - c.explained_ns, signed=True)} is outside the EP stages"
+    rest = c.step_delta_ns - c.explained_ns
+    s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}"
+    if abs(c.explained_ns) > abs(c.step_delta_ns) and rest * c.explained_ns < 0:
+        # pipelined (chunked) stages run concurrently: their windows overlap, so the sum over-counts
+        s += (f", more than the step-time change: stage windows overlap each other (pipelined stages), "
+              f"so {fmt_ns(-rest)} of the stage change is concurrent rather than serial")
+    else:
+        s += f"; the remaining {fmt_ns(rest, signed=True)} is outside the EP stages"
     s += "." if stat == "mean" else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
     return s
 

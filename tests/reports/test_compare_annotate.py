@@ -91,3 +91,17 @@ def test_annotated_events_move_to_the_aligned_clock():
     assert ev1["ep:route:l0:fwd"] == ev0["ep:route:l0:fwd"] + 5.0  # events get the host offset (5 µs) ...
     comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("tid") == TRACK_TIDS["comm"] and e["pid"] == ANALYSIS_PID]
     assert min(e["ts"] for e in comm) == 125.0  # ... calls are already aligned: route 50 + permute 75 µs, unshifted
+
+
+def test_headline_explains_overlapping_stage_windows():
+    import dataclasses
+
+    import polars as pl
+
+    a = digest_analysis(make_fake_analysis(straggler=None), "A")
+    # B: same step time, but the dispatch window grew by 2 ms while overlapping other stages
+    st = a.stages.with_columns(pl.when(pl.col("stage") == "dispatch").then(pl.col("window_ns") + 2e6).otherwise(pl.col("window_ns")).alias("window_ns"))
+    c = compare_runs(a, dataclasses.replace(a, stages=st, label="B"))
+    assert c.step_delta_ns == 0 and c.explained_ns == 2e6
+    assert headline(c).endswith("Stage changes sum to +2.00 ms, more than the step-time change: stage windows overlap each other "
+                                "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial.")
