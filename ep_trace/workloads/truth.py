@@ -26,7 +26,8 @@ class LayerTruth:
         rank_load: L_r, assignments processed by each rank (sum over its experts).
         imbalance_expert: I_e = max_e n_e / mean_e n_e.
         imbalance_rank: I_r = max_r L_r / mean_r L_r.
-        count_matrix: C[i][j] = token rows sent from rank i to rank j by the dispatch all-to-all.
+        count_matrix: C[i][j] = token rows sent from rank i to rank j by the forward dispatch
+            all-to-all(s) (chunks summed; backward transposes excluded).
     """
 
     step: int
@@ -66,7 +67,7 @@ def layer_truth(trace_dir: str | Path) -> list[LayerTruth]:
             key = (r.get("step"), r.get("layer"))
             if r["type"] == "routing" and r.get("microbatch", 0) == 0:
                 counts[key] = counts.get(key, 0) + np.asarray(r["expert_counts"], dtype=np.int64)
-            elif r["type"] == "a2a" and r["direction"] == "dispatch":
+            elif r["type"] == "a2a" and r["direction"] == "dispatch" and r.get("phase", "fwd") == "fwd":
                 m = matrix.setdefault(key, np.zeros((world, world), dtype=np.int64))
                 m[rank] += np.asarray(r["send_splits"], dtype=np.int64)
     out = []

@@ -13,17 +13,18 @@ import pytest
 from ep_trace.stage_names import parse_stage_name
 from ep_trace.workloads.truth import format_truth_table, layer_truth, read_sidecar
 
-SAMPLES = ("balanced", "skewed_straggler", "chunked_overlap")
+SAMPLES = ("balanced", "skewed_straggler", "chunked_overlap", "backward")
 COMMANDS = {
     "balanced": "ep-trace demo --out sample_traces/balanced",
     "skewed_straggler": "ep-trace demo --out sample_traces/skewed_straggler --skew zipf:1.2 --straggler 2:30",
     "chunked_overlap": "ep-trace demo --out sample_traces/chunked_overlap --chunks 4",
+    "backward": "ep-trace demo --out sample_traces/backward --backward",
 }
 #: all-to-alls per rank and step: 2 layers x (count + dispatch + combine), chunked: x (1 + 4 + 4).
-A2A_PER_STEP = {"balanced": 6, "skewed_straggler": 6, "chunked_overlap": 18}
+A2A_PER_STEP = {"balanced": 6, "skewed_straggler": 6, "chunked_overlap": 18, "backward": 10}
 #: ep: ranges per rank and step: 6 per layer; chunked: route, permute, unpermute, count exchange,
 #: 4 x expert and 4 x 2 (launch, wait) for dispatch and for combine = 24 per layer.
-RANGES_PER_STEP = {"balanced": 12, "skewed_straggler": 12, "chunked_overlap": 48}
+RANGES_PER_STEP = {"balanced": 12, "skewed_straggler": 12, "chunked_overlap": 48, "backward": 24}
 # Required keys and types per sidecar record type (docs/sidecar.md, v1).
 SCHEMA = {
     "meta": {"rank": int, "world_size": int, "local_rank": int, "host": str, "backend": (str, type(None)), "device": str,
@@ -93,7 +94,8 @@ def test_kineto_trace_matches_sidecar(samples_dir: Path, name: str) -> None:
         steps = sorted((e for e in ev if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
         assert [e["name"] for e in steps] == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
         stages = [parse_stage_name(e["name"]) for e in ev if e["name"].startswith("ep:")]
-        assert len(stages) == 3 * RANGES_PER_STEP[name] and all(s is not None and s.phase == "fwd" for s in stages)
+        assert len(stages) == 3 * RANGES_PER_STEP[name] and all(s is not None for s in stages)
+        assert sum(s.phase == "bwd" for s in stages) == (3 * 12 if name == "backward" else 0)
         assert sum(1 for e in ev if e["name"] == "gloo:all_to_all") == 3 * A2A_PER_STEP[name]
         ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
         for n, s in enumerate(steps):
@@ -120,6 +122,7 @@ def test_skewed_sample_has_the_expected_imbalance_and_straggler(samples_dir: Pat
     assert all(t.rank_load.index(max(t.rank_load)) == 0 for t in skewed)  # experts 0, 1 live on rank 0
     # Chunking changes how rows travel, not where: same routing and count matrices as balanced.
     assert layer_truth(samples_dir / "chunked_overlap") == balanced
+    assert layer_truth(samples_dir / "backward") == balanced
     text = (samples_dir / "skewed_straggler" / "README.md").read_text()
     assert "Straggler: **rank 2**" in text
     arrivals = re.search(r"= \[([\d, ]+)\]\.", text)
