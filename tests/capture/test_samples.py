@@ -127,3 +127,14 @@ def test_skewed_sample_has_the_expected_imbalance_and_straggler(samples_dir: Pat
     assert "Straggler: **rank 2**" in text
     arrivals = re.search(r"= \[([\d, ]+)\]\.", text)
     assert arrivals is not None and arrivals.group(1).count("2") >= 4
+
+
+@pytest.mark.hta
+def test_hta_reads_the_sample_as_a_standard_kineto_trace(samples_dir: Path) -> None:
+    hta = pytest.importorskip("hta.trace_analysis")
+    a = hta.TraceAnalysis(trace_dir=str(samples_dir / "skewed_straggler"))
+    assert sorted(a.t.traces) == [0, 1, 2, 3]  # rank from distributedInfo; sidecars and README ignored
+    symbols = a.t.symbol_table.get_sym_table()
+    for r in range(4):
+        names = {symbols[i] for i in a.t.get_trace(r)["name"].unique()}
+        assert {"ep:expert:l0:fwd", "ep:combine:l1:fwd", "gloo:all_to_all", "c10d::alltoall_base_"} <= names
