@@ -290,3 +290,13 @@ def test_ep_stage_ranges_and_steps_reach_the_analysis(make_export, tmp_path: Pat
     st = analyze(tables).stages.sort("stage")
     assert st.select("step", "layer", "phase", "stage", "method").rows() == [(3, 0, "fwd", "dispatch", "ep_trace"), (3, 0, "fwd", "expert", "ep_trace")]
     assert st.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, "busy_ns").rows() == [(5_000, 6_000, 1_000), (6_100, 7_000, 800)]
+
+
+def test_partial_rank_map_names_the_missing_pid(make_export) -> None:
+    kernels = [(2000, 2100, 0, 7, 1, gpid(PID), 1), (2050, 2300, 1, 7, 1, gpid(PID2), 1)]
+    path = make_export(strings=STRINGS, kernels=kernels, runtime=[])
+    with pytest.raises(ConfigError) as e:
+        read_nsys(path, rank_map={str(PID): 0})
+    assert str(e.value) == f"--rank-map: {path} holds GPU processes 144, 145; no rank given for pid 145"
+    with pytest.raises(ConfigError, match="rank 0 is given to two processes"):
+        read_nsys(path, rank_map={PID: 0, PID2: 0})
