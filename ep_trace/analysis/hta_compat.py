@@ -46,8 +46,11 @@ def hta_overlap(events: pl.DataFrame) -> pl.DataFrame:
         ((pl.col("start_ns") + 999) // 1000).alias("start_ns"),  # ceil to µs (kept in µs units)
         (pl.col("end_ns") // 1000).alias("end_ns"),              # floor to µs
     )
-    comm = d.filter(pl.col("name").str.contains(HTA_COMM_RE))
-    comp = d.filter(~pl.col("name").str.contains(HTA_NOT_COMPUTE_RE))
+    names = d.select(pl.col("name").unique()).with_columns(
+        pl.col("name").str.contains(HTA_COMM_RE).alias("_comm"), ~pl.col("name").str.contains(HTA_NOT_COMPUTE_RE).alias("_comp"))
+    d = d.join(names, on="name", how="left")
+    comm = d.filter(pl.col("_comm"))
+    comp = d.filter(pl.col("_comp"))
     ov = overlap_lengths(comm, comp, ["rank"])
     ranks = events.select(pl.col("rank").unique().sort())
     return ranks.join(ov, on="rank", how="left").select(
