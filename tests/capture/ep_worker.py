@@ -8,11 +8,13 @@ able to import the worker function, which pytest's importlib mode does not allow
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 import torch.distributed as dist
 
+from ep_trace.capture import Tracer
 from ep_trace.workloads.launcher import init_rank, spawn_ranks
 from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
 
@@ -108,6 +110,13 @@ def worker(rank: int, port: int, q: object, out_dir: str) -> None:
                     f"{out_dir}/{name}-{scen}-r{rank}.pt",
                 )  # fmt: skip
             _grad_case(name, group, rank, lrank, gsize, out_dir)
+        # Tracer under torch.distributed with no job id given: rank 0's id is broadcast to all.
+        os.environ.pop("EP_TRACE_JOB_ID", None)
+        os.environ.pop("TORCHELASTIC_RUN_ID", None)
+        with Tracer(f"{out_dir}/traced"):
+            x, ids, gate = _inputs("random", rank, rank, WORLD)
+            w = local_experts(make_layer_weights(H, FFN, E, seed=7, layer=0), rank * (E // WORLD), E // WORLD)
+            ep_moe_forward(x, w, ids, gate, num_experts=E, group=groups["g4"])
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -5,6 +5,7 @@ One spawned run (tests/capture/ep_worker.py, 4 processes) serves every test of t
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,16 @@ def ep_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _load(out: Path, group: str, scen: str) -> list[dict]:
     """Per-rank results in group-local order."""
     return [torch.load(out / f"{group}-{scen}-r{r}.pt") for r in W.GROUPS[group]]
+
+
+def test_tracer_under_distributed_shares_rank0_job_id(ep_run: Path) -> None:
+    traced = ep_run / "traced"
+    assert sorted(p.name for p in traced.iterdir()) == [f"rank{r}.{x}" for r in range(4) for x in ("ep.jsonl", "pt.trace.json.gz")]
+    metas = [json.loads((traced / f"rank{r}.ep.jsonl").read_text().splitlines()[0]) for r in range(4)]
+    assert [(m["rank"], m["world_size"], m["backend"], m["local_rank"]) for m in metas] == [(r, 4, "gloo", r) for r in range(4)]
+    assert len({m["job_id"] for m in metas}) == 1 and len(metas[0]["job_id"]) == 32
+    a2a = [json.loads(x) for x in (traced / "rank2.ep.jsonl").read_text().splitlines()]
+    assert [(r["type"], r.get("direction")) for r in a2a[1:]] == [("a2a", "count"), ("a2a", "dispatch"), ("a2a", "combine"), ("step_end", None)]
 
 
 def test_worker_wrote_every_case(ep_run: Path) -> None:
