@@ -47,3 +47,22 @@ def test_clock_offset_recovered(synth):
     assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
     raw = analyze(shifted, AnalysisConfig(align_clocks=False))
     assert raw.calls["last_rank"][0] == 3 and raw.calls["arrival_skew_ns"][0] == 5_300_000
+
+
+def test_timeline_intervals_exact(synth):
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    T0 = synth["T0"]
+    iv = a.intervals.filter(pl.col("rank") == 0).with_columns(pl.col("start_ns") - T0, pl.col("end_ns") - T0)
+    got = {tr: iv.filter(pl.col("track") == tr).select("start_ns", "end_ns").rows() for tr in iv["track"].unique()}
+    assert got == {
+        "comm": [(200_000, 600_000)], "compute": [(550_000, 800_000)], "exposed_comm": [(200_000, 550_000)],
+        "stage": [(100_000, 400_000), (400_000, 700_000)], "wait": [(200_000, 500_000)], "transfer": [(500_000, 600_000)],
+    }
+    assert set(a.intervals["step"]) == {1}
+
+
+def test_comms_id_matching(synth):
+    t = synth["gpu_job"](STARTS, 600_000)
+    c = t.collectives.with_columns(pl.lit(2**63 + 5, pl.UInt64).alias("comms_id"), pl.lit(None, pl.Utf8).alias("pg_name"))
+    a = analyze(type(t)(**{**t.__dict__, "collectives": c}))
+    assert a.calls.select("key", "pg_name", "last_rank", "valid").rows() == [("comms_id", "<default>", 3, True)]
