@@ -23,7 +23,7 @@ def demo(
     layers: Annotated[int, typer.Option("--layers", help="MoE layers per step.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 3,
     skew: Annotated[str, typer.Option("--skew", help="uniform | zipf:EXP | hot:EXPERT:SHARE")] = "uniform",
-    straggler: Annotated[Optional[str], typer.Option("--straggler", help="RANK:MS extra compute on one rank.")] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    straggler: Annotated[Optional[str], typer.Option("--straggler", help="RANK:MS: that rank is MS ms late in each of its expert stages.")] = None,  # noqa: UP045 - typer needs Optional on 3.10
     chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",

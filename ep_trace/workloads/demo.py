@@ -50,7 +50,7 @@ class DemoConfig:
         layers: MoE layers per step.
         steps: Traced steps.
         skew: ``uniform`` | ``zipf:EXP`` | ``hot:EXPERT:SHARE``.
-        straggler: ``RANK:MS`` extra busy compute per expert stage on that rank, or ``None``.
+        straggler: ``RANK:MS``: that rank sleeps MS ms inside each of its expert stages, or ``None``.
         chunks: Pipeline chunks for dispatch / expert / combine (1 = none).
         seed: Seed of weights, tokens and routing noise.
         backend: ``gloo`` (CPU tensors) or ``nccl`` (one CUDA device per rank, ``cuda:<rank>``).

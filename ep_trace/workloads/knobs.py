@@ -34,7 +34,7 @@ class SkewSpec:
 
 @dataclass(frozen=True)
 class Straggler:
-    """Extra compute delay of ``rank`` inside each of its expert stages, in milliseconds."""
+    """Delay (a sleep) of ``rank`` inside each of its expert stages, in milliseconds."""
 
     rank: int
     ms: float

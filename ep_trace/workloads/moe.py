@@ -177,7 +177,7 @@ def ep_moe_forward(
         layer: Layer index (stage names, sidecar).
         group: Process group (``None``: the default group).
         chunks: Pipeline chunks for dispatch / expert / combine (1: no pipelining).
-        straggle_ms: Extra busy compute inside the expert stage, per layer (split over chunks).
+        straggle_ms: Delay (sleep) inside the expert stage, ms per layer (split over chunks).
         debug: Also return :class:`EpDebug` (costs one extra all-to-all of tags, not recorded).
 
     Autograd: with ``chunks=1`` the layer is differentiable (tokens, gate weights, expert weights);
