@@ -13,6 +13,11 @@ Two regimes, chosen per rank:
   compute = the union of ``cpu_op`` ranges on the compute thread (the thread of ``ProfilerStep``)
   minus the collective op ranges. Anchors: the collective's host start for comm, the start for
   compute.
+
+Every interval also carries ``anchor_tid``, the host thread of its anchor (the launching thread,
+the thread of the collective op, the compute thread): stage attribution only looks at ranges of
+that thread, so a kernel launched by the autograd thread is never charged to a range that happens
+to be open on the main thread.
 """
 
 from __future__ import annotations
@@ -24,13 +29,13 @@ from ep_trace.comm_classifier import is_comm_expr
 
 __all__ = ["device_activity", "ACT_COLS"]
 
-ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "coll_id", "stream"]
+ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "anchor_tid", "coll_id", "stream"]
 
 
 def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
     dev = ev.filter(pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"]))
     launches = ev.filter(pl.col("kind") == "runtime").select(
-        "rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_launch_ns")
+        "rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_launch_ns"), pl.col("tid").alias("anchor_tid")
     )
     dev = dev.join(launches, on=["rank", "launch_id"], how="left")
     # classify each distinct kernel name once (a trace repeats a few hundred names millions of times)
@@ -50,6 +55,7 @@ def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
         "start_ns",
         "end_ns",
         pl.coalesce("_launch_ns", "start_ns").alias("anchor_ns"),
+        "anchor_tid",
         "coll_id",
         "stream",
     )
@@ -72,24 +78,29 @@ def compute_threads(ev: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
 def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl.DataFrame) -> pl.DataFrame:
     ev = ev.filter(pl.col("rank").is_in(cpu_ranks.implode()))
     coll = coll.filter(pl.col("rank").is_in(cpu_ranks.implode()))
+    # the caller's thread anchors the collective (its op row), so attribution stays on that thread
+    op_tid = ev.select("rank", pl.col("event_id").alias("op_id"), pl.col("tid").alias("_otid"))
+    coll = coll.join(op_tid, on=["rank", "op_id"], how="left")
     workers = ev.filter(pl.col("kind") == "comm_worker").join(
-        coll.select("rank", "coll_id", pl.col("cpu_start_ns").alias("_cs")), on=["rank", "coll_id"], how="left"
+        coll.select("rank", "coll_id", pl.col("cpu_start_ns").alias("_cs"), "_otid"), on=["rank", "coll_id"], how="left"
     )
     w = workers.select(
         "rank", pl.lit("comm").alias("cls"), "name", "start_ns", "end_ns",
-        pl.coalesce("_cs", "start_ns").alias("anchor_ns"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
+        pl.coalesce("_cs", "start_ns").alias("anchor_ns"), pl.col("_otid").alias("anchor_tid"), "coll_id",
+        pl.lit(None, pl.Int64).alias("stream"),
     )
     callers = coll.filter(pl.col("cpu_start_ns").is_not_null() & pl.col("cpu_end_ns").is_not_null()).select(
         "rank", pl.lit("comm").alias("cls"), pl.col("op_name").alias("name"),
         pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"),
-        pl.col("cpu_start_ns").alias("anchor_ns"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
+        pl.col("cpu_start_ns").alias("anchor_ns"), pl.col("_otid").alias("anchor_tid"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
     )
     tids = compute_threads(ev, windows)
     ops = ev.filter(pl.col("kind") == "cpu_op").join(tids, on=["rank", "tid"], how="semi")
     pieces = subtract(ops.select("rank", "start_ns", "end_ns"), callers.select("rank", "start_ns", "end_ns"), ["rank"])
-    k = pieces.select(
+    k = pieces.join(tids, on="rank", how="left").select(
         "rank", pl.lit("compute").alias("cls"), pl.lit("cpu compute").alias("name"), "start_ns", "end_ns",
-        pl.col("start_ns").alias("anchor_ns"), pl.lit(None, pl.Int64).alias("coll_id"), pl.lit(None, pl.Int64).alias("stream"),
+        pl.col("start_ns").alias("anchor_ns"), pl.col("tid").alias("anchor_tid"), pl.lit(None, pl.Int64).alias("coll_id"),
+        pl.lit(None, pl.Int64).alias("stream"),
     )
     return pl.concat([w, callers, k], how="vertical_relaxed")
 
@@ -117,6 +128,6 @@ def device_activity(events: pl.DataFrame, collectives: pl.DataFrame, windows: pl
     mode = {int(r): "gpu" for r in gpu_ranks} | {int(r): "cpu" for r in cpu_ranks}
     if not parts:
         return pl.DataFrame(schema={"rank": pl.Int32, "cls": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                                    "anchor_ns": pl.Int64, "coll_id": pl.Int64, "stream": pl.Int64}), mode
+                                    "anchor_ns": pl.Int64, "anchor_tid": pl.Int64, "coll_id": pl.Int64, "stream": pl.Int64}), mode
     act = pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("rank").cast(pl.Int32))
     return act.filter(pl.col("end_ns") > pl.col("start_ns")), mode

@@ -137,41 +137,45 @@ def range_join(
     right: pl.DataFrame,
     left_span: tuple[str, str],
     right_span: tuple[str, str],
-    rank: str = "rank",
+    by: tuple[str, ...] = ("rank",),
 ) -> pl.DataFrame:
-    """All (left, right) row pairs of the same rank whose spans overlap or touch.
+    """All (left, right) row pairs with equal ``by`` values whose spans overlap or touch.
 
     ``left_span`` may name the same column twice for a point (``(t, t)``: the point lies inside the
-    right span, ends included). Uses polars' inequality join (IEJoin) on a key that packs the rank
-    into the high bits of the time, so the equality on rank costs nothing: a plain equality +
-    inequality ``join_where`` degrades to a per-rank cross join.
+    right span, ends included). Uses polars' inequality join (IEJoin) on a key that packs a dense id
+    of the ``by`` values into the high bits of the time, so the equality costs nothing: a plain
+    equality + inequality ``join_where`` degrades to a per-group cross join. Null ``by`` values
+    match null.
 
     Args:
-        left: Frame with ``rank`` and the two span columns (epoch ns).
-        right: Frame with ``rank`` and its span columns; its other column names must not clash.
+        left: Frame with the ``by`` columns and the two span columns (epoch ns).
+        right: Frame with the ``by`` columns and its span columns; other column names must not clash.
         left_span: (start, end) column names in ``left``.
         right_span: (start, end) column names in ``right``.
-        rank: Name of the rank column (present in both; kept once).
+        by: Equality columns (present in both; kept once, from ``left``).
 
     Returns:
-        The joined pairs (columns of both frames, ``rank`` once).
+        The joined pairs (columns of both frames, ``by`` once).
     """
-    r = right.rename({rank: "__rank_r"})
-    if left.is_empty() or r.is_empty():
-        return left.join(r.drop("__rank_r"), how="cross").head(0)
-    t0 = min(left[left_span[0]].min(), r[right_span[0]].min())
-    t1 = max(left[left_span[1]].max(), r[right_span[1]].max())
-    if t1 - t0 >= 1 << _SHIFT:  # a trace longer than 19.5 h: fall back to the slower join
-        out = left.join_where(
-            r, pl.col(rank) == pl.col("__rank_r"),
+    by = list(by)
+    if left.is_empty() or right.is_empty():
+        return left.join(right.drop(by), how="cross").head(0)
+    keys = pl.concat([left.select(by), right.select(by)]).unique().with_row_index("__gid").with_columns(pl.col("__gid").cast(pl.Int64))
+    a = left.join(keys, on=by, how="left", nulls_equal=True)
+    b = right.join(keys, on=by, how="left", nulls_equal=True).drop(by)
+    t0 = min(left[left_span[0]].min(), right[right_span[0]].min())
+    t1 = max(left[left_span[1]].max(), right[right_span[1]].max())
+    if t1 - t0 >= 1 << _SHIFT or keys.height >= 1 << (62 - _SHIFT):  # > 19.5 h or > 65k groups: slower join
+        out = a.join_where(
+            b.rename({"__gid": "__gid_r"}), pl.col("__gid") == pl.col("__gid_r"),
             pl.col(left_span[0]) <= pl.col(right_span[1]), pl.col(left_span[1]) >= pl.col(right_span[0]),
         )
-        return out.drop("__rank_r")
+        return out.drop(["__gid", "__gid_r"])
 
-    def key(rk: str, c: str) -> pl.Expr:
-        return pl.col(rk).cast(pl.Int64) * (1 << _SHIFT) + (pl.col(c) - t0)
+    def key(c: str) -> pl.Expr:
+        return pl.col("__gid") * (1 << _SHIFT) + (pl.col(c) - t0)
 
-    a = left.with_columns(key(rank, left_span[0]).alias("__ls"), key(rank, left_span[1]).alias("__le"))
-    b = r.with_columns(key("__rank_r", right_span[0]).alias("__rs"), key("__rank_r", right_span[1]).alias("__re"))
+    a = a.with_columns(key(left_span[0]).alias("__ls"), key(left_span[1]).alias("__le"))
+    b = b.with_columns(key(right_span[0]).alias("__rs"), key(right_span[1]).alias("__re")).drop("__gid")
     out = a.join_where(b, pl.col("__ls") <= pl.col("__re"), pl.col("__le") >= pl.col("__rs"))
-    return out.drop(["__ls", "__le", "__rs", "__re", "__rank_r"])
+    return out.drop(["__ls", "__le", "__rs", "__re", "__gid"])

@@ -6,8 +6,9 @@ SGLang, ``dispatch(F)`` style; tier 1), plain PyTorch collectives (tier 2), then
 no stage range at all, kernel families (DeepEP dispatch / combine / notify kernels, grouped GEMM,
 top-k / routing, permute / scatter kernels). The method is reported per row.
 
-Attribution: a device interval belongs to the innermost stage range of its rank whose host span
-contains the interval's *launch* time (Kineto and nsys alike). CPU compute pieces (CPU-only traces)
+Attribution: a device interval belongs to the innermost stage range of its rank — on the thread of
+its anchor when both are known — whose host span contains the interval's *launch* time (Kineto and
+nsys alike). CPU compute pieces (CPU-only traces)
 lie on the same thread as the ranges, so they are clipped to each range they overlap instead.
 """
 
@@ -164,11 +165,24 @@ def attribute(
     cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
     act = act.with_row_index("aid")
     is_cpu_compute = pl.col("rank").is_in(cpu_ranks) & (pl.col("cls") == "compute")
-    rsel = ranges.select("sid", "rank", "cpu_start_ns", "cpu_end_ns")
-    pts = range_join(act.filter(~is_cpu_compute), rsel, ("anchor_ns", "anchor_ns"), ("cpu_start_ns", "cpu_end_ns"))
+    rsel = ranges.select("sid", "rank", "tid", "cpu_start_ns", "cpu_end_ns")
+    # same thread when both sides know it; ranks whose ranges carry no thread fall back to rank-only
+    threaded_ranks = rsel.filter(pl.col("tid").is_not_null())["rank"].unique().implode()
+    same_thread = pl.col("anchor_tid").is_not_null() & pl.col("rank").is_in(threaded_ranks)
+    pt = act.filter(~is_cpu_compute)
+    pts = pl.concat([
+        range_join(pt.filter(same_thread).rename({"anchor_tid": "tid"}), rsel, ("anchor_ns", "anchor_ns"),
+                   ("cpu_start_ns", "cpu_end_ns"), by=("rank", "tid")).drop("tid"),
+        range_join(pt.filter(~same_thread).drop("anchor_tid"), rsel.drop("tid"), ("anchor_ns", "anchor_ns"), ("cpu_start_ns", "cpu_end_ns")),
+    ], how="diagonal_relaxed")
     # innermost range (latest start) wins for nested ranges
     pts = pts.sort("cpu_start_ns", descending=True).unique("aid", keep="first")
-    clipped = range_join(act.filter(is_cpu_compute), rsel, ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns")).with_columns(
+    cc = act.filter(is_cpu_compute)
+    clipped = pl.concat([
+        range_join(cc.filter(same_thread).rename({"anchor_tid": "tid"}), rsel, ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns"),
+                   by=("rank", "tid")).drop("tid"),
+        range_join(cc.filter(~same_thread).drop("anchor_tid"), rsel.drop("tid"), ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns")),
+    ], how="diagonal_relaxed").with_columns(
         pl.max_horizontal("start_ns", "cpu_start_ns").alias("start_ns"), pl.min_horizontal("end_ns", "cpu_end_ns").alias("end_ns")
     ).filter(pl.col("end_ns") > pl.col("start_ns"))
     att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])

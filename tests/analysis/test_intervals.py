@@ -71,3 +71,15 @@ def test_algebra_matches_per_ns_reference(a, b):
     for g in range(3):
         ug = u.filter(pl.col("g") == g)
         assert (ug["start_ns"][1:].to_numpy() > ug["end_ns"][:-1].to_numpy()).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ivl, max_size=15), st.lists(ivl, max_size=15))
+def test_range_join_matches_cross_join(a, b):
+    from ep_trace.analysis.intervals import range_join
+
+    fa = _frame(a).with_row_index("i")
+    fb = _frame(b).rename({"start_ns": "s2", "end_ns": "e2"}).with_row_index("j")
+    got = sorted(range_join(fa, fb, ("start_ns", "end_ns"), ("s2", "e2"), by=("g",)).select("i", "j").rows())
+    want = sorted((i, j) for i, (g, s, e) in enumerate(a) for j, (g2, s2, e2) in enumerate(b) if g == g2 and s <= e2 and e >= s2)
+    assert got == want

@@ -66,3 +66,21 @@ def test_comms_id_matching(synth):
     c = t.collectives.with_columns(pl.lit(2**63 + 5, pl.UInt64).alias("comms_id"), pl.lit(None, pl.Utf8).alias("pg_name"))
     a = analyze(type(t)(**{**t.__dict__, "collectives": c}))
     assert a.calls.select("key", "pg_name", "last_rank", "valid").rows() == [("comms_id", "<default>", 3, True)]
+
+
+def test_attribution_stays_on_the_launching_thread(synth):
+    """A kernel launched by another thread (autograd) while the main thread is inside 'dispatch' is
+    not charged to dispatch."""
+    from ep_trace.schema import conform
+
+    t = synth["gpu_job"](STARTS, 600_000)
+    T0 = synth["T0"]
+    extra = conform("events", pl.DataFrame([
+        {"rank": 0, "event_id": 90, "kind": "runtime", "name": "cudaLaunchKernel", "tid": 2, "start_ns": T0 + 160_000, "end_ns": T0 + 161_000},
+        {"rank": 0, "event_id": 91, "kind": "gpu_kernel", "name": "autograd_kernel", "stream": 9, "start_ns": T0 + 900_000,
+         "end_ns": T0 + 950_000, "launch_id": 90},
+    ]))
+    a = analyze(type(t)(**{**t.__dict__, "events": pl.concat([t.events, extra])}))
+    d = a.stages.filter((pl.col("rank") == 0) & (pl.col("stage") == "dispatch")).row(0, named=True)
+    assert (d["busy_ns"], d["window_ns"]) == (400_000, 400_000)
+    assert a.steps.filter(pl.col("rank") == 0)["compute_ns"].item() == 300_000  # still compute of step 1
