@@ -45,7 +45,17 @@ def a2a(
         layer: Layer index (sidecar, backward stage range).
         direction: ``dispatch`` or ``combine`` (also the stage name of the backward range).
     """
-    return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction)
+    if torch.is_grad_enabled() and inp.requires_grad:
+        return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction)
+    # No autograd node when no gradient flows: Function.apply records a cpu_op range named after the
+    # class around the collective, which trace analysis could mistake for compute.
+    return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction)
+
+
+class _NoCtx:
+    """Stand-in for the autograd context when :class:`_A2A` runs without autograd."""
+
+    args: tuple[Any, ...] = ()
 
 
 def _run(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> None:

@@ -222,3 +222,4 @@ def test_backward_run_has_bwd_ranges_and_transposed_a2a(tmp_path: Path) -> None:
             assert (r["send_splits"], r["recv_splits"]) == (f["recv_splits"], f["send_splits"])
         ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
         assert [json.loads(op["args"]["Concrete Inputs"][4]) for op in ops] == [r["send_splits"] for r in a2a]
+
