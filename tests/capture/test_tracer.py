@@ -225,3 +225,12 @@ def test_nvtx_only_with_a_collector(monkeypatch: pytest.MonkeyPatch, env: dict, 
     assert stages._nvtx_wanted() is expected
     if not torch.cuda.is_available():
         assert stages._hooks().nvtx_push is None  # CPU machine: never NVTX
+
+
+def test_capture_names_import_without_torch() -> None:
+    code = (
+        "import sys; import ep_trace; ep_trace.Tracer; ep_trace.stage; ep_trace.record_routing; ep_trace.record_a2a; "
+        "import ep_trace.workloads.demo, ep_trace.workloads.truth; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False"  # torch is imported on first use, never at import
