@@ -223,3 +223,21 @@ def test_backward_run_has_bwd_ranges_and_transposed_a2a(tmp_path: Path) -> None:
         ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
         assert [json.loads(op["args"]["Concrete Inputs"][4]) for op in ops] == [r["send_splits"] for r in a2a]
 
+
+
+def test_routing_bias_realises_the_skew() -> None:
+    import torch
+
+    from ep_trace.workloads.demo import routing_bias
+
+    # top-1: Gumbel-max over log p samples expert e with probability exactly p_e.
+    cfg = DemoConfig(ranks=1, experts=4, top_k=1, tokens=40_000, skew="zipf:1.0")
+    freq = torch.bincount(routing_bias(cfg, 0, 0, 0).argmax(1), minlength=4) / 40_000
+    assert freq.tolist() == pytest.approx([12 / 25, 6 / 25, 4 / 25, 3 / 25], abs=0.01)
+    # hot:2:0.5 with top-2: expert 2 is in every token's top-2 -> exactly half of all assignments.
+    cfg = DemoConfig(ranks=1, experts=4, top_k=2, tokens=1000, skew="hot:2:0.5")
+    top2 = routing_bias(cfg, 0, 1, 0).topk(2, dim=1).indices
+    assert int((top2 == 2).sum()) == 1000
+    # Deterministic from (seed, rank, step, layer); different ranks get different noise.
+    assert torch.equal(routing_bias(cfg, 0, 1, 0), routing_bias(cfg, 0, 1, 0))
+    assert not torch.equal(routing_bias(cfg, 0, 1, 0), routing_bias(DemoConfig(ranks=2, experts=4, tokens=1000, skew="hot:2:0.5"), 1, 1, 0))
