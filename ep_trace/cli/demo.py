@@ -61,7 +61,16 @@ def demo(
 
         trace_dir = run_demo(cfg, out, progress=progress)
     console.print(f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False, soft_wrap=True)
-    # --- report hook (lead): write <out>/report.html from trace_dir here once `analyze` exists. ---
+    # The demo ends where a user's own run would: ingest + analyze + report beside the traces.
+    from ep_trace.reports.pipeline import build_report
+    from ep_trace.reports.terminal import summary_renderables
+
+    report, summary = trace_dir / "report.html", trace_dir / "summary.json"
+    analysis = build_report(trace_dir, report, json_path=summary)
+    for r in summary_renderables(analysis):
+        console.print(r)
+    console.print(f"report: {report}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"summary: {summary}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
