@@ -11,7 +11,8 @@ Two regimes, chosen per rank:
   worker ranges (``comm_worker``) plus the caller-side collective op range (``c10d::alltoall_base_``
   blocks the caller until the transfer is done, so the caller is communicating, not computing);
   compute = the union of ``cpu_op`` ranges on the compute thread (the thread of ``ProfilerStep``)
-  minus the collective op ranges. Anchors: the collective's host start for comm, the start for
+  minus the collective op ranges, leaving out the ops that enclose a collective call (their self
+  time is a blocking ``work.wait()`` that gloo records as no op of its own). Anchors: the collective's host start for comm, the start for
   compute.
 
 Every interval also carries ``anchor_tid``, the host thread of its anchor (the launching thread,
@@ -75,6 +76,38 @@ def compute_threads(ev: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([step_tid, busiest.join(step_tid, on="rank", how="anti")])
 
 
+def _without_collective_wrappers(ops: pl.DataFrame, callers: pl.DataFrame) -> pl.DataFrame:
+    """Drop the ops that enclose a collective call on the same thread.
+
+    Such a wrapper (a custom autograd Function around an all-to-all: ``_A2A``, ``autograd::engine::
+    evaluate_function: _A2ABackward``) spends its self time in ``work.wait()``, which gloo records
+    as no op of its own (torch 2.13): counting it as compute would turn a synchronous all-to-all
+    into "overlap". Its real compute children are ops of their own and stay.
+    """
+    starts = (
+        callers.filter(pl.col("anchor_tid").is_not_null())
+        .select("rank", pl.col("anchor_tid").alias("tid"), pl.col("start_ns").alias("_cs"))
+        .sort("_cs")
+        .with_columns(pl.int_range(1, pl.len() + 1, dtype=pl.Int64).over(["rank", "tid"]).alias("_n"))
+    )
+    if starts.height == 0:
+        return ops
+    ops = ops.with_row_index("_row").with_columns(pl.col("end_ns").alias("_end"))
+    before = ops.sort("start_ns").join_asof(
+        starts.rename({"_n": "_n0"}), left_on="start_ns", right_on="_cs", by=["rank", "tid"], strategy="backward",
+        check_sortedness=False,
+    )
+    upto = before.sort("_end").join_asof(
+        starts.rename({"_n": "_n1", "_cs": "_ce"}), left_on="_end", right_on="_ce", by=["rank", "tid"], strategy="backward",
+        check_sortedness=False,
+    )
+    # collectives starting in [start, end]: those counted by `end` minus those before `start`
+    # (an op that *starts with* the collective, i.e. the collective op itself, is subtracted later)
+    inside = pl.col("_n1").fill_null(0) - pl.col("_n0").fill_null(0)
+    keep = upto.filter(inside == 0).get_column("_row")
+    return ops.filter(pl.col("_row").is_in(keep.implode())).drop("_row", "_end")
+
+
 def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl.DataFrame) -> pl.DataFrame:
     ev = ev.filter(pl.col("rank").is_in(cpu_ranks.implode()))
     coll = coll.filter(pl.col("rank").is_in(cpu_ranks.implode()))
@@ -95,7 +128,9 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
         pl.col("cpu_start_ns").alias("anchor_ns"), pl.col("_otid").alias("anchor_tid"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
     )
     tids = compute_threads(ev, windows)
-    ops = ev.filter(pl.col("kind") == "cpu_op").join(tids, on=["rank", "tid"], how="semi")
+    ops = _without_collective_wrappers(
+        ev.filter(pl.col("kind") == "cpu_op").join(tids, on=["rank", "tid"], how="semi"), callers
+    )
     pieces = subtract(ops.select("rank", "start_ns", "end_ns"), callers.select("rank", "start_ns", "end_ns"), ["rank"])
     k = pieces.join(tids, on="rank", how="left").select(
         "rank", pl.lit("compute").alias("cls"), pl.lit("cpu compute").alias("name"), "start_ns", "end_ns",
