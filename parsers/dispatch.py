@@ -206,7 +206,9 @@ def read_trace_dir(
         except EpTraceError as exc:
             if on_error != "skip":
                 raise
-            issues.append(schema.LoadIssue(str(f), None, "error", f"skipped: {exc}"))
+            from ep_trace.parsers.kineto import rank_from_file_name
+
+            issues.append(schema.LoadIssue(str(f), rank_from_file_name(f.name), "error", f"skipped: {exc}"))
             log.warning("skipped %s: %s", f, exc)
     if progress:
         progress("read", len(inputs), len(inputs))

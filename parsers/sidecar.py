@@ -12,8 +12,9 @@ lists of every all-to-all, the expert placement and rank metadata. Merging one r
 * ``placement`` from ``meta.placement``;
 * ``collectives``: each all-to-all(v) call is matched to the ``a2a`` record whose host window
   ``[start_ns, end_ns]`` (``time.time_ns`` around the call, same epoch clock as Kineto) contains
-  the call's host start; the record's layer / direction annotate it and its full split lists
-  replace truncated or missing ones (``splits_source = 'sidecar'``).
+  the call's host start (when no window matches at all and the counts agree, by order); the
+  record's layer / direction annotate it and its full split lists replace truncated or missing
+  ones (``splits_source = 'sidecar'``).
 
 Malformed lines are errors naming the line, except a cut-short last line (a crash mid-write), which
 is skipped with a warning. Unknown record types and keys are ignored; a ``v`` newer than
@@ -176,6 +177,10 @@ def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFram
     left = colls.with_row_index("_i")
     cand = left.filter(is_a2a).sort("cpu_start_ns").join_asof(right, left_on="cpu_start_ns", right_on="_a_start", strategy="backward")
     cand = cand.filter(pl.col("cpu_start_ns") <= pl.col("_a_end")).select("_i", "_layer", "_dir", "_send", "_recv", "_rb", "_gr")
+    calls = left.filter(is_a2a).sort("cpu_start_ns")
+    if cand.height == 0 and calls.height == right.height:
+        # Host clocks that do not line up (e.g. a trace re-based by another tool): pair by order.
+        cand = pl.concat([calls.select("_i"), right.sort("_a_start").select("_layer", "_dir", "_send", "_recv", "_rb", "_gr")], how="horizontal")
     out = left.join(cand, on="_i", how="left")
     hit = pl.col("_send").is_not_null()
     replace_splits = hit & (pl.col("splits_truncated") | pl.col("in_splits").is_null())

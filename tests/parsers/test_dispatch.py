@@ -80,13 +80,14 @@ def test_routing_from_splits_without_sidecar_equals_sidecar_matrix(balanced, bal
     assert from_splits.sort(key).equals(side.sort(key))
 
 
-def test_sidecar_replaces_truncated_splits(tmp_path, kt):
+@pytest.mark.parametrize("clock_skew_ns", [0, 3600 * 10**9])
+def test_sidecar_replaces_truncated_splits(tmp_path, kt, clock_skew_ns):
     send = list(range(1, 41))
     trunc = "[" + ", ".join(map(str, send[:30])) + ", ...]"
     meta = {"Collective name": "all_to_allv", "dtype": "Float", "In msg nelems": sum(send) * 4, "Group size": 40,
             "In split size": trunc, "Out split size": trunc, "Process Group Name": "1", "Process Group Ranks": trunc}
     kt.write_trace(tmp_path / "rank0.pt.trace.json", kt.nccl_call(10, 10, 500, meta), world_size=40)
-    start = kt.BASE + 5_000
+    start = kt.BASE + 5_000 + clock_skew_ns  # skewed by an hour: no window matches, paired by order
     lines = [{"type": "meta", "v": 1, "rank": 0, "world_size": 40, "job_id": "j"},
              {"type": "a2a", "v": 1, "step": 0, "layer": 2, "microbatch": 0, "direction": "dispatch", "call": 0, "send_splits": send,
               "recv_splits": send[::-1], "row_bytes": 16, "group_ranks": list(range(40)), "start_ns": start, "end_ns": start + 10**6}]
@@ -146,6 +147,7 @@ def test_skip_lists_unreadable_ranks(tmp_path, kt):
     assert t.ranks["rank"].to_list() == [0]
     (issue,) = t.load_report
     assert issue.level == "error" and issue.file.endswith("rank1.pt.trace.json.gz") and "skipped" in issue.message
+    assert issue.rank == 1
     assert seen[-1] == ("read", 2, 2)
 
 
