@@ -33,7 +33,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import kineto_json
+from ep_trace.parsers import kineto_json, kineto_stream
 from ep_trace.parsers.kineto_collectives import build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
@@ -115,7 +115,7 @@ def _to_ns(us: pl.Series) -> pl.Series:
     return fl.cast(pl.Int64) * 1000 + ((us - fl) * 1000).round(0).cast(pl.Int64)
 
 
-def _chunk_frame(evs: list[Any], offset: int, path: Path, base_ns: int, kept_args: dict[int, dict[str, Any]]) -> pl.DataFrame:
+def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, dict[str, Any]]) -> pl.DataFrame:
     """Columns of the X events of one ``traceEvents`` slice (single pass per field, no per-event work)."""
     try:
         xi = [i for i, e in enumerate(evs) if e.get("ph") == "X"]
@@ -152,7 +152,7 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, base_ns: int, kept_arg
     ]
     for j in keep:
         kept_args[ids[j]] = args[j]
-    start = _to_ns(ts) + base_ns
+    start = _to_ns(ts)
     df = pl.DataFrame(
         {
             "event_id": pl.Series(ids, dtype=pl.Int64),
@@ -216,6 +216,29 @@ def _job_id(header: dict[str, Any]) -> str | None:
     return str(jid) if jid is not None else None
 
 
+def _decode(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[pl.DataFrame]]:
+    """Header, kept args and per-slice event frames (times without the base), streaming when possible."""
+    header: dict[str, Any] = {}
+    kept_args: dict[int, dict[str, Any]] = {}
+    frames: list[pl.DataFrame] = []
+    try:
+        for offset, chunk in kineto_stream.stream_events(path, header):
+            frames.append(_chunk_frame(chunk, offset, path, kept_args))
+            del chunk
+        return header, kept_args, frames
+    except kineto_stream.Fallback as exc:
+        log.debug("%s: streaming decode not possible (%s); decoding the whole file", path, exc)
+    kept_args.clear()
+    frames = []
+    raw = kineto_json.read_bytes(path)
+    header, events = kineto_json.decode_header(raw, path)
+    del raw
+    for offset, chunk in kineto_json.iter_event_chunks(events, path):
+        frames.append(_chunk_frame(chunk, offset, path, kept_args))
+        del chunk
+    return header, kept_args, frames
+
+
 def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.TraceTables, KinetoFileInfo]:
     """Read one rank's Kineto trace; also return what the file says about its job.
 
@@ -230,9 +253,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
         TraceFormatError: one line naming the file (and ``traceEvents[i]``) for bad input.
     """
     path = Path(path)
-    raw = kineto_json.read_bytes(path)
-    header, events = kineto_json.decode_header(raw, path)
-    del raw
+    header, kept_args, frames = _decode(path)
     issues: list[schema.LoadIssue] = []
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     base = header.get("baseTimeNanoseconds")
@@ -257,15 +278,12 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
             rank, rank_source = 0, "default"
             issues.append(schema.LoadIssue(str(path), 0, "warning", "no distributedInfo.rank and no rank in the file name; assumed rank 0 (pass rank_map to set it)"))
 
-    kept_args: dict[int, dict[str, Any]] = {}
-    frames = []
-    for offset, chunk in kineto_json.iter_event_chunks(events, path):
-        frames.append(_chunk_frame(chunk, offset, path, base_ns, kept_args))
-        del chunk
-    del events
     ev = pl.concat(frames, how="vertical") if frames else pl.DataFrame()
+    del frames
     if ev.height == 0:
         raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
+    if base_ns:  # relative ts (kineto#928): the base is known only once the whole file is read
+        ev = ev.with_columns(pl.col("start_ns") + base_ns, pl.col("end_ns") + base_ns)
 
     ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
     if ev["name"].null_count():

@@ -325,3 +325,23 @@ def test_chunked_decode_equals_whole_decode(tmp_path, kt, monkeypatch):
     chunked = read_kineto(p)
     assert chunked.events.equals(whole.events) and chunked.collectives.equals(whole.collectives)
     assert whole.collectives.height == 300 and whole.events.height == len(evs)
+
+
+def test_streaming_decode_matches_plain_decode(tmp_path, kt, monkeypatch):
+    import json
+
+    from ep_trace.parsers import kineto_stream
+
+    evs = [kt.x("cpu_op", f"op{i}", i * 1.5, 1.25, **{"External id": i}) for i in range(3000)]
+    p = kt.write_trace(tmp_path / "s.json.gz", evs, indent=2, extra={"INFO": ["x]"]})
+    monkeypatch.setattr(kineto_json, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(kineto_stream, "_READ", 1024)
+    header: dict = {}
+    chunks = list(kineto_stream.stream_events(p, header))  # no Fallback on a well-formed file
+    doc = json.loads(gzip.decompress(p.read_bytes()))
+    assert len(chunks) > 20 and [e for _, c in chunks for e in c] == doc.pop("traceEvents")
+    assert header == doc and [o for o, _ in chunks][:2] == [0, len(chunks[0][1])]
+    # a multi-member gzip file (concatenated .gz parts) is one stream
+    raw = gzip.decompress(p.read_bytes())
+    (tmp_path / "multi.json.gz").write_bytes(gzip.compress(raw[:5000]) + gzip.compress(raw[5000:]))
+    assert read_kineto(tmp_path / "multi.json.gz").events.equals(read_kineto(p).events)

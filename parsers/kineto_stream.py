@@ -1,0 +1,127 @@
+"""Streaming decode of a Kineto trace: never holds the whole decompressed text.
+
+The file is read (and gunzipped) 1 MB at a time into a small buffer; every time the buffer holds
+more than ``CHUNK_BYTES`` of ``traceEvents`` text it is cut at the last event boundary (``}`` ``,``
+``{``), that slice is decoded and handed out, and the buffer keeps only the rest. Top-level keys
+before the array (``distributedInfo`` ...) and after it (``baseTimeNanoseconds``, ``traceName``;
+Kineto writes the base last) are parsed together once the stream ends, so the caller applies the
+time base after the events are columns. Peak memory: the compressed file, ~2 chunks of text and one
+chunk of decoded objects, instead of the whole decompressed document.
+
+Anything unexpected (no ``"traceEvents": [`` key, a cut inside a string, corrupt gzip, a missing
+array end) raises :class:`Fallback`: the caller then re-reads the file with the whole-buffer path of
+:mod:`ep_trace.parsers.kineto_json`, which decodes it exactly or raises the one-line error. The
+streaming path therefore never changes a result, only the memory needed to get it.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ep_trace.parsers import kineto_json
+
+__all__ = ["Fallback", "stream_events"]
+
+_READ = 1 << 20
+
+
+class Fallback(Exception):
+    """The streaming path cannot decode this file; use the whole-buffer path."""
+
+
+def _pieces(path: Path) -> Iterator[bytes]:
+    """Decompressed (or plain) bytes of the file, in pieces of at most 1 MB."""
+    with open(path, "rb") as fh:
+        first = fh.read(_READ)
+        if first[:2] != b"\x1f\x8b":
+            if path.name.endswith(".gz"):
+                raise Fallback("no gzip header")
+            while first:
+                yield first
+                first = fh.read(_READ)
+            return
+        d = zlib.decompressobj(wbits=31)
+        data = first
+        while data:
+            try:
+                buf = data
+                while buf:
+                    piece = d.decompress(buf, _READ)
+                    if piece:
+                        yield piece
+                    if d.eof:
+                        rest = d.unused_data + fh.read(_READ)
+                        if rest.strip(b"\x00"):  # another gzip member
+                            d = zlib.decompressobj(wbits=31)
+                            buf = rest
+                            continue
+                        return
+                    buf = d.unconsumed_tail
+            except zlib.error as exc:
+                raise Fallback(str(exc)) from None
+            data = fh.read(_READ)
+        if not d.eof:
+            raise Fallback("truncated gzip stream")
+
+
+def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
+    """Yield ``(offset, events)`` slices of ``traceEvents``; fill ``header`` when the stream ends.
+
+    Args:
+        path: A ``.json`` / ``.json.gz`` trace.
+        header: Receives every top-level key except ``traceEvents`` (after the last slice).
+        chunk_bytes: Slice size; default :data:`ep_trace.parsers.kineto_json.CHUNK_BYTES`.
+
+    Raises:
+        Fallback: see the module doc (possibly after some slices were yielded: discard them).
+    """
+    size = chunk_bytes or kineto_json.CHUNK_BYTES
+    pieces = _pieces(path)
+    buf = bytearray()
+    m = None
+    for piece in pieces:
+        buf += piece
+        m = kineto_json._KEY_RE.search(buf)
+        if m is not None:
+            break
+    if m is None:
+        raise Fallback("no traceEvents key")
+    prefix = bytes(buf[: m.start()])
+    del buf[: m.end()]
+    offset = 0
+    for piece in pieces:
+        buf += piece
+        if len(buf) < size:
+            continue
+        last = None  # the last boundary: slices of about `size`, the buffer stays below size + 1 MB
+        for last in kineto_json._BOUNDARY_RE.finditer(buf, max(0, len(buf) - 2 * _READ)):
+            pass
+        if last is None:
+            continue  # one huge event: keep reading
+        try:
+            part = orjson.loads(b"[" + buf[: last.start() + 1] + b"]")
+        except orjson.JSONDecodeError:
+            raise Fallback("slice boundary inside a string") from None
+        yield offset, part
+        offset += len(part)
+        del part
+        del buf[: last.end() - 1]
+    end = kineto_json._array_end(buf, 0)
+    if end is None:
+        raise Fallback("no end of traceEvents")
+    try:
+        tail = orjson.loads(b"[" + buf[:end] + b"]")
+        doc = orjson.loads(prefix + b'"traceEvents":[]' + buf[end + 1 :])
+    except orjson.JSONDecodeError:
+        raise Fallback("undecodable tail") from None
+    if not isinstance(doc, dict):
+        raise Fallback("not an object")
+    doc.pop("traceEvents", None)
+    header.update(doc)
+    if tail:
+        yield offset, tail
