@@ -4,6 +4,7 @@ Each contender runs in a fresh subprocess (so peak RSS is its own) on the same d
 
 * ``floor``  -- per file: read + gunzip + ``orjson.loads`` (one file at a time), nothing else;
 * ``ingest`` -- ``ep_trace.parsers.read_trace_dir(dir)`` (no cache), all canonical tables;
+  ``ingestN`` -- the same with ``jobs=N`` worker processes (HTA parses with a pool too);
 * ``hta``    -- ``hta.trace_analysis.TraceAnalysis(trace_dir=dir)`` (HolisticTraceAnalysis 0.5.0).
 
 Reported: wall seconds (best of ``--repeat``), peak RSS of the process (and of its children, HTA
@@ -42,11 +43,11 @@ if mode == "floor":
             raw = gzip.decompress(raw)
         doc = orjson.loads(raw); n += len(doc["traceEvents"]); del doc, raw
     out = {"events": n}
-elif mode == "ingest":
+elif mode.startswith("ingest"):
     from ep_trace.parsers import read_trace_dir
     import polars as pl
     base = rss(); t = time.perf_counter()
-    tt = read_trace_dir(path)
+    tt = read_trace_dir(path, jobs=int(mode[6:] or 1))
     out = {"events": tt.events.height, "collectives": tt.collectives.height,
            "tables_bytes": sum(tt.table(n).estimated_size() for n in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement"))}
 elif mode == "hta":
@@ -105,8 +106,9 @@ def main(argv: list[str] | None = None) -> None:
               f"children {r['children_peak_rss'] / mb:7.1f} MB)  events {r['events']}")
     if fl and ing:
         print(f"ingest / floor time: {ing['wall_s'] / fl['wall_s']:.2f}x")
-    if "hta" in res and ing:
-        print(f"HTA / ingest time: {res['hta']['wall_s'] / ing['wall_s']:.2f}x")
+    for m in res:
+        if m.startswith("ingest") and "hta" in res:
+            print(f"HTA / {m} time: {res['hta']['wall_s'] / res[m]['wall_s']:.2f}x")
     if not ing:
         return
     grow = ing["peak_rss"] - ing["base_rss"]

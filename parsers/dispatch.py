@@ -33,6 +33,8 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import ConfigError, EpTraceError, RankConflictError, TraceFormatError
+from ep_trace.parsers.kineto import rank_from_file_name
+from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
 
@@ -99,26 +101,6 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     return inputs, sidecars
 
 
-def _read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None, progress: Progress | None) -> tuple[schema.TraceTables, object | None]:
-    rank = None
-    if rank_map:
-        for key in (path.name, str(path), path):
-            if key in rank_map:
-                rank = int(rank_map[key])
-                break
-    if fmt == "kineto":
-        from ep_trace.parsers.kineto import read_kineto_file
-
-        return read_kineto_file(path, rank)
-    if fmt == "nsys":
-        from ep_trace.parsers.nsys import read_nsys  # lazy: another format's reader
-
-        return read_nsys(path, rank=rank, rank_map=rank_map), None
-    from ep_trace.parsers.cupti import read_cupti  # lazy
-
-    return read_cupti(path), None
-
-
 def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
     ranks = t.ranks["rank"].to_list()
     if len(ranks) == 1:
@@ -176,6 +158,7 @@ def read_trace_dir(
     on_error: Literal["raise", "skip"] = "raise",
     progress: Progress | None = None,
     rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
 ) -> schema.TraceTables:
     """Read every trace file of a directory (or one file) into one set of canonical tables.
 
@@ -187,6 +170,8 @@ def read_trace_dir(
         progress: Optional ``progress(stage, done, total)``; stage ``read`` counts files.
         rank_map: ``{file name | path: rank}`` overriding the rank found in each file (nsys: also
             ``{pid: rank}``).
+        jobs: Files read at once, each in its own worker process (1 = one after another here;
+            memory grows with ``jobs``), see :mod:`ep_trace.parsers.read_pool`.
 
     Returns:
         Validated :class:`~ep_trace.schema.TraceTables` of all ranks.
@@ -198,20 +183,14 @@ def read_trace_dir(
     inputs, sidecar_paths = discover(path, format)
     issues: list[schema.LoadIssue] = []
     parts: list[tuple[schema.TraceTables, object | None]] = []
-    for i, (f, fmt) in enumerate(inputs):
-        if progress:
-            progress("read", i, len(inputs))
-        try:
-            parts.append(_read_one(f, fmt, rank_map, progress))
-        except EpTraceError as exc:
-            if on_error != "skip":
-                raise
-            from ep_trace.parsers.kineto import rank_from_file_name
-
-            issues.append(schema.LoadIssue(str(f), rank_from_file_name(f.name), "error", f"skipped: {exc}"))
-            log.warning("skipped %s: %s", f, exc)
-    if progress:
-        progress("read", len(inputs), len(inputs))
+    for f, res in read_files(inputs, rank_map, jobs, progress):
+        if not isinstance(res, EpTraceError):
+            parts.append(res)
+            continue
+        if on_error != "skip":
+            raise res
+        issues.append(schema.LoadIssue(str(f), rank_from_file_name(f.name), "error", f"skipped: {res}"))
+        log.warning("skipped %s: %s", f, res)
     per_rank = [(t, info) for tables, info in parts for t in _split_by_rank(tables)]
     sidecars: dict[int, Sidecar] = {}
     for r, sp in sidecar_paths.items():

@@ -29,6 +29,7 @@ device activity keeps its host interval and ``n_kernels = 0``.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import polars as pl
@@ -276,15 +277,15 @@ def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: se
     if workers.height == 0:
         return members
     fam = {"all_to_allv": "all_to_all"}
-    pending: dict[str, list[int]] = {}
+    pending: dict[str, deque[int]] = {}
     for i in sorted((i for i in range(len(rows)) if i not in with_kernels and rows[i].get("backend") != "nccl"), key=lambda i: rows[i]["cpu_start_ns"] or 0):
-        pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), []).append(i)
+        pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), deque()).append(i)
     pairs = []
     for w in workers.iter_rows(named=True):
         f = normalise_collective(w["name"])
         queue = pending.get(fam.get(f, f))
         if queue:
-            i = queue.pop(0)
+            i = queue.popleft()
             rows[i]["backend"] = "gloo"
         else:
             i = len(rows)

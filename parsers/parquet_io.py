@@ -142,6 +142,7 @@ def ingest(
     progress: Callable[[str, int, int], None] | None = None,
     rank_map: Mapping[object, int] | None = None,
     use_cache: bool = True,
+    jobs: int = 1,
 ) -> tuple[schema.TraceTables, bool]:
     """Read a trace directory and write its tables to ``out_dir``, unless ``out_dir`` already holds them.
 
@@ -156,7 +157,7 @@ def ingest(
     if use_cache and _cached(out, key):
         log.info("%s: unchanged since the last ingest; reusing %s", path, out)
         return read_parquet(out), True
-    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map)
+    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
     write_parquet(tables, out, {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files})
     return tables, False
 
@@ -170,6 +171,7 @@ def load_trace_dir(
     on_error: Literal["raise", "skip"] = "raise",
     progress: Callable[[str, int, int], None] | None = None,
     rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
 ) -> schema.TraceTables:
     """:func:`~ep_trace.parsers.dispatch.read_trace_dir` with a Parquet cache in ``cache_dir/<key>/``.
 
@@ -177,18 +179,18 @@ def load_trace_dir(
         path: Trace directory or file.
         cache_dir: Cache root; default :func:`default_cache_dir`.
         use_cache: False = always parse (and do not write the cache).
-        format, on_error, progress, rank_map: As for ``read_trace_dir``.
+        format, on_error, progress, rank_map, jobs: As for ``read_trace_dir``.
     """
     from ep_trace.parsers.dispatch import read_trace_dir
 
     if not use_cache:
-        return read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map)
+        return read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
     key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
     if _cached(entry, key):
         return read_parquet(entry)
-    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map)
+    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))

@@ -23,6 +23,7 @@ def ingest_cmd(
     fmt: str = typer.Option("auto", "--format", help="Input format: auto (per file), kineto, nsys or cupti."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks (listed in load_report.json) instead of stopping."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Parse again even if OUT holds the tables of the unchanged inputs."),
+    jobs: int = typer.Option(1, "-j", "--jobs", help="Rank files read at once, one worker process each (memory grows with it)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing on success."),
 ) -> None:
     """Convert a trace directory into Parquet tables (ranks, events, collectives, routing_*, placement, stages).
@@ -36,9 +37,11 @@ def ingest_cmd(
 
     if fmt not in ("auto", "kineto", "nsys", "cupti"):
         raise ConfigError(f"--format: unknown format {fmt!r}; use auto, kineto, nsys or cupti")
+    if jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
     with progress_bar(not quiet) as progress:
         tables, cached = ingest(trace_dir, out, format=fmt, on_error="skip" if keep_going else "raise",  # type: ignore[arg-type]
-                                progress=progress, use_cache=not no_cache)
+                                progress=progress, use_cache=not no_cache, jobs=jobs)
     if quiet:
         return
     how = "reused (inputs unchanged)" if cached else "written"

@@ -214,3 +214,17 @@ def test_cli_ingest(tmp_path, kt, capsys):
     report = json.loads((tmp_path / "o" / "load_report.json").read_text())
     assert [(r["level"], Path(r["file"]).name) for r in report] == [("error", "rank1.json")]
     assert main(["ingest", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--format", "xml"]) == 2
+
+
+def test_process_pool_gives_the_same_tables_and_errors(external_dir, tmp_path, kt):
+    d = external_dir / "kineto" / "hta_torchrec_pair"
+    one, two = read_trace_dir(d), read_trace_dir(d, jobs=2)
+    for name in ("ranks", "events", "collectives", "routing_matrix"):
+        assert two.table(name).equals(one.table(name)), name
+    kt.write_trace(tmp_path / "rank0.json", [kt.x("cpu_op", "a", 1, 1), kt.x("cpu_op", "b", 2, -1)], rank=0)
+    kt.write_trace(tmp_path / "rank1.json", [kt.x("cpu_op", "a", 1, 1)], rank=1)
+    with pytest.raises(TraceFormatError) as ei:
+        read_trace_dir(tmp_path, jobs=2)
+    assert str(ei.value) == f"{tmp_path / 'rank0.json'}: traceEvents[1]: negative duration (dur=-1.0); the trace is corrupt; re-export it"
+    t = read_trace_dir(tmp_path, jobs=2, on_error="skip")
+    assert t.ranks["rank"].to_list() == [1] and [(i.rank, i.level) for i in t.load_report] == [(0, "error")]
