@@ -23,7 +23,9 @@ Rules (facts in ``shared/reference/kineto.md``):
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +117,21 @@ def _to_ns(us: pl.Series) -> pl.Series:
     return fl.cast(pl.Int64) * 1000 + ((us - fl) * 1000).round(0).cast(pl.Int64)
 
 
+def _track_ids(values: list[Any]) -> pl.Series:
+    """pid / tid column: ints, or the trailing number of string labels ("stream 7", "GPU 0").
+
+    Strings such as Kineto's ``"Spans"`` process become null."""
+    try:
+        return pl.Series(values, dtype=pl.Int64)
+    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+        nums = pl.Series([v if v.__class__ is int else None for v in values], dtype=pl.Int64)
+        text = pl.Series([v if v.__class__ is str else None for v in values], dtype=pl.Utf8)
+        return nums.fill_null(text.str.extract(r"(\d+)\s*$").cast(pl.Int64))
+
+
 def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, dict[str, Any]]) -> pl.DataFrame:
-    """Columns of the X events of one ``traceEvents`` slice (single pass per field, no per-event work)."""
+    """Raw columns of the X events of one ``traceEvents`` slice: one list comprehension per field,
+    no per-event work; checks and ns conversion run once on the concatenated frame (:func:`_times`)."""
     try:
         xi = [i for i, e in enumerate(evs) if e.get("ph") == "X"]
     except AttributeError:
@@ -124,56 +139,54 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
         raise _event_error(path, offset + bad, f"event is a {type(evs[bad]).__name__}, not an object") from None
     xs = [evs[i] for i in xi]
     ids = [offset + i for i in xi]
-    cat = [e.get("cat") for e in xs]
-    name = [e.get("name") for e in xs]
+    cat = pl.Series([e.get("cat") for e in xs], dtype=pl.Utf8, strict=False)
+    name = pl.Series([e.get("name") for e in xs], dtype=pl.Utf8, strict=False)
     args = [e.get("args") for e in xs]
-    ts = _strict_series("ts", [e.get("ts") for e in xs], pl.Float64, path, ids, "ts")
-    dur = _strict_series("dur", [e.get("dur") for e in xs], pl.Float64, path, ids, "dur")
-    if ts.null_count() or dur.null_count():
-        j = (ts.is_null() | dur.is_null()).arg_max()
-        raise _event_error(path, ids[j], "complete event (ph 'X') without a numeric ts or dur")
-    neg = dur < 0
-    if neg.any():
-        j = neg.arg_max()
-        raise _event_error(path, ids[j], f"negative duration (dur={dur[j]})", "the trace is corrupt; re-export it")
-    big = (ts.abs() > 9.0e15) | (dur > 9.0e15)  # µs beyond int64 ns
-    if big.any():
-        j = big.arg_max()
-        raise _event_error(path, ids[j], f"timestamp out of range (ts={ts[j]}, dur={dur[j]})")
-    corr = [a.get("correlation") if a else None for a in args]
-    ext = [a.get("External id") if a else None for a in args]
-    nbytes = [a.get("bytes") if a and (c == "gpu_memcpy" or c == "gpu_memset") else None for a, c in zip(args, cat)]
-    pid = [e.get("pid") for e in xs]
-    tid = [e.get("tid") for e in xs]
-    keep = [
-        j
-        for j, (c, n, a) in enumerate(zip(cat, name, args))
-        if a and ((n.__class__ is str and n.startswith(ARG_KEEP_PREFIXES)) or (c == "kernel" and "Collective name" in a))
-    ]
-    for j in keep:
-        kept_args[ids[j]] = args[j]
-    start = _to_ns(ts)
-    df = pl.DataFrame(
+    # args kept for the collective builder: its markers by name, and kernels with a metadata copy
+    marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in ARG_KEEP_PREFIXES]).fill_null(False)
+    for j in marks.arg_true().to_list():
+        if args[j]:
+            kept_args[ids[j]] = args[j]
+    for j in (cat == "kernel").fill_null(False).arg_true().to_list():
+        a = args[j]
+        if a and "Collective name" in a:
+            kept_args[ids[j]] = a
+    mem = (cat == "gpu_memcpy") | (cat == "gpu_memset")
+    nbytes = [args[j].get("bytes") if args[j] else None for j in mem.fill_null(False).arg_true().to_list()]
+    by = pl.Series("bytes", [None] * len(xs), dtype=pl.Int64)
+    if nbytes:
+        by = by.scatter(mem.fill_null(False).arg_true(), _strict_series("bytes", nbytes, pl.Int64, path, ids, "args.bytes"))
+    return pl.DataFrame(
         {
             "event_id": pl.Series(ids, dtype=pl.Int64),
-            "category": pl.Series(cat, dtype=pl.Utf8, strict=False),
-            "name": pl.Series(name, dtype=pl.Utf8, strict=False),
-            "pid_raw": pl.Series(pid, dtype=pl.Int64, strict=False),
-            "tid_raw": pl.Series(tid, dtype=pl.Int64, strict=False),
-            "start_ns": start,
-            "end_ns": start + _to_ns(dur),
-            "correlation": _strict_series("correlation", corr, pl.Int64, path, ids, "args.correlation"),
-            "external_id": _strict_series("external_id", ext, pl.Int64, path, ids, "args['External id']"),
-            "bytes": _strict_series("bytes", nbytes, pl.Int64, path, ids, "args.bytes"),
+            "category": cat,
+            "name": name,
+            "pid_raw": _track_ids([e.get("pid") for e in xs]),
+            "tid_raw": _track_ids([e.get("tid") for e in xs]),
+            "ts": _strict_series("ts", [e.get("ts") for e in xs], pl.Float64, path, ids, "ts"),
+            "dur": _strict_series("dur", [e.get("dur") for e in xs], pl.Float64, path, ids, "dur"),
+            "correlation": _strict_series("correlation", [a.get("correlation") if a else None for a in args], pl.Int64, path, ids, "args.correlation"),
+            "external_id": _strict_series("external_id", [a.get("External id") if a else None for a in args], pl.Int64, path, ids, "args['External id']"),
+            "bytes": by,
         }
     )
-    if df["tid_raw"].null_count() > sum(t is None for t in tid) or df["pid_raw"].null_count() > sum(p is None for p in pid):
-        # Some writers label tracks with strings ("stream 7", "GPU 0"): keep their trailing number.
-        df = df.with_columns(
-            pl.coalesce("pid_raw", pl.Series([p if p.__class__ is str else None for p in pid], dtype=pl.Utf8).str.extract(r"(\d+)\s*$").cast(pl.Int64)),
-            pl.coalesce("tid_raw", pl.Series([t if t.__class__ is str else None for t in tid], dtype=pl.Utf8).str.extract(r"(\d+)\s*$").cast(pl.Int64)),
-        )
-    return df
+
+
+def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
+    """Check ts / dur (present, dur >= 0, in range) and replace them by ``start_ns`` / ``end_ns``."""
+    ts, dur = ev["ts"], ev["dur"]
+    checks = (
+        (ts.is_null() | dur.is_null(), lambda j: "complete event (ph 'X') without a numeric ts or dur", _FIX),
+        (dur < 0, lambda j: f"negative duration (dur={dur[j]})", "the trace is corrupt; re-export it"),
+        ((ts.abs() > 9.0e15) | (dur > 9.0e15), lambda j: f"timestamp out of range (ts={ts[j]}, dur={dur[j]})", _FIX),  # µs beyond int64 ns
+    )
+    for bad, problem, fix in checks:
+        bad = bad.fill_null(False)
+        if bad.any():
+            j = int(bad.arg_max())  # type: ignore[arg-type]
+            raise _event_error(path, int(ev["event_id"][j]), problem(j), fix)
+    start = _to_ns(ts) + base_ns
+    return ev.with_columns(start.alias("start_ns"), (start + _to_ns(dur)).alias("end_ns")).drop("ts", "dur")
 
 
 def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
@@ -282,8 +295,8 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     del frames
     if ev.height == 0:
         raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
-    if base_ns:  # relative ts (kineto#928): the base is known only once the whole file is read
-        ev = ev.with_columns(pl.col("start_ns") + base_ns, pl.col("end_ns") + base_ns)
+    # relative ts (kineto#928): the base is known only once the whole file is read
+    ev = _times(ev, path, base_ns)
 
     ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
     if ev["name"].null_count():
