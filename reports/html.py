@@ -47,10 +47,12 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("Overlap, exposed comm", "C = union of a rank's communication intervals, K = union of its compute intervals. "
      "overlapped = |C ∩ K|, exposed comm = |C \\ K|, overlap efficiency = |C ∩ K| / |C|. Only measured concurrent intervals count."),
     ("Barrier wait, transfer", "Collectives are matched across ranks (process group + sequence number, or ordinal). "
-     "For a call with per-rank start s_r and end e_r, the last arrival is a = max_r s_r; wait_r = a − s_r; "
-     "transfer_r = e_r − max(s_r, a). A collective's duration includes this wait, so the straggler is the rank with the shortest comm time."),
-    ("Wait matrix, straggler ranking", "M[i][j] = total time rank i waited in calls where rank j arrived last. "
-     "Stragglers are ranked by the wait they induce on the others (times last = calls where the rank arrived last)."),
+     "For a call with per-rank start s_r and end e_r, the last arrival is a = max_r s_r; rank r waits for a_r = a, or, in an "
+     "all-to-allv, for the last of the peers it exchanges rows with; wait_r = a_r − s_r; "
+     "transfer_r = e_r − max(s_r, a_r). A collective's duration includes this wait, so the straggler is the rank with the shortest comm time."),
+    ("Wait matrix, straggler ranking", "M[i][j] = total time rank i waited for rank j (the last of the peers i exchanges with). "
+     "Stragglers are ranked by their median lateness per step (how much later than the second-last rank they arrive); "
+     "times last = calls where the rank arrived last, induced wait = the others' total wait for it."),
     ("Clock uncertainty", "Ranks on one host share a clock; across hosts a per-host offset is estimated from matched collective end "
      "times and applied. The residual spread is the uncertainty of every wait figure."),
     ("I_e (expert imbalance)", "n_e = assignments routed to expert e (top-k counted k times); I_e = max_e n_e / mean_e n_e, "

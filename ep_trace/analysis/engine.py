@@ -104,8 +104,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
                      f"(beyond the {tol} ns clock uncertainty): likely mis-paired, left out of wait figures")
 
     say("waits", 4, total)
-    wait_matrix = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by(["rank", "last_rank"]).agg(pl.col("wait_ns").sum()).select(
-        pl.col("rank").alias("waiter"), pl.col("last_rank").alias("waited_for"), "wait_ns").sort(["waiter", "waited_for"])
+    wait_matrix = vcr.filter(pl.col("rank") != pl.col("waited_for")).group_by(["rank", "waited_for"]).agg(pl.col("wait_ns").sum()).select(
+        pl.col("rank").alias("waiter"), "waited_for", "wait_ns").sort(["waiter", "waited_for"])
     stragglers = _stragglers(ranks, calls.filter(pl.col("valid")), vcr, windows["step"])
     per_step_wait = vcr.group_by(["rank", "step"]).agg(pl.col("wait_ns").sum().alias("barrier_wait_ns"), pl.col("transfer_ns").sum())
     steps_df = (
@@ -187,7 +187,8 @@ def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, st
     """
     own = vcr.group_by("rank").agg(pl.col("wait_ns").sum().alias("total_wait_ns"))
     last = vcalls.group_by("last_rank").agg(pl.len().cast(pl.Int64).alias("times_last"), pl.col("lateness_ns").sum())
-    induced = vcr.filter(pl.col("rank") != pl.col("last_rank")).group_by("last_rank").agg(pl.col("wait_ns").sum().alias("induced_wait_ns"))
+    induced = vcr.filter(pl.col("rank") != pl.col("waited_for")).group_by(pl.col("waited_for").alias("last_rank")).agg(
+        pl.col("wait_ns").sum().alias("induced_wait_ns"))
     per_step = vcalls.group_by(["last_rank", "step"]).agg(pl.col("lateness_ns").sum().alias("_l"))
     grid = ranks.select("rank").join(pl.DataFrame({"step": steps.unique()}), how="cross")
     p50 = (

@@ -119,6 +119,38 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
     return c.drop(["_ord", "_ord_c", "_kv", "_ks", "_bad", "_t"]), misaligned
 
 
+def _peer_arrival(m: pl.DataFrame) -> pl.DataFrame:
+    """Per (call, rank): ``_ar``, the arrival the rank really waits for, and ``_wf``, whom it waits for.
+
+    In an all-to-allv a rank only waits for the peers it exchanges rows with (kineto.md §10.4): a
+    rank that sends nothing to and receives nothing from the last arriver can finish before it
+    arrives. So where the rank's own split lists are known, ``_ar`` = max start over itself and its
+    peers with a non-zero split either way; elsewhere (no splits, truncated lists) the call's last
+    arrival ``_a``. ``_wf`` is the peer that arrived at ``_ar`` (the rank itself when it came last).
+    """
+    known = splits_long(m, "in_splits").select("rank", "coll_id").unique()
+    pairs = (
+        pl.concat([splits_long(m, "in_splits"), splits_long(m, "out_splits")])
+        .filter(pl.col("rows") > 0)
+        .select("rank", "coll_id", "peer")
+        .unique()
+        .join(m.select("rank", "coll_id", "match_id"), on=["rank", "coll_id"])
+        .join(m.select("match_id", pl.col("rank").alias("peer"), pl.col("s").alias("_ps")), on=["match_id", "peer"])
+    )
+    peer = pairs.group_by(["rank", "coll_id"]).agg(
+        pl.col("_ps").max().alias("_ap"), pl.col("peer").sort_by("_ps").last().alias("_apr")
+    )
+    last = pl.col("rank").sort_by("s").last().over("match_id")
+    m = m.join(known.with_columns(pl.lit(True).alias("_known")), on=["rank", "coll_id"], how="left").join(
+        peer, on=["rank", "coll_id"], how="left"
+    )
+    own = pl.col("_ap").is_null() | (pl.col("s") >= pl.col("_ap"))
+    return m.with_columns(
+        pl.when(pl.col("_known").is_null()).then(pl.col("_a")).when(own).then(pl.col("s")).otherwise(pl.col("_ap")).alias("_ar"),
+        pl.when(pl.col("_known").is_null()).then(last).when(own).then(pl.col("rank")).otherwise(pl.col("_apr")).alias("_wf"),
+    ).drop("_known", "_ap", "_apr")
+
+
 def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, tol_ns: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per matched call and per (call, rank): arrival, wait, transfer, skews, bytes, link class.
 
@@ -147,12 +179,14 @@ def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, t
     ).with_columns(
         (pl.col("bytes_sent") - pl.col("_self").fill_null(0) * rb.fill_null(0)).alias("cross_rank_bytes_sent"),
         pl.col("s").max().over("match_id").alias("_a"),
-    ).with_columns(
-        (pl.col("_a") - pl.col("s")).alias("wait_ns"),
-        (pl.col("e") - pl.max_horizontal("s", "_a")).alias("_tr"),
+    )
+    m = _peer_arrival(m).with_columns(
+        (pl.col("_ar") - pl.col("s")).alias("wait_ns"),
+        (pl.col("e") - pl.max_horizontal("s", "_ar")).alias("_tr"),
     )
     call_ranks = m.select(
-        "match_id", "rank", "step", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns"), "wait_ns",
+        "match_id", "rank", "step", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns"),
+        pl.col("_ar").alias("arrival_ns"), pl.col("_wf").alias("waited_for"), "wait_ns",
         pl.col("_tr").clip(0).alias("transfer_ns"), "bytes_sent", "bytes_recv", "cross_rank_bytes_sent",
     ).sort(["match_id", "rank"])
     expected = pl.coalesce(pl.col("group_size").max(), pl.col("world_size").max(), pl.len()).cast(pl.Int64)
@@ -169,7 +203,7 @@ def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, t
         pl.max_horizontal(pl.col("bytes_sent").max(), pl.col("bytes_recv").max()).alias("bytes_max"),
         pl.col("cross_rank_bytes_sent").sum().alias("cross_rank_bytes"),
         pl.col("bytes_sent").sum().alias("logical_bytes"),
-        (pl.col("e").min() >= pl.col("_a").first() - tol_ns).alias("causal"),
+        (pl.col("e") >= pl.col("_ar") - tol_ns).all().alias("causal"),
         pl.col("host").n_unique().alias("_nh"), pl.col("host").null_count().alias("_hn"),
     ).with_columns(
         (pl.col("n_ranks") >= pl.col("expected_ranks")).alias("complete"),

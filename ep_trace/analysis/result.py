@@ -70,8 +70,9 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "valid": "complete and causal and n_ranks > 1: used in every wait figure", "bandwidth_gbps": "bytes_max / transfer_ns",
     },
     "call_ranks": {
-        "match_id": "", "rank": "", "start_ns": "s_r", "end_ns": "e_r", "wait_ns": "a - s_r",
-        "transfer_ns": "e_r - max(s_r, a)", "bytes_sent": "", "bytes_recv": "", "cross_rank_bytes_sent": "", "step": "",
+        "match_id": "", "rank": "", "start_ns": "s_r", "end_ns": "e_r", "arrival_ns": "a_r: last start among the rank and the peers it exchanges rows with (all ranks when splits are unknown)",
+        "waited_for": "the rank that arrived at a_r", "wait_ns": "a_r - s_r",
+        "transfer_ns": "e_r - max(s_r, a_r)", "bytes_sent": "", "bytes_recv": "", "cross_rank_bytes_sent": "", "step": "",
         "uncertainty_ns": "clock residual of the rank's host: the uncertainty of wait_ns",
     },
     "wait_matrix": {"waiter": "rank i", "waited_for": "rank j (the last arriver)", "wait_ns": "total over calls"},
