@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from pathlib import Path
 
 import orjson
@@ -14,6 +15,8 @@ from ep_trace.errors import ConfigError
 from ep_trace.workloads.demo import DemoConfig, run_demo
 from ep_trace.workloads.knobs import SkewSpec, Straggler, skew_probabilities
 from ep_trace.workloads.truth import layer_truth
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.mark.parametrize(
@@ -80,6 +83,8 @@ def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, ca
         seen["cfg"], seen["out"] = cfg, out
         for s in ("start", "step", "write"):
             progress(s, 1, 1)
+        # real traces, so that the report step after the run has something true to analyze
+        shutil.copytree(SAMPLES / "balanced", out, ignore=shutil.ignore_patterns("README.md"))
         return Path(out)
 
     monkeypatch.setattr("ep_trace.workloads.demo.run_demo", fake_run_demo)
@@ -88,7 +93,13 @@ def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, ca
     assert main(argv) == 0
     assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo", False)
     assert seen["out"] == tmp_path / "d"
-    assert capsys.readouterr().out == f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n"
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n")
+    # the demo ends with the report beside the traces, like `ep-trace analyze` would write it
+    assert out.endswith(f"report: {tmp_path / 'd' / 'report.html'}\nsummary: {tmp_path / 'd' / 'summary.json'}\n")
+    assert (tmp_path / "d" / "report.html").stat().st_size > 1_000_000  # plotly.js embedded once
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
 
 
 # --- one real run: 2 ranks, chunked pipeline, hot expert, straggler --------------------------------
