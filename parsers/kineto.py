@@ -1,5 +1,9 @@
 """Kineto (torch.profiler Chrome trace) -> canonical tables, one rank file at a time.
 
+Decoding streams the file (:mod:`ep_trace.parsers.kineto_stream`, falling back to
+:mod:`ep_trace.parsers.kineto_json`): ``traceEvents`` is decoded by orjson in ~2 MB slices and each
+slice becomes columns through one list comprehension per field; everything after that is polars.
+
 Rules (facts in ``shared/reference/kineto.md``):
 
 * Only ``ph:"X"`` spans become ``events`` rows; flows (``ac2g`` / legacy ``async_cpu_to_gpu``),

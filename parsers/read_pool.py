@@ -4,7 +4,9 @@
 decode plus the tables already read. ``jobs=N`` reads up to N files at once in N spawned worker
 processes (each holding one file at a time) and returns their tables to this process; decoding is
 Python-bound (the GIL), so threads would not help. Results come back in input order, errors as
-values so the caller decides between raising and skipping.
+values so the caller decides between raising and skipping. As with any ``spawn`` pool, a script
+that calls ``read_trace_dir(..., jobs=N)`` at import time needs an ``if __name__ == "__main__":``
+guard.
 """
 
 from __future__ import annotations
