@@ -48,7 +48,9 @@ def _gunzip(raw: bytes) -> bytearray:
     Raises:
         EOFError: the stream ends early. zlib.error: corrupt data.
     """
-    out = bytearray(int.from_bytes(raw[-4:], "little"))
+    # ISIZE of a corrupt or truncated file is arbitrary (up to 4 GiB): trust it only up to 16x the
+    # compressed size (Kineto JSON compresses ~8x); beyond that the buffer grows as data arrives.
+    out = bytearray(min(int.from_bytes(raw[-4:], "little"), 16 * len(raw) + (1 << 20)))
     pos = 0
     view = memoryview(raw)
     while len(view):
