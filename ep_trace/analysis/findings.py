@@ -179,6 +179,10 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
                     (int(r["rank"]),))]
 
 
+_LINK_WORDS = {"intra_host": "Intra-host collectives", "inter_host": "Inter-host collectives",
+               "unknown": "Collectives (link class unknown: the traces name no hosts)"}
+
+
 def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     out = []
     vc = a.calls.filter(pl.col("valid")) if a.calls.height else a.calls
@@ -187,7 +191,7 @@ def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         if r["verdict"] == "latency_bound":
             saving = int(cls_calls.height / n_steps * r["alpha_us"] * 1e3)
             out.append(Finding("small_message_latency", severity(saving, step_ns),
-                               f"{r['link_class']} collectives are latency-bound: alpha = {r['alpha_us']:.1f} µs dominates at the median "
+                               f"{_LINK_WORDS.get(r['link_class'], r['link_class'] + ' collectives')} are latency-bound: alpha = {r['alpha_us']:.1f} µs dominates at the median "
                                f"message of {int(r['median_bytes'])} B.",
                                saving, {**{k: _num(v) for k, v in r.items()}, "calls_per_step": cls_calls.height / n_steps,
                                         "saving_rule": "upper bound: calls per step x alpha"},
@@ -198,7 +202,7 @@ def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
             t = float(disp["transfer_ns"].sum()) * 0.5 if disp.height else float(cls_calls.filter(pl.col("collective").str.contains("all_to_all"))["transfer_ns"].sum()) * 0.25
             saving = int(t / n_steps)
             out.append(Finding("bandwidth_bound", severity(saving, step_ns),
-                               f"{r['link_class']} collectives are bandwidth-bound at {r['beta_gbps']:.2f} GB/s (r2 = {r['r2']:.2f}).",
+                               f"{_LINK_WORDS.get(r['link_class'], r['link_class'] + ' collectives')} are bandwidth-bound at {r['beta_gbps']:.2f} GB/s (r2 = {r['r2']:.2f}).",
                                saving, {**{k: _num(v) for k, v in r.items()},
                                         "saving_rule": "FP8 dispatch halves dispatch bytes (half of all-to-all time when direction is unknown)"},
                                "Dispatch in FP8, use hierarchical all-to-all (NVLink inside the node, one RDMA hop across), and "
