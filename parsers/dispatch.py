@@ -32,7 +32,7 @@ from typing import Literal
 import polars as pl
 
 from ep_trace import schema
-from ep_trace.errors import ConfigError, EpTraceError, RankConflictError, TraceFormatError
+from ep_trace.errors import BadInputError, ConfigError, EpTraceError, RankConflictError, TraceFormatError
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -210,6 +210,9 @@ def read_trace_dir(
         merged.append((merge_sidecar(t, sc) if sc is not None else t, info))
     for r, sc in sidecars.items():
         issues.append(schema.LoadIssue(sc.path, r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
+    if not merged:  # every file was skipped (on_error="skip"): nothing true can be said
+        first = issues[0].message.removeprefix("skipped: ") if issues else "no readable trace"
+        raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
     _check_job(merged)
     out = merge_tables([t for t, _ in merged], tuple(issues))
     if out.routing_matrix.height == 0:

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from ep_trace.cli import main
-from ep_trace.errors import RankConflictError, TraceFormatError
+from ep_trace.errors import BadInputError, RankConflictError, TraceFormatError
 from ep_trace.parsers import dispatch, ingest, load_trace_dir, read_parquet, read_sidecar, read_trace_dir, write_parquet
 from ep_trace.parsers.dispatch import detect_format
 
@@ -151,6 +151,13 @@ def test_skip_lists_unreadable_ranks(tmp_path, kt):
     assert issue.level == "error" and issue.file.endswith("rank1.pt.trace.json.gz") and "skipped" in issue.message
     assert issue.rank == 1
     assert seen[-1] == ("read", 2, 2)
+    (tmp_path / "rank0.json").write_bytes(b"")  # now nothing is readable: an error, never an empty analysis
+    with pytest.raises(BadInputError) as exc:
+        read_trace_dir(tmp_path, on_error="skip")
+    assert str(exc.value) == (
+        f"{tmp_path}: no readable trace file (2 skipped); the first: {tmp_path / 'rank0.json'}: empty file; "
+        "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
+    )
 
 
 def test_detect_format(tmp_path):
