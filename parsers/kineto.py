@@ -39,7 +39,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import kineto_json, kineto_stream
+from ep_trace.parsers import kineto_columnar, kineto_json, kineto_stream
 from ep_trace.parsers.kineto_collectives import build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
@@ -233,8 +233,16 @@ def _job_id(header: dict[str, Any]) -> str | None:
     return str(jid) if jid is not None else None
 
 
-def _decode(path: Path) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[pl.DataFrame]]:
-    """Header, kept args and per-slice event frames (times without the base), streaming when possible."""
+def _decode(path: Path, columnar: bool = True) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[pl.DataFrame]]:
+    """Header, kept args and per-slice event frames (times without the base), streaming when possible.
+
+    ``columnar`` (default) decodes the slices with polars' JSON reader
+    (:mod:`ep_trace.parsers.kineto_columnar`, same result); ``False`` uses orjson only."""
+    if columnar:
+        try:
+            return kineto_columnar.decode_columnar(path, _chunk_frame, ARG_KEEP_PREFIXES)
+        except kineto_stream.Fallback as exc:
+            log.debug("%s: columnar decode not possible (%s)", path, exc)
     header: dict[str, Any] = {}
     kept_args: dict[int, dict[str, Any]] = {}
     frames: list[pl.DataFrame] = []

@@ -16,6 +16,7 @@ streaming path therefore never changes a result, only the memory needed to get i
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ import orjson
 
 from ep_trace.parsers import kineto_json
 
-__all__ = ["Fallback", "stream_events"]
+__all__ = ["Fallback", "stream_events", "stream_slices"]
 
 _READ = 1 << 20
 
@@ -69,12 +70,26 @@ def _pieces(path: Path) -> Iterator[bytes]:
             raise Fallback("truncated gzip stream")
 
 
-def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
-    """Yield ``(offset, events)`` slices of ``traceEvents``; fill ``header`` when the stream ends.
+def _last_boundary(buf: bytearray) -> re.Match[bytes] | None:
+    """The last event boundary in the final 2 MB of ``buf`` (searched from the end: matches are
+    disjoint, so a narrower window that holds one finds the same last match)."""
+    lo = max(0, len(buf) - 2 * _READ)
+    for start in (max(lo, len(buf) - (1 << 16)), lo):
+        last = None
+        for last in kineto_json._BOUNDARY_RE.finditer(buf, start):
+            pass
+        if last is not None or start == lo:
+            return last
+    return None
+
+
+def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[bytes]:
+    """Yield the JSON text of ``traceEvents`` slices (``[`` ... ``]``, whole events); fill ``header``
+    when the stream ends.
 
     Args:
         path: A ``.json`` / ``.json.gz`` trace.
-        header: Receives every top-level key except ``traceEvents`` (after the last slice).
+        header: Receives every top-level key except ``traceEvents`` (before the last slice).
         chunk_bytes: Slice size; default :data:`ep_trace.parsers.kineto_json.CHUNK_BYTES`.
 
     Raises:
@@ -93,29 +108,19 @@ def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = 
         raise Fallback("no traceEvents key")
     prefix = bytes(buf[: m.start()])
     del buf[: m.end()]
-    offset = 0
     for piece in pieces:
         buf += piece
         if len(buf) < size:
             continue
-        last = None  # the last boundary: slices of about `size`, the buffer stays below size + 1 MB
-        for last in kineto_json._BOUNDARY_RE.finditer(buf, max(0, len(buf) - 2 * _READ)):
-            pass
+        last = _last_boundary(buf)  # slices of about `size`, the buffer stays below size + 1 MB
         if last is None:
             continue  # one huge event: keep reading
-        try:
-            part = orjson.loads(b"[" + buf[: last.start() + 1] + b"]")
-        except orjson.JSONDecodeError:
-            raise Fallback("slice boundary inside a string") from None
-        yield offset, part
-        offset += len(part)
-        del part
+        yield b"[" + buf[: last.start() + 1] + b"]"
         del buf[: last.end() - 1]
     end = kineto_json._array_end(buf, 0)
     if end is None:
         raise Fallback("no end of traceEvents")
     try:
-        tail = orjson.loads(b"[" + buf[:end] + b"]")
         doc = orjson.loads(prefix + b'"traceEvents":[]' + buf[end + 1 :])
     except orjson.JSONDecodeError:
         raise Fallback("undecodable tail") from None
@@ -123,5 +128,21 @@ def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = 
         raise Fallback("not an object")
     doc.pop("traceEvents", None)
     header.update(doc)
-    if tail:
-        yield offset, tail
+    yield b"[" + buf[:end] + b"]"
+
+
+def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
+    """Yield ``(offset, events)`` slices of ``traceEvents`` decoded by orjson (:func:`stream_slices`).
+
+    Raises:
+        Fallback: see the module doc (possibly after some slices were yielded: discard them).
+    """
+    offset = 0
+    for text in stream_slices(path, header, chunk_bytes):
+        try:
+            part = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            raise Fallback("slice boundary inside a string") from None
+        if part:
+            yield offset, part
+        offset += len(part)

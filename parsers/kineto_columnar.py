@@ -1,0 +1,211 @@
+"""Columnar decode of ``traceEvents`` slices with polars' JSON reader: no Python object per event.
+
+The orjson path (:func:`ep_trace.parsers.kineto._chunk_frame`) builds ~25 Python objects per event
+and then one list comprehension per field; on GPU traces (~530k events per 100 MB) that is over half
+of the ingest time. Here each slice from :func:`ep_trace.parsers.kineto_stream.stream_slices` is read
+by ``pl.read_json`` with a schema naming only the fields the parser uses, in two threads (the reader
+releases the GIL, and so does the gunzip of the next slice in the calling thread). Only the few
+events whose whole ``args`` the collective builder needs (``record_param_comms``, ``nccl:*`` ...,
+kernels with a ``Collective name`` copy) are decoded again by orjson, from their own text.
+
+The result must equal the orjson path's bit for bit, so polars' lenient coercions are checked, and
+any slice where they could differ is handed to the orjson path (same slice, same result or error):
+
+* ids / bytes are read as float64: a quoted value is a reader error, a fraction or a value beyond
+  2^53 (an error or another value there) falls back;
+* pid / tid are read as text: ints and non-numeric labels convert as there; float-looking or bool
+  values (whose meaning depends on the other values of the orjson slice) fall back;
+* ``cat`` / ``name`` numbers print differently (``1e3``): numeric-looking float text falls back;
+* a ``Collective name`` key whose value is null is not visible in the struct: the number of
+  non-null values must equal the number of ``"Collective name"`` keys in the text;
+* kept events are located by the event boundaries (``}`` ``,`` ``{``); their count must equal the
+  number of events (else a boundary lies inside a string).
+
+Known differences, on input no Kineto version writes: a JSON object with a duplicate key keeps the
+first value here and the last in orjson; a float with no fraction (``2.0``) in an id field or in
+pid / tid reads as that int here but is an error / null there; a quoted negative pid / tid
+(``"-5"``) keeps its sign here.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from ep_trace.parsers import kineto_json, kineto_stream
+
+__all__ = ["decode_columnar"]
+
+# ids as Float64: a quoted value is a reader error, a fraction or an int beyond 2^53 is visible
+_ARGS = pl.Struct({"correlation": pl.Float64, "External id": pl.Float64, "bytes": pl.Float64, "Collective name": pl.Utf8})
+_SCHEMA = {
+    "ph": pl.Utf8,
+    "cat": pl.Utf8,
+    "name": pl.Utf8,
+    "pid": pl.Utf8,
+    "tid": pl.Utf8,
+    "ts": pl.Float64,
+    "dur": pl.Float64,
+    "args": _ARGS,
+}
+_INT = r"^-?[0-9]{1,18}$"  # inside int64 whatever the digits
+_FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|false)$"
+_PIPELINE = 4  # slices decoded ahead of the one being consumed
+
+ChunkFrame = Callable[[list[Any], int, Path, dict[int, dict[str, Any]]], pl.DataFrame]
+
+
+class _Surprise(Exception):
+    """This slice may decode differently from orjson: use the orjson path for it."""
+
+
+def _track(col: pl.Series) -> pl.Series:
+    """pid / tid text -> Int64 exactly as ``kineto._track_ids`` does for ints and label strings.
+
+    Negative ints are real (Kineto writes some thread ids as signed 32-bit values, e.g. -549452224);
+    a negative *string* would lose its sign there, so the caller rejects quoted negative ids."""
+    if col.null_count() == col.len():
+        return col.cast(pl.Int64)
+    ints = col.str.contains(_INT)
+    if ints.fill_null(True).all():
+        return col.cast(pl.Int64)
+    # a float or a bool: its value there depends on the rest of the orjson slice
+    if (col.str.contains(_FLOATISH) & ~ints).fill_null(False).any():  # (_FLOATISH covers long ints)
+        raise _Surprise("pid/tid")
+    return pl.select(pl.when(ints).then(col).otherwise(col.str.extract(r"([0-9]+)\s*$")).cast(pl.Int64)).to_series()
+
+
+def _ints(col: pl.Series) -> pl.Series:
+    """Id / byte values -> Int64; a fraction or a value beyond 2^53 (not exact in float64) is a surprise."""
+    if ((col != col.round(0)) | (col.abs() >= 2.0**53)).fill_null(False).any():
+        raise _Surprise("int field")
+    return col.cast(pl.Int64)
+
+
+def _event_texts(text: bytes, rows: list[int], n: int) -> list[bytes]:
+    """The JSON text of events ``rows`` (ascending) of a slice holding ``n`` events."""
+    cuts = [m.start() for m in kineto_json._BOUNDARY_RE.finditer(text)]  # the "}" closing event k
+    if len(cuts) != n - 1:
+        raise _Surprise("boundary inside a string")
+    cuts.append(len(text) - 2)  # the "]" closing the slice is at len - 1
+    return [text[(text.find(b"{", cuts[r - 1] + 1) if r else 1) : cuts[r] + 1] for r in rows]
+
+
+def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
+    """Columns of the X events of one slice, the slice's event count and the kept args, in order."""
+    try:
+        df = pl.read_json(text, schema=_SCHEMA)
+    except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
+        raise _Surprise(str(exc)[:80]) from None
+    n = df.height
+    coll = df["args"].struct.field("Collective name")
+    if coll.len() - coll.null_count() != text.count(b'"Collective name"'):
+        raise _Surprise("null or nested Collective name")
+    x = df.with_row_index("row").filter(pl.col("ph") == "X")
+    cat, name = x["cat"], x["name"]
+    for col in (cat, name):
+        if col.str.contains(_FLOATISH).fill_null(False).any():
+            raise _Surprise("numeric text")
+    args = x["args"].struct
+    mem = ((cat == "gpu_memcpy") | (cat == "gpu_memset")).fill_null(False)
+    frame = pl.DataFrame(
+        {
+            "event_id": (x["row"].cast(pl.Int64) + offset),
+            "category": cat,
+            "name": name,
+            "pid_raw": _track(x["pid"]),
+            "tid_raw": _track(x["tid"]),
+            "ts": x["ts"],
+            "dur": x["dur"],
+            "correlation": _ints(args.field("correlation")),
+            "external_id": _ints(args.field("External id")),
+            "bytes": _ints(pl.select(pl.when(mem).then(args.field("bytes"))).to_series()),
+        }
+    )
+    marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in keep_prefixes]).fill_null(False)
+    kern = ((cat == "kernel") & args.field("Collective name").is_not_null()).fill_null(False)
+    cand = (marks | kern).arg_true()
+    kept: list[tuple[int, dict[str, Any]]] = []
+    if cand.len():
+        rows = x["row"].gather(cand).to_list()
+        try:
+            evs = [orjson.loads(t) for t in _event_texts(text, rows, n)]
+        except orjson.JSONDecodeError:
+            raise kineto_stream.Fallback("kept event not decodable by orjson") from None  # e.g. > uint64
+        is_mark = marks.gather(cand).to_list()
+        ids = [offset + r for r in rows]
+        arg = [e.get("args") for e in evs]
+        # same order and tests as _chunk_frame: name marks first, then kernels with a metadata copy
+        kept = [(i, a) for i, a, m in zip(ids, arg, is_mark) if m and a]
+        kept += [(i, a) for i, a, m in zip(ids, arg, is_mark) if not m and a and "Collective name" in a]
+    return frame, n, kept
+
+
+def _work(text: bytes, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
+    try:
+        return _slice_frame(text, 0, keep_prefixes)
+    except _Surprise:
+        return None
+
+
+def decode_columnar(
+    path: Path, chunk_frame: ChunkFrame, keep_prefixes: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[pl.DataFrame]]:
+    """Header, kept args and per-slice event frames, as ``kineto._decode`` returns them.
+
+    Args:
+        path: The trace file.
+        chunk_frame: The orjson-path column builder, used for slices that could decode differently.
+        keep_prefixes: Event names whose ``args`` are kept.
+
+    Raises:
+        kineto_stream.Fallback: the file cannot be streamed (the caller uses the other paths).
+        TraceFormatError: bad event (from ``chunk_frame``), in file order.
+    """
+    header: dict[str, Any] = {}
+    kept_args: dict[int, dict[str, Any]] = {}
+    frames: list[pl.DataFrame] = []
+    offset = 0
+
+    def consume(text: bytes, fut: Future) -> None:
+        nonlocal offset
+        res = fut.result()
+        if res is None:  # the orjson path, on the very same slice
+            try:
+                evs = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                raise kineto_stream.Fallback("slice boundary inside a string") from None
+            if evs:
+                frames.append(chunk_frame(evs, offset, path, kept_args))
+            offset += len(evs)
+            return
+        frame, n, kept = res
+        frames.append(frame.with_columns(pl.col("event_id") + offset) if offset else frame)
+        for i, a in kept:
+            kept_args[i + offset] = a
+        offset += n
+
+    pending: deque[tuple[bytes, Future]] = deque()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        try:
+            for text in kineto_stream.stream_slices(path, header):
+                pending.append((text, pool.submit(_work, text, keep_prefixes)))
+                while len(pending) > _PIPELINE:
+                    consume(*pending.popleft())
+        finally:
+            # earlier slices first: their errors come before a later stream problem, as in the orjson path
+            try:
+                while pending:
+                    consume(*pending.popleft())
+            finally:
+                for _, fut in pending:
+                    fut.cancel()
+    return header, kept_args, frames

@@ -1,0 +1,128 @@
+"""The polars columnar decode (kineto_columnar) equals the orjson decode on every real trace and on
+the awkward inputs it must either read identically or hand back to orjson."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from ep_trace.errors import TraceFormatError
+from ep_trace.parsers import kineto, kineto_columnar, kineto_json
+
+
+def _same_decode(path: Path) -> tuple[int, int]:
+    h0, k0, f0 = kineto._decode(path, columnar=False)
+    h1, k1, f1 = kineto._decode(path, columnar=True)
+    assert h1 == h0
+    assert list(k1.items()) == list(k0.items())  # same kept args, same insertion order
+    a, b = pl.concat(f0), pl.concat(f1)
+    assert b.schema == a.schema and b.equals(a)
+    return a.height, len(k0)
+
+
+def _kineto_files(external_dir: Path, samples_dir: Path) -> list[Path]:
+    files = sorted((external_dir / "kineto").rglob("*.json*")) + sorted(samples_dir.rglob("*.pt.trace.json*"))
+    return [f for f in files if f.name.endswith((".json", ".json.gz"))]
+
+
+def test_columnar_equals_orjson_on_every_real_trace(external_dir, samples_dir, monkeypatch):
+    files = _kineto_files(external_dir, samples_dir)
+    assert len(files) >= 30
+    rows = {}
+    # small slices: many slice boundaries (and the last-slice tail) on every file
+    monkeypatch.setattr(kineto_json, "CHUNK_BYTES", 48 << 10)
+    for f in files:
+        rows[f.name] = _same_decode(f)
+    assert rows["nccl_data.json.gz"] == (26933, 111)
+    assert rows["rank0.json.gz"] == (67217, 320)
+    assert rows["sampled_rank-0.json.gz"] == (4811, 28)
+
+
+def _write(tmp_path: Path, name: str, events: list, **kw) -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps({"distributedInfo": {"rank": 0}, "traceEvents": events, "baseTimeNanoseconds": 10, **kw}))
+    return p
+
+
+def _ev(i: int, **over):
+    e = {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 7, "tid": 8, "ts": 1.5 + i, "dur": 2, "args": {"External id": i}}
+    e.update(over)
+    return e
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"pid": "Spans", "tid": "PyTorch Profiler"},  # labels -> trailing number or null
+        {"tid": -549452224},  # signed 32-bit thread ids (real, hta_nccl_metadata)
+        {"tid": "stream 7 "},
+        {"pid": True},  # bool: value depends on the rest of the slice -> orjson path
+        {"pid": 1.5},
+        {"name": 12, "cat": "kernel"},
+        {"name": 1.5e3},  # printed differently by polars -> orjson path
+        {"ts": 4458676522690.655, "dur": 156.777},
+        {"ts": 1694128201435418, "dur": 52},
+        {"args": {"correlation": True}},
+        {"args": {}},
+        {"args": None},
+        {"cat": "gpu_memcpy", "args": {"bytes": 4096, "correlation": 3}},
+        {"cat": "gpu_memset", "args": {"bytes": "4096"}},  # quoted: reader error -> orjson path -> error
+        {"cat": "kernel", "name": "nccl:all_reduce", "args": {"Collective name": None, "correlation": 9}},
+        {"cat": "kernel", "args": {"Collective name": None}},  # key present, null: still kept
+        {"name": "record_param_comms", "args": {"Collective name": "all_to_allv", "Comms Id": 10159970886766084423, "In split size": "[1, 2]"}},
+        {"name": "nccl:x}, {\"y", "args": {"note": "}, {"}},  # boundary text inside strings
+        {"ph": "f", "bp": "e", "id": 5, "args": [1, 2]},  # a non-X event the schema cannot read
+        {"unused": 99999999999999999999999},  # beyond uint64 outside the fields read
+    ],
+)
+def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
+    events = [_ev(i) for i in range(40)]
+    events[17] = _ev(17, **odd)
+    events.append(_ev(40, cat="kernel", name="ncclDevKernel_SendRecv", pid=0, tid=7, args={"Collective name": "allreduce", "correlation": 4}))
+    p = _write(tmp_path, "t.json", events)
+    try:
+        kineto._decode(p, columnar=False)
+    except TraceFormatError as exc:
+        with pytest.raises(TraceFormatError) as ei:
+            kineto._decode(p, columnar=True)
+        assert str(ei.value) == str(exc)
+        return
+    _same_decode(p)
+
+
+def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
+    cases = {
+        "huge": (b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation": 99999999999999999999999}}',
+                 "traceEvents[0]: args.correlation has an unusable value"),
+        "frac": (b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"External id": 1.5}}',
+                 "traceEvents[0]: args['External id'] has an unusable value '1.5'"),
+        "str_ts": (b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":"soon","dur":1}', "traceEvents[0]: ts has an unusable value 'soon'"),
+        "quoted": (b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation":"12"}}',
+                   "traceEvents[0]: args.correlation has an unusable value '12'"),
+    }
+    for name, (ev, want) in cases.items():
+        p = tmp_path / f"{name}.json"
+        p.write_bytes(b'{"traceEvents": [' + ev + b"]}")
+        with pytest.raises(TraceFormatError) as ei:
+            kineto._decode(p, columnar=True)
+        assert want in str(ei.value), name
+
+
+def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch):
+    """The fast path really runs (no silent per-slice fallback) on a modern NCCL trace."""
+    used = []
+    real = kineto_columnar._slice_frame
+    monkeypatch.setattr(kineto_columnar, "_slice_frame", lambda *a: used.append(1) or real(*a))
+    monkeypatch.setattr(kineto_json, "CHUNK_BYTES", 256 << 10)
+    fallback = []
+    real_chunk = kineto._chunk_frame
+    header, kept, frames = kineto_columnar.decode_columnar(
+        external_dir / "kineto" / "hta_nccl_metadata" / "nccl_data.json.gz",
+        lambda *a: fallback.append(1) or real_chunk(*a),
+        kineto.ARG_KEEP_PREFIXES,
+    )
+    assert len(used) == len(frames) >= 10 and fallback == []
+    assert sum(f.height for f in frames) == 26933 and len(kept) == 111
