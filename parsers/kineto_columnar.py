@@ -37,6 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
 
@@ -68,80 +69,112 @@ class _Surprise(Exception):
 
 
 def _track(col: pl.Series) -> pl.Series:
-    """pid / tid text -> Int64 exactly as ``kineto._track_ids`` does for ints and label strings.
+    """pid / tid text with some non-int values -> Int64 as ``kineto._track_ids`` does for label strings.
 
     Negative ints are real (Kineto writes some thread ids as signed 32-bit values, e.g. -549452224);
-    a negative *string* would lose its sign there, so the caller rejects quoted negative ids."""
-    if col.null_count() == col.len():
-        return col.cast(pl.Int64)
+    a quoted negative number would lose its sign there (see the module doc)."""
     ints = col.str.contains(_INT)
-    if ints.fill_null(True).all():
-        return col.cast(pl.Int64)
     # a float or a bool: its value there depends on the rest of the orjson slice
     if (col.str.contains(_FLOATISH) & ~ints).fill_null(False).any():  # (_FLOATISH covers long ints)
         raise _Surprise("pid/tid")
     return pl.select(pl.when(ints).then(col).otherwise(col.str.extract(r"([0-9]+)\s*$")).cast(pl.Int64)).to_series()
 
 
-def _ints(col: pl.Series) -> pl.Series:
-    """Id / byte values -> Int64; a fraction or a value beyond 2^53 (not exact in float64) is a surprise."""
-    if ((col != col.round(0)) | (col.abs() >= 2.0**53)).fill_null(False).any():
-        raise _Surprise("int field")
-    return col.cast(pl.Int64)
+def _not_int(e: pl.Expr) -> pl.Expr:
+    """Any float64 value that is not an int exactly representable (fraction, or beyond 2^53)."""
+    return ((e != e.round(0)) | (e.abs() >= 2.0**53)).fill_null(False).any()
+
+
+def _cuts(text: bytes) -> np.ndarray | list[int]:
+    """Positions of the ``}`` ending each event but the last, in a slice.
+
+    Kineto (and json.dumps with indent) writes the boundary as ``},\n  {``: when the first one holds
+    a newline, which JSON strings cannot contain, every boundary is found with numpy from the
+    newlines instead of a regex scan of the whole slice (4x faster). Callers check the count.
+    """
+    first = kineto_json._BOUNDARY_RE.search(text)
+    if first is None:
+        return []
+    sep = first.group()
+    j = sep.find(b"\n")
+    if j < 0:
+        return [m.start() for m in kineto_json._BOUNDARY_RE.finditer(text)]
+    arr = np.frombuffer(text, dtype=np.uint8)
+    nl = np.flatnonzero(arr == 10)
+    nl = nl[(nl >= j) & (nl + len(sep) - j <= len(arr))]
+    ok = np.ones(len(nl), dtype=bool)
+    for i, c in enumerate(sep):
+        ok &= arr[nl - j + i] == c
+    return nl[ok] - j
 
 
 def _event_texts(text: bytes, rows: list[int], n: int) -> list[bytes]:
     """The JSON text of events ``rows`` (ascending) of a slice holding ``n`` events."""
-    cuts = [m.start() for m in kineto_json._BOUNDARY_RE.finditer(text)]  # the "}" closing event k
+    cuts = _cuts(text)
     if len(cuts) != n - 1:
         raise _Surprise("boundary inside a string")
-    cuts.append(len(text) - 2)  # the "]" closing the slice is at len - 1
-    return [text[(text.find(b"{", cuts[r - 1] + 1) if r else 1) : cuts[r] + 1] for r in rows]
+    ends = [int(cuts[r]) + 1 if r < n - 1 else len(text) - 1 for r in rows]  # the "]" closes the slice
+    return [text[(text.find(b"{", int(cuts[r - 1]) + 1) if r else 1) : e] for r, e in zip(rows, ends)]
 
 
 def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
-    """Columns of the X events of one slice, the slice's event count and the kept args, in order."""
+    """Columns of the X events of one slice, the slice's event count and the kept args, in order.
+
+    Two polars queries per slice (checks, columns): per-Series calls cost ~0.1 ms each."""
     try:
         df = pl.read_json(text, schema=_SCHEMA)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
         raise _Surprise(str(exc)[:80]) from None
     n = df.height
-    coll = df["args"].struct.field("Collective name")
-    if coll.len() - coll.null_count() != text.count(b'"Collective name"'):
+    coll = pl.col("args").struct.field("Collective name")
+    n_coll = df.select(coll.is_not_null().sum()).item()
+    if n_coll != text.count(b'"Collective name"'):
         raise _Surprise("null or nested Collective name")
     x = df.with_row_index("row").filter(pl.col("ph") == "X")
-    cat, name = x["cat"], x["name"]
-    for col in (cat, name):
-        if col.str.contains(_FLOATISH).fill_null(False).any():
-            raise _Surprise("numeric text")
-    args = x["args"].struct
-    mem = ((cat == "gpu_memcpy") | (cat == "gpu_memset")).fill_null(False)
-    frame = pl.DataFrame(
-        {
-            "event_id": (x["row"].cast(pl.Int64) + offset),
-            "category": cat,
-            "name": name,
-            "pid_raw": _track(x["pid"]),
-            "tid_raw": _track(x["tid"]),
-            "ts": x["ts"],
-            "dur": x["dur"],
-            "correlation": _ints(args.field("correlation")),
-            "external_id": _ints(args.field("External id")),
-            "bytes": _ints(pl.select(pl.when(mem).then(args.field("bytes"))).to_series()),
-        }
-    )
+    cat, name, args = pl.col("cat"), pl.col("name"), pl.col("args").struct
+    mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
+    nbytes = pl.when(mem).then(args.field("bytes"))
+    pid, tid = pl.col("pid").cast(pl.Int64, strict=False), pl.col("tid").cast(pl.Int64, strict=False)
+    checks = x.select(
+        (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
+        pl.any_horizontal(_not_int(args.field("correlation")), _not_int(args.field("External id")), _not_int(nbytes)).alias("ints"),
+        (pid.is_null() & pl.col("pid").is_not_null()).any().alias("pid"),
+        (tid.is_null() & pl.col("tid").is_not_null()).any().alias("tid"),
+    ).row(0, named=True)
+    if checks["text"] or checks["ints"]:
+        raise _Surprise("numeric text or non-int id")
     marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in keep_prefixes]).fill_null(False)
-    kern = ((cat == "kernel") & args.field("Collective name").is_not_null()).fill_null(False)
-    cand = (marks | kern).arg_true()
+    kern = ((cat == "kernel") & coll.is_not_null()).fill_null(False)
+    cols = x.select(
+        (pl.col("row").cast(pl.Int64) + offset).alias("event_id"),
+        cat.alias("category"),
+        name,
+        pid.alias("pid_raw"),
+        tid.alias("tid_raw"),
+        "ts",
+        "dur",
+        args.field("correlation").cast(pl.Int64).alias("correlation"),
+        args.field("External id").cast(pl.Int64).alias("external_id"),
+        nbytes.cast(pl.Int64).alias("bytes"),
+        marks.alias("_mark"),
+        (marks | kern).alias("_cand"),
+    )
+    if checks["pid"]:  # label strings ("Spans", "stream 7 ") among the ints: rare, per Series
+        cols = cols.with_columns(_track(x["pid"]).alias("pid_raw"))
+    if checks["tid"]:
+        cols = cols.with_columns(_track(x["tid"]).alias("tid_raw"))
+    frame = cols.drop("_mark", "_cand")
+    cand = cols.filter("_cand").select("event_id", "name", "_mark")
     kept: list[tuple[int, dict[str, Any]]] = []
-    if cand.len():
-        rows = x["row"].gather(cand).to_list()
+    if cand.height:
+        ids = cand["event_id"].to_list()
         try:
-            evs = [orjson.loads(t) for t in _event_texts(text, rows, n)]
+            evs = [orjson.loads(t) for t in _event_texts(text, [i - offset for i in ids], n)]
         except orjson.JSONDecodeError:
             raise kineto_stream.Fallback("kept event not decodable by orjson") from None  # e.g. > uint64
-        is_mark = marks.gather(cand).to_list()
-        ids = [offset + r for r in rows]
+        if not all(isinstance(e, dict) for e in evs) or [e.get("name") for e in evs] != cand["name"].to_list():
+            raise _Surprise("kept event text misplaced")
+        is_mark = cand["_mark"].to_list()
         arg = [e.get("args") for e in evs]
         # same order and tests as _chunk_frame: name marks first, then kernels with a metadata copy
         kept = [(i, a) for i, a, m in zip(ids, arg, is_mark) if m and a]
