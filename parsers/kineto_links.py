@@ -82,8 +82,6 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
     ops = ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function")).select(
         *_KEY, "start_ns", "end_ns", pl.col("event_id").alias("op")
     )
-    contained = innermost_enclosing(runtime.select(*_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")), ops)
-    launch_op = contained.select("_launch", pl.col("op").alias("_launch_op"))
     by_ext = (
         ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())
         .select("external_id", pl.col("event_id").alias("_ext_op"))
@@ -96,9 +94,18 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
         pl.when(pl.col("kind") == "runtime").then(pl.col("event_id")).when(gpu).then(pl.col("_launch")).alias("_launch"),
     )
-    n = n.join(launch_op, on="_launch", how="left", maintain_order="left").join(by_ext, on="external_id", how="left", maintain_order="left")
+    n = n.join(by_ext, on="external_id", how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
     linked = gpu | (pl.col("kind") == "runtime")
+    # Containment only for the launches some row cannot link by External id, and only against the
+    # ops of their threads (each point's answer depends on nothing else): on modern GPU traces most
+    # launches carry a resolvable External id.
+    need = n.filter(linked & ~ext_ok).select(pl.col("_launch").drop_nulls().unique())
+    points = runtime.filter(pl.col("event_id").is_in(need["_launch"].implode())).select(*_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch"))
+    ops = ops.join(points.select(_KEY).unique(), on=_KEY, how="semi")
+    contained = innermost_enclosing(points, ops)
+    launch_op = contained.select("_launch", pl.col("op").alias("_launch_op"))
+    n = n.join(launch_op, on="_launch", how="left", maintain_order="left")
     op_id = pl.when(linked & ext_ok).then(pl.col("_ext_op")).when(linked).then(pl.col("_launch_op"))
     n = n.select("launch_id", op_id.alias("op_id"))
     return ev.with_columns(n["launch_id"], n["op_id"])
