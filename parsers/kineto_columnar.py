@@ -57,7 +57,6 @@ _SCHEMA = {
     "dur": pl.Float64,
     "args": _ARGS,
 }
-_INT = r"^-?[0-9]{1,18}$"  # inside int64 whatever the digits
 _FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|false)$"
 _FRAME_COLS = ("event_id", "category", "name", "pid_raw", "tid_raw", "ts", "dur", "correlation", "external_id", "bytes")
 _PIPELINE = 4  # slices decoded ahead of the one being consumed
@@ -69,16 +68,18 @@ class _Surprise(Exception):
     """This slice may decode differently from orjson: use the orjson path for it."""
 
 
-def _track(col: pl.Series) -> pl.Series:
-    """pid / tid text with some non-int values -> Int64 as ``kineto._track_ids`` does for label strings.
+def _track(col: pl.Series, ints: pl.Series) -> pl.Series:
+    """pid / tid: ``ints`` (the text cast to Int64, null where it is no int) completed, for label
+    strings, as ``kineto._track_ids`` does: their trailing number, else null.
 
     Negative ints are real (Kineto writes some thread ids as signed 32-bit values, e.g. -549452224);
     a quoted negative number would lose its sign there (see the module doc)."""
-    ints = col.str.contains(_INT)
-    # a float or a bool: its value there depends on the rest of the orjson slice
-    if (col.str.contains(_FLOATISH) & ~ints).fill_null(False).any():  # (_FLOATISH covers long ints)
+    rows = (ints.is_null() & col.is_not_null()).arg_true()
+    labels = col.gather(rows)
+    # a float, a bool or an int beyond int64: its value there depends on the rest of the orjson slice
+    if labels.str.contains(_FLOATISH).any():
         raise _Surprise("pid/tid")
-    return pl.select(pl.when(ints).then(col).otherwise(col.str.extract(r"([0-9]+)\s*$")).cast(pl.Int64)).to_series()
+    return ints.clone().scatter(rows, labels.str.extract(r"([0-9]+)\s*$").cast(pl.Int64))
 
 
 def _not_int(e: pl.Expr) -> pl.Expr:
@@ -170,7 +171,7 @@ def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tu
     if checks["text"] or checks["ints"]:
         raise _Surprise("numeric text or non-int id")
     # label strings ("Spans", "stream 7 ") among the ints: rare, per Series
-    track = {c: _track(cols[f"_{c}"]) if checks[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
+    track = {c: _track(cols[f"_{c}"], cols[f"{c}_raw"]) if checks[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
     frame = pl.DataFrame([track[c[:3]].alias(c) if c in ("pid_raw", "tid_raw") else cols.get_column(c) for c in _FRAME_COLS])
     cand_rows = cols.get_column("_cand").arg_true()
     kept: list[tuple[int, dict[str, Any]]] = []
