@@ -1,8 +1,10 @@
 """Kineto (torch.profiler Chrome trace) -> canonical tables, one rank file at a time.
 
 Decoding streams the file (:mod:`ep_trace.parsers.kineto_stream`, falling back to
-:mod:`ep_trace.parsers.kineto_json`): ``traceEvents`` is decoded by orjson in ~2 MB slices and each
-slice becomes columns through one list comprehension per field; everything after that is polars.
+:mod:`ep_trace.parsers.kineto_json`) in ~2 MB slices of ``traceEvents``; each slice becomes columns
+through polars' JSON reader (:mod:`ep_trace.parsers.kineto_columnar`, no Python object per event),
+or, for a slice that reader could read differently, through orjson and one list comprehension per
+field (:func:`_chunk_frame`, the reference); everything after that is polars.
 
 Rules (facts in ``shared/reference/kineto.md``):
 
