@@ -193,9 +193,10 @@ def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tu
 
 
 def _work(text: bytes, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
+    """One slice in a worker thread; None: decode it with orjson instead (exact by construction)."""
     try:
         return _slice_frame(text, 0, keep_prefixes)
-    except _Surprise:
+    except (_Surprise, pl.exceptions.PolarsError):  # a polars complaint on odd data is a surprise too
         return None
 
 
@@ -231,7 +232,8 @@ def decode_columnar(
             offset += len(evs)
             return
         frame, n, kept = res
-        frames.append(frame.with_columns(pl.col("event_id") + offset) if offset else frame)
+        if n:  # (an empty tail slice adds no frame, as in the orjson path)
+            frames.append(frame.with_columns(pl.col("event_id") + offset) if offset else frame)
         for i, a in kept:
             kept_args[i + offset] = a
         offset += n
