@@ -3,10 +3,11 @@
 The orjson path (:func:`ep_trace.parsers.kineto._chunk_frame`) builds ~25 Python objects per event
 and then one list comprehension per field; on GPU traces (~530k events per 100 MB) that is over half
 of the ingest time. Here each slice from :func:`ep_trace.parsers.kineto_stream.stream_slices` is read
-by ``pl.read_json`` with a schema naming only the fields the parser uses, in two threads (the reader
-releases the GIL, and so does the gunzip of the next slice in the calling thread). Only the few
-events whose whole ``args`` the collective builder needs (``record_param_comms``, ``nccl:*`` ...,
-kernels with a ``Collective name`` copy) are decoded again by orjson, from their own text.
+by ``pl.read_json`` (in eight pieces, :func:`_read`) with a schema naming only the fields the parser
+uses, in two threads (the reader releases the GIL, and so does the gunzip of the next slice in the
+calling thread). Only the few events whose whole ``args`` the collective builder needs
+(``record_param_comms``, ``nccl:*`` ..., kernels with a ``Collective name`` copy) are decoded again
+by orjson, from their own text.
 
 The result must equal the orjson path's bit for bit, so polars' lenient coercions are checked, and
 any slice where they could differ is handed to the orjson path (same slice, same result or error):
@@ -60,10 +61,7 @@ _SCHEMA = {
 _FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|false)$"
 _FRAME_COLS = ("event_id", "category", "name", "pid_raw", "tid_raw", "ts", "dur", "correlation", "external_id", "bytes")
 _PIPELINE = 4  # slices decoded ahead of the one being consumed
-# polars' JSON reader needs ~9x a slice's text while it parses (19 MB for 2 MB, polars 2.1), and
-# jemalloc keeps those pages for its 10 s decay, in each decoding thread's arena: 1 MB slices
-# instead of kineto_json.CHUNK_BYTES (2 MB) lower the ingest peak RSS by ~20 MB per file for ~3% time.
-_SLICE_BYTES = 1 << 20
+_PARTS = 8  # JSON reader calls per slice (see _read)
 
 ChunkFrame = Callable[[list[Any], int, Path, dict[int, dict[str, Any]]], pl.DataFrame]
 
@@ -123,12 +121,34 @@ def _event_texts(text: bytes, rows: list[int], n: int) -> list[bytes]:
     return [text[(text.find(b"{", int(cuts[r - 1]) + 1) if r else 1) : e] for r, e in zip(rows, ends)]
 
 
+def _read(text: bytes) -> pl.DataFrame:
+    """``pl.read_json`` of a slice, in :data:`_PARTS` pieces of about equal size.
+
+    The reader holds ~9x its input while it parses (polars 2.1: 19 MB for a 2 MB slice) and
+    jemalloc keeps those pages in the decoding thread's arena for its 10 s decay; pieces bound that
+    (and parse faster). Pieces are cut only at the slice's event separator when it holds a newline
+    (Kineto's ``},\n  {``): JSON strings hold no raw newline, so the cut is an event boundary;
+    compact JSON is read whole. A wrong cut could only make a piece unreadable (an unclosed object),
+    and then the orjson path decodes the whole slice."""
+    size = len(text) // _PARTS
+    first = kineto_json._BOUNDARY_RE.search(text) if _PARTS > 1 else None
+    sep = first.group() if first is not None else b""
+    if b"\n" not in sep:
+        return pl.read_json(text, schema=_SCHEMA)
+    parts, start = [], 1  # after the "["
+    while (cut := text.find(sep, start + size)) >= 0:
+        parts.append(pl.read_json(b"[" + text[start : cut + 1] + b"]", schema=_SCHEMA))
+        start = cut + len(sep) - 1  # the "{" of the next event
+    parts.append(pl.read_json(b"[" + text[start:], schema=_SCHEMA))  # the slice's own "]" closes it
+    return pl.concat(parts)
+
+
 def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
     One polars collect per slice for the checks and the columns."""
     try:
-        df = pl.read_json(text, schema=_SCHEMA)
+        df = _read(text)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
         raise _Surprise(str(exc)[:80]) from None
     n = df.height
@@ -245,7 +265,7 @@ def decode_columnar(
     pending: deque[tuple[bytes, Future]] = deque()
     with ThreadPoolExecutor(max_workers=2) as pool:
         try:
-            for text in kineto_stream.stream_slices(path, header, min(_SLICE_BYTES, kineto_json.CHUNK_BYTES)):
+            for text in kineto_stream.stream_slices(path, header):
                 pending.append((text, pool.submit(_work, text, keep_prefixes)))
                 while len(pending) > _PIPELINE:
                     consume(*pending.popleft())
