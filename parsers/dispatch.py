@@ -38,11 +38,23 @@ from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
 
-__all__ = ["Format", "detect_format", "discover", "read_trace_dir", "merge_tables"]
+__all__ = ["Format", "FORMATS", "check_format", "detect_format", "discover", "read_trace_dir", "merge_tables"]
 
 log = logging.getLogger(__name__)
 
 Format = Literal["auto", "kineto", "nsys", "cupti"]
+FORMATS: tuple[str, ...] = ("auto", "kineto", "nsys", "cupti")
+
+
+def check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
+    """Validate a ``--format`` value against ``allowed``; returns it.
+
+    Raises:
+        ConfigError: naming the option and the allowed values.
+    """
+    if fmt not in allowed:
+        raise ConfigError(f"--format: unknown format {fmt!r}; use {', '.join(allowed[:-1])} or {allowed[-1]}")
+    return fmt
 Progress = Callable[[str, int, int], None]
 
 _SIDECAR_RE = re.compile(r"^rank(\d+)\.ep\.jsonl$")
@@ -78,8 +90,7 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
         TraceFormatError: the path does not exist or holds no input of the requested format.
         ConfigError: unknown ``format``.
     """
-    if format not in ("auto", "kineto", "nsys", "cupti"):
-        raise ConfigError(f"--format: unknown format {format!r}; use auto, kineto, nsys or cupti")
+    check_format(format)
     p = Path(path)
     if not p.exists():
         raise TraceFormatError(p, "no such file or directory", "check the path")

@@ -39,10 +39,10 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def check_format(fmt: str) -> str:
-    """Validate ``--format``."""
-    if fmt not in ("auto", "kineto", "nsys"):
-        raise ConfigError(f"--format: unknown format {fmt!r}; use auto, kineto or nsys")
-    return fmt
+    """Validate ``--format`` of the analysis commands (the formats a user exports: no ``cupti``)."""
+    from ep_trace.parsers.dispatch import check_format as check
+
+    return check(fmt, ("auto", "kineto", "nsys"))
 
 
 @contextmanager

@@ -33,10 +33,10 @@ def ingest_cmd(
       duckdb -c "select rank, count(*) from 'demo_tables/events.parquet' group by rank"
     """
     from ep_trace.cli.analyze import progress_bar
+    from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest
 
-    if fmt not in ("auto", "kineto", "nsys", "cupti"):
-        raise ConfigError(f"--format: unknown format {fmt!r}; use auto, kineto, nsys or cupti")
+    check_format(fmt)
     if jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
     with progress_bar(not quiet) as progress:
