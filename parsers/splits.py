@@ -14,27 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ep_trace.dtypes import itemsize
+
 __all__ = ["ParsedList", "parse_int_list", "itemsize", "prod"]
-
-#: Bytes per element, keyed by every dtype spelling found in traces: c10 scalar names
-#: (``record_param_comms`` ``dtype``), ``Input type`` strings of ``cpu_op`` rows, and torch names
-#: without the ``torch.`` prefix (the ep-trace sidecar).
-_ITEMSIZE: dict[str, int] = {
-    # c10 ScalarType names
-    "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
-    "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "ComplexHalf": 4,
-    "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1,
-    "UInt16": 2, "UInt32": 4, "UInt64": 8,
-    # Input type strings (C++ type names printed by the profiler)
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "long": 8,
-    "int": 4, "short int": 2, "short": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::complex<float>": 8,
-    "c10::complex<double>": 16, "long long": 8, "unsigned short": 2, "unsigned int": 4,
-    # torch dtype names
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
-    "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16,
-}
-
 
 @dataclass(frozen=True)
 class ParsedList:
@@ -92,17 +74,6 @@ def parse_int_list(value: object, full_length: int | None = None) -> ParsedList 
         return ParsedList(tuple(head), True)
     pad = full_length - len(head) - len(tail)
     return ParsedList(tuple(head) + (None,) * pad + tuple(tail), True)
-
-
-def itemsize(dtype: object) -> int | None:
-    """Bytes per element of a dtype spelled as in a trace (``'Float'``, ``'c10::BFloat16'``,
-    ``'long int'``, ``'bfloat16'``, ``'torch.float32'``); ``None`` when unknown."""
-    if not isinstance(dtype, str):
-        return None
-    d = dtype.strip()
-    if d.startswith("torch."):
-        d = d[6:]
-    return _ITEMSIZE.get(d)
 
 
 def prod(dims: object) -> int | None:

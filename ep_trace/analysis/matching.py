@@ -22,20 +22,10 @@ from __future__ import annotations
 import polars as pl
 
 from ep_trace.analysis.steps import assign_step
+from ep_trace.dtypes import itemsize_expr
 
-__all__ = ["match_collectives", "measure_calls", "itemsize_expr", "splits_long"]
+__all__ = ["match_collectives", "measure_calls", "splits_long"]
 
-_ITEMSIZE = {
-    "float": 4, "float32": 4, "float64": 8, "double": 8, "bfloat16": 2, "c10::bfloat16": 2, "half": 2,
-    "float16": 2, "c10::half": 2, "long": 8, "int64": 8, "long int": 8, "int": 4, "int32": 4, "short": 2,
-    "int16": 2, "byte": 1, "uint8": 1, "char": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "unsigned char": 1, "signed char": 1,
-}
-
-
-def itemsize_expr(dtype: pl.Expr) -> pl.Expr:
-    """Bytes per element of a recorded dtype name ('Float', 'BFloat16', 'float32', ...); null if unknown."""
-    return dtype.str.to_lowercase().str.strip_chars().replace_strict(_ITEMSIZE, default=None, return_dtype=pl.Int64)
 
 
 def splits_long(coll: pl.DataFrame, which: str) -> pl.DataFrame:
