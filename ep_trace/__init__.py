@@ -12,6 +12,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+from ep_trace import allocator as _allocator
+
+# Before any ep_trace module imports polars: jemalloc reads its options when polars loads.
+_allocator.configure()
+
 __version__ = "0.1.0"
 
 _LAZY = {

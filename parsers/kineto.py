@@ -39,7 +39,7 @@ from typing import Any
 
 import polars as pl
 
-from ep_trace import schema
+from ep_trace import allocator, schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import kineto_columnar, kineto_json, kineto_stream
 from ep_trace.parsers.kineto_collectives import build_collectives
@@ -178,6 +178,37 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
     )
 
 
+def _concat_columns(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The slice frames as one frame of contiguous columns, emptying ``frames``.
+
+    Column by column, each dropped from the slice frames once copied: the first contiguous
+    operation on a plain ``pl.concat`` of ~50 slice frames copies all of them at once, so the peak
+    would hold the events twice (~0.2x the rank file); here it holds them once plus one column."""
+    if not frames:
+        return pl.DataFrame()
+    cols = []
+    for name in frames[0].columns:
+        cols.append(pl.concat([f.get_column(name) for f in frames], rechunk=True))
+        frames[:] = [f.drop(name) for f in frames]
+    frames.clear()
+    return pl.DataFrame(cols)
+
+
+def _sort_columns(ev: pl.DataFrame, *by: str) -> pl.DataFrame:
+    """``ev.sort(*by)`` (stable) gathered column by column, each dropped from ``ev`` once gathered,
+    so the peak holds the events once plus one column instead of twice."""
+    order = ev.select(pl.arg_sort_by(*by, maintain_order=True)).to_series()
+    names, cols, empty = ev.columns, [], []
+    for name in names:
+        col = ev.get_column(name)
+        if col.null_count() == col.len():  # stays a constant column (e.g. device on CPU traces)
+            empty.append(pl.lit(None, dtype=col.dtype).alias(name))
+        else:
+            cols.append(col.gather(order))
+        ev = ev.drop(name)
+    return pl.DataFrame(cols).with_columns(empty).select(names)
+
+
 def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
     """Check ts / dur (present, dur >= 0, in range) and replace them by ``start_ns`` / ``end_ns``."""
     ts, dur = ev["ts"], ev["dur"]
@@ -281,6 +312,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     """
     path = Path(path)
     header, kept_args, frames = _decode(path)
+    allocator.release_free_heap()  # the decode's freed gzip / slice buffers (ep_trace.allocator)
     issues: list[schema.LoadIssue] = []
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     base = header.get("baseTimeNanoseconds")
@@ -305,8 +337,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
             rank, rank_source = 0, "default"
             issues.append(schema.LoadIssue(str(path), 0, "warning", "no distributedInfo.rank and no rank in the file name; assumed rank 0 (pass rank_map to set it)"))
 
-    ev = pl.concat(frames, how="vertical") if frames else pl.DataFrame()
-    del frames
+    ev = _concat_columns(frames)
     if ev.height == 0:
         raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
     # relative ts (kineto#928): the base is known only once the whole file is read
@@ -332,7 +363,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
     if coll_of_event.height:
         ev = ev.with_columns(ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"])
-    ev = ev.sort("start_ns", "event_id")
+    ev = _sort_columns(ev, "start_ns", "event_id")
     events_df = schema.validate("events", schema.conform("events", ev), str(path))
 
     gpu_dev = events_df.filter(pl.col("kind") == "gpu_kernel")["device"].drop_nulls()

@@ -125,7 +125,7 @@ def _read(text: bytes) -> pl.DataFrame:
     """``pl.read_json`` of a slice, in :data:`_PARTS` pieces of about equal size.
 
     The reader holds ~9x its input while it parses (polars 2.1: 19 MB for a 2 MB slice) and
-    jemalloc keeps those pages in the decoding thread's arena for its 10 s decay; pieces bound that
+    jemalloc keeps freed pages resident for a while (see :mod:`ep_trace.allocator`); pieces bound that
     (and parse faster). Pieces are cut only at the slice's event separator when it holds a newline
     (Kineto's ``},\n  {``): JSON strings hold no raw newline, so the cut is an event boundary;
     compact JSON is read whole. A wrong cut could only make a piece unreadable (an unclosed object),
