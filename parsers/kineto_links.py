@@ -24,44 +24,47 @@ __all__ = ["innermost_enclosing", "link_events"]
 _KEY = ["pid", "tid"]
 
 
-def _depths(ops: pl.DataFrame) -> pl.DataFrame:
-    """Add ``depth`` (0 = outermost) to ops of columns pid, tid, start_ns, end_ns, op."""
-    ops = ops.sort(["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True])
-    ops = ops.with_columns(pl.int_range(pl.len()).over(_KEY).alias("_pos"))
+def _depths(ops: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """Add ``depth`` (0 = outermost) to ops of columns ``key``, start_ns, end_ns, op."""
+    ops = ops.sort([*key, "start_ns", "end_ns"], descending=[False] * len(key) + [False, True])
+    ops = ops.with_columns(pl.int_range(pl.len()).over(key).alias("_pos"))
     ends = (
-        ops.select(*_KEY, pl.col("end_ns").alias("_t"))
-        .sort([*_KEY, "_t"])
-        .with_columns(pl.int_range(1, pl.len() + 1).over(_KEY).alias("_ended"))
-        .group_by([*_KEY, "_t"])
+        ops.select(*key, pl.col("end_ns").alias("_t"))
+        .sort([*key, "_t"])
+        .with_columns(pl.int_range(1, pl.len() + 1).over(key).alias("_ended"))
+        .group_by([*key, "_t"])
         .agg(pl.col("_ended").max())
         .sort("_t")
     )
     ops = ops.sort("start_ns").join_asof(
-        ends, left_on="start_ns", right_on="_t", by=_KEY, strategy="backward", allow_exact_matches=False, check_sortedness=False
+        ends, left_on="start_ns", right_on="_t", by=key, strategy="backward", allow_exact_matches=False, check_sortedness=False
     )
     depth = (pl.col("_pos") - pl.col("_ended").fill_null(0)).clip(lower_bound=0)
     return ops.with_columns(depth.alias("depth")).drop("_pos", "_t", "_ended")
 
 
-def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame) -> pl.DataFrame:
-    """Innermost op containing each point on the same (pid, tid).
+def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str, ...] = ("pid", "tid")) -> pl.DataFrame:
+    """Innermost op containing each point on the same thread.
 
     Args:
-        points: Columns ``pid``, ``tid``, ``t`` (ns) and any others (kept).
-        ops: Columns ``pid``, ``tid``, ``start_ns``, ``end_ns``, ``op`` (the id to return).
+        points: Columns ``key``, ``t`` (ns) and any others (kept).
+        ops: Columns ``key``, ``start_ns``, ``end_ns``, ``op`` (the id to return); properly nested
+            within one key (true of the CPU ops and annotations of one thread).
+        key: The thread columns, e.g. ``("rank", "pid", "tid")`` across ranks.
 
     Returns:
         ``points`` plus column ``op`` (null when no op contains the point), in ``t`` order.
     """
+    by = list(key)
     points = points.sort("t")
     out = points.with_columns(pl.lit(None, dtype=ops.schema["op"]).alias("op"))
-    ops = ops.drop_nulls(["pid", "tid"])
+    ops = ops.drop_nulls(by)
     if ops.height == 0 or points.height == 0:
         return out
-    ops = _depths(ops)
+    ops = _depths(ops, by)
     for d in range(int(ops["depth"].max()) + 1):
-        level = ops.filter(pl.col("depth") == d).select(*_KEY, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op")).sort("start_ns")
-        hit = points.select(*_KEY, "t").join_asof(level, left_on="t", right_on="start_ns", by=_KEY, strategy="backward", check_sortedness=False)
+        level = ops.filter(pl.col("depth") == d).select(*by, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op")).sort("start_ns")
+        hit = points.select(*by, "t").join_asof(level, left_on="t", right_on="start_ns", by=by, strategy="backward", check_sortedness=False)
         found = pl.Series(hit["_end"] >= hit["t"]).fill_null(False)
         out = out.with_columns(pl.when(found).then(hit["_op"]).otherwise(pl.col("op")).alias("op"))
     return out

@@ -6,9 +6,11 @@ lists of every all-to-all, the expert placement and rank metadata. Merging one r
 * ``ranks``: null columns are filled from the ``meta`` records (later ``meta`` records update
   earlier ones key by key); ``has_sidecar`` = True, ``rank_source`` unchanged;
 * ``routing_counts`` from ``routing`` records (one row per expert);
-* ``routing_matrix`` from ``a2a`` records of direction ``dispatch`` / ``combine``: this rank's row
-  of the count matrix (src = this rank, dst = ``group_ranks[j]``, rows = ``send_splits[j]``),
-  ``source = 'sidecar'``; ``count`` exchanges are not token traffic and are left out;
+* ``routing_matrix`` from ``a2a`` records of direction ``dispatch`` / ``combine`` and phase
+  ``fwd``: this rank's row of the count matrix (src = this rank, dst = ``group_ranks[j]``,
+  rows = ``send_splits[j]``), ``source = 'sidecar'``; ``count`` exchanges are not token traffic
+  and ``bwd`` records (the backward's transposed all-to-alls, carrying gradients back) would count
+  every token again in the opposite direction, so both are left out;
 * ``placement`` from ``meta.placement``;
 * ``collectives``: each all-to-all(v) call is matched to the ``a2a`` record whose host window
   ``[start_ns, end_ns]`` (``time.time_ns`` around the call, same epoch clock as Kineto) contains
@@ -130,17 +132,20 @@ def _routing_counts(sc: Sidecar, rank: int) -> pl.DataFrame:
 
 
 def _a2a_frame(sc: Sidecar) -> pl.DataFrame:
-    cols = ("step", "layer", "microbatch", "direction", "call", "send_splits", "recv_splits", "row_bytes", "group_ranks", "start_ns", "end_ns")
+    cols = ("step", "layer", "microbatch", "direction", "phase", "call", "send_splits", "recv_splits", "row_bytes", "group_ranks", "start_ns", "end_ns")
     return pl.DataFrame(
         {c: [r.get(c) for r in sc.a2a] for c in cols},
-        schema={"step": pl.Int64, "layer": pl.Int32, "microbatch": pl.Int32, "direction": pl.Utf8, "call": pl.Int64,
+        schema={"step": pl.Int64, "layer": pl.Int32, "microbatch": pl.Int32, "direction": pl.Utf8, "phase": pl.Utf8, "call": pl.Int64,
                 "send_splits": pl.List(pl.Int64), "recv_splits": pl.List(pl.Int64), "row_bytes": pl.Int64,
                 "group_ranks": pl.List(pl.Int32), "start_ns": pl.Int64, "end_ns": pl.Int64},
-    ).with_columns(pl.col("microbatch").fill_null(0))
+    ).with_columns(pl.col("microbatch").fill_null(0), pl.col("phase").fill_null("fwd"))  # absent before sidecar phase existed
 
 
 def _routing_matrix(a2a: pl.DataFrame, rank: int) -> pl.DataFrame:
-    df = a2a.filter(pl.col("direction").is_in(["dispatch", "combine"]) & pl.col("send_splits").is_not_null() & pl.col("group_ranks").is_not_null())
+    df = a2a.filter(
+        pl.col("direction").is_in(["dispatch", "combine"]) & (pl.col("phase") == "fwd")
+        & pl.col("send_splits").is_not_null() & pl.col("group_ranks").is_not_null()
+    )
     if df.height == 0:
         return schema.empty("routing_matrix")
     df = df.filter(pl.col("send_splits").list.len() == pl.col("group_ranks").list.len())

@@ -69,19 +69,6 @@ def test_demo_routing_tables(balanced, balanced_tables):
     assert disp["rows"].sum() == sum(sum(a["send_splits"]) for a in a2a)
 
 
-def test_routing_from_splits_without_sidecar_equals_sidecar_matrix(balanced, balanced_tables, tmp_path):
-    for f in balanced.glob("*.pt.trace.json.gz"):
-        shutil.copy(f, tmp_path / f.name)
-    t = read_trace_dir(tmp_path)
-    assert not t.ranks["has_sidecar"].any() and t.routing_counts.height == 0
-    m = t.routing_matrix
-    assert set(m["source"]) == {"splits"} and m["layer"].null_count() == m.height
-    key = ["step", "direction", "src", "dst", "rows", "row_bytes"]
-    side = balanced_tables.routing_matrix.sort("step", "layer", "direction", "src", "dst").select(key)
-    from_splits = m.sort("step", "call", "direction", "src", "dst").select(key)
-    assert from_splits.sort(key).equals(side.sort(key))
-
-
 @pytest.mark.parametrize("clock_skew_ns", [0, 3600 * 10**9])
 def test_sidecar_replaces_truncated_splits(tmp_path, kt, clock_skew_ns):
     send = list(range(1, 41))
