@@ -67,15 +67,14 @@ COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
 _COMPILED = tuple((family, re.compile(rx)) for family, rx in COMM_KERNEL_PATTERNS)
 
 
-def first_match_expr(name: pl.Expr, table: tuple[tuple[str, str], ...], regex_first: bool = False) -> pl.Expr:
+def first_match_expr(name: pl.Expr, table: tuple[tuple[str, str], ...]) -> pl.Expr:
     """Polars expression: the label of the first ``(label, regex)`` row whose regex matches, else null.
 
     Args:
         name: A Utf8 expression.
-        table: ``(label, regex)`` rows (``(regex, label)`` with ``regex_first=True``), tried in order.
-        regex_first: Rows are ``(regex, label)``.
+        table: ``(label, regex)`` rows, tried in order.
     """
-    rows = [(b, a) if regex_first else (a, b) for a, b in table]
+    rows = list(table)
     label, rx = rows[0]
     chain = pl.when(name.str.contains(rx)).then(pl.lit(label))
     for label, rx in rows[1:]:

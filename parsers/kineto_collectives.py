@@ -37,32 +37,12 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.comm_classifier import is_comm_expr
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.collective_names import normalise_collective
 from ep_trace.parsers.splits import itemsize, parse_int_list, prod
 
 __all__ = ["build_collectives", "normalise_collective"]
 
 _PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
-_TYPES = {
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoallv": "all_to_allv", "all_to_allv": "all_to_allv",
-    "allreduce": "allreduce", "all_reduce": "allreduce", "allgather": "allgather", "all_gather": "allgather",
-    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "broadcast": "broadcast",
-    "send": "send", "recv": "recv", "recv_any_source": "recv", "recvanysource": "recv",
-    "barrier": "barrier", "monitored_barrier": "barrier",
-}
-
-
-def normalise_collective(name: str | None) -> str:
-    """Normalise an op / title / ``Collective name`` to the schema vocabulary.
-
-    ``'c10d::alltoall_base_'`` -> ``'all_to_all'``, ``'nccl:_all_gather_base'`` -> ``'allgather'``,
-    ``'_reduce_scatter_base'`` -> ``'reduce_scatter'``; anything else -> ``'unknown'``.
-    """
-    if not name:
-        return "unknown"
-    token = name.split("::")[-1].split(":")[-1].lower().strip("_")
-    for suffix in ("_single", "_coalesced", "_into_tensor", "_tensor", "_base"):
-        token = token.replace(suffix, "")
-    return _TYPES.get(token.strip("_"), "unknown")
 
 
 def _is_wait(name: str, args: dict[str, Any] | None) -> bool:

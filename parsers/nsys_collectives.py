@@ -18,34 +18,16 @@ from __future__ import annotations
 
 import polars as pl
 
-from ep_trace.comm_classifier import first_match_expr
+from ep_trace.parsers.collective_names import collective_range_types
 from ep_trace.parsers.nsys_project import enclosing_pairs
 
-__all__ = ["COLLECTIVE_RANGE_TYPES", "collective_type_expr", "group_collectives"]
-
-#: (regex on the NVTX range name, normalised collective) — PyTorch c10d / ProcessGroupNCCL range
-#: names and NCCL API range names. First match wins.
-COLLECTIVE_RANGE_TYPES: tuple[tuple[str, str], ...] = (
-    (r"^(?:nccl:all_to_all|c10d::alltoall(?:_base)?_|_c10d_functional::all_to_all_single|ncclAllToAll)$", "all_to_all"),
-    (r"^(?:nccl:all_reduce|c10d::allreduce_|_c10d_functional::all_reduce|ncclAllReduce)$", "allreduce"),
-    (r"^(?:nccl:(?:_)?all_gather(?:_base|_into_tensor_coalesced)?|c10d::_?allgather(?:_base|_into_tensor_coalesced)?_|_c10d_functional::all_gather_into_tensor|ncclAllGather)$", "allgather"),
-    (r"^(?:nccl:(?:_)?reduce_scatter(?:_base|_tensor_coalesced)?|c10d::_?reduce_scatter(?:_base|_tensor_coalesced)?_|_c10d_functional::reduce_scatter_tensor|ncclReduceScatter)$", "reduce_scatter"),
-    (r"^(?:nccl:broadcast|c10d::broadcast_|ncclBroadcast|ncclBcast)$", "broadcast"),
-    (r"^(?:nccl:send|c10d::send)$", "send"),
-    (r"^(?:nccl:recv|c10d::recv_)$", "recv"),
-    (r"^(?:nccl:barrier|c10d::barrier)$", "barrier"),
-)
+__all__ = ["group_collectives"]
 
 #: NCCL API range names (registered strings of NCCL's NVTX domain) that can enclose a launch.
 _NCCL_API = r"^nccl[A-Z]\w*$"
 
 _BACKEND = {"nccl": "nccl", "rccl": "rccl", "msccl": "msccl", "deepep": "deepep", "pplx": "pplx",
             "nvshmem": "nvshmem", "trtllm_moe_a2a": "trtllm", "custom_allreduce": "custom_allreduce"}
-
-
-def collective_type_expr(name: pl.Expr) -> pl.Expr:
-    """The normalised collective named by an NVTX range, or null."""
-    return first_match_expr(name, COLLECTIVE_RANGE_TYPES, regex_first=True)
 
 
 def _group_contents(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -85,9 +67,8 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.Da
         pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), ranges.select("_uid", "_gtid", "_rs", "_re"))
     pairs = pairs.filter(pl.col("_op").is_in(comm_ops["_uid"].implode()))
     groups = _group_contents(ranges)
-    named = pairs.join(ranges.select(pl.col("_uid").alias("_range"), "name"), on="_range").with_columns(
-        collective_type_expr(pl.col("name")).alias("_type"), pl.col("name").str.contains(_NCCL_API).alias("_api")
-    )
+    named = pairs.join(ranges.select(pl.col("_uid").alias("_range"), "name"), on="_range")
+    named = named.with_columns(collective_range_types(named["name"]).alias("_type"), pl.col("name").str.contains(_NCCL_API).alias("_api"))
     order = ["_op", "_rs", "_re", "_range"]
     desc = [False, True, False, True]
     typed = named.filter(pl.col("_type").is_not_null()).sort(order, descending=desc).unique("_op", keep="first")
