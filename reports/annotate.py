@@ -51,8 +51,8 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
     """Every analysis interval of every rank and step, aligned clock: rank, track, name, step, start_ns, end_ns.
 
     stage = the stage's device window (host range when it has no device work); comm / wait /
-    transfer = each matched collective call split as in DESIGN.md §5; exposed_comm = from
-    ``Analysis.intervals`` (the representative step only: the analysis keeps those per step).
+    transfer = each matched collective call split as in DESIGN.md §5; exposed_comm = every step's
+    comm not covered by compute (``Analysis.exposed_comm``).
     """
     off = rank_offsets(analysis)
     st = analysis.stages
@@ -78,8 +78,12 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
             c.select("rank", pl.lit("transfer").alias("track"), label.alias("name"), "step",
                      pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"), "end_ns"),
         ]
-    iv = analysis.intervals.filter(pl.col("track") == "exposed_comm")
-    parts.append(iv.select(pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
+    if analysis.exposed_comm is not None:  # every step
+        parts.append(analysis.exposed_comm.select(pl.col("rank").cast(pl.Int32), pl.lit("exposed_comm").alias("track"),
+                                                  pl.lit("exposed comm").alias("name"), pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
+    else:  # an Analysis built without it: the representative step's
+        iv = analysis.intervals.filter(pl.col("track") == "exposed_comm")
+        parts.append(iv.select(pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
     out = pl.concat([p.cast({"start_ns": pl.Int64, "end_ns": pl.Int64}) for p in parts], how="vertical_relaxed")
     return out.filter(pl.col("end_ns") > pl.col("start_ns")).sort("rank", "track", "start_ns")
 

@@ -143,11 +143,16 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
         hta = hta_overlap(ev)
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
+    # every step's exposed comm, as steps.exposed_comm_ns measures it (compute of the same step)
+    exposed_comm = subtract(comm, comp, ["rank", "step"]).join(rank_off, on="rank", how="left").select(
+        pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64),
+        (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"), (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
+    ).sort("rank", "start_ns")
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(dict(STAGES_SCHEMA)))
     partial = Analysis(
         config=config, tables=filled, rank_summary=rank_summary, steps=steps_df, stages=stage_df.drop("sid"), calls=calls,
         call_ranks=call_ranks, wait_matrix=wait_matrix, stragglers=stragglers, expert_load=el, rank_load=rl, imbalance=imb,
-        count_matrix=cm, split_violations=viol, alpha_beta=ab, host_stalls=stalls, clock=clock, intervals=intervals,
+        count_matrix=cm, split_violations=viol, alpha_beta=ab, host_stalls=stalls, clock=clock, intervals=intervals, exposed_comm=exposed_comm,
         findings=(), detection_method=detection, hta_overlap=hta, load_report=tables.load_report,
         notes=tuple(notes), misaligned=misaligned,
     )

@@ -95,6 +95,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
     "clock": {"host": "", "offset_ns": "added to the host's times", "n_calls": "matched calls used", "residual_ns": "spread after alignment (uncertainty of wait figures)"},
     "misaligned": {"pg_name": "process group (or Comms Id)", "step": "", "calls_per_rank": "'rank:count,...' or 'rank:collective,...'", "reason": ""},
     "intervals": {"rank": "", "step": "", "track": "'stage' | 'comm' | 'compute' | 'wait' | 'transfer' | 'exposed_comm'", "name": "", "start_ns": "", "end_ns": ""},
+    "exposed_comm": {"rank": "", "step": "", "start_ns": "aligned clock", "end_ns": "aligned clock (every step: comm of the step not covered by its compute; lengths sum to steps.exposed_comm_ns)"},
 }
 
 
@@ -152,6 +153,8 @@ class Analysis:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: (process group, step) sets whose collectives could not be matched safely (see FRAME_DOCS).
     misaligned: pl.DataFrame | None = None
+    #: Exposed-comm intervals of every step (``intervals`` holds the representative step only).
+    exposed_comm: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 
 import orjson
+import polars as pl
 import pytest
 from fake_analysis import make_fake_analysis
 
@@ -105,3 +106,21 @@ def test_headline_explains_overlapping_stage_windows():
     assert c.step_delta_ns == 0 and c.explained_ns == 2e6
     assert headline(c).endswith("Stage changes sum to +2.00 ms, more than the step-time change: stage windows overlap each other "
                                 "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial.")
+
+
+def test_exposed_comm_track_covers_every_step(samples_dir):
+    # sample_traces/chunked_overlap: 3 steps with exposed comm on every rank; each step's track
+    # lengths sum to that step's exposed_comm_ns (Analysis.exposed_comm, not only the timeline step)
+    from ep_trace.analysis import analyze
+    from ep_trace.parsers import read_trace_dir
+    from ep_trace.reports.annotate import analysis_tracks
+
+    d = samples_dir / "chunked_overlap"
+    if not (d / "rank0.pt.trace.json.gz").exists():
+        pytest.skip("sample_traces/chunked_overlap not generated yet (ep-trace demo)")
+    a = analyze(read_trace_dir(d))
+    x = analysis_tracks(a).filter(pl.col("track") == "exposed_comm")
+    got = x.group_by("rank", "step").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")).sort("rank", "step")
+    want = a.steps.filter(pl.col("exposed_comm_ns") > 0).select(pl.col("rank").cast(pl.Int32), "step", pl.col("exposed_comm_ns").alias("ns")).sort("rank", "step")
+    assert got.height == want.height == 12  # 4 ranks x 3 steps
+    assert got.equals(want.cast(got.schema))
