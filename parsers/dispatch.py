@@ -32,7 +32,7 @@ from typing import Literal
 import polars as pl
 
 from ep_trace import schema
-from ep_trace.errors import BadInputError, ConfigError, EpTraceError, RankConflictError, TraceFormatError
+from ep_trace.errors import BadInputError, ConfigError, EpTraceError, NothingToAnalyzeError, RankConflictError, TraceFormatError
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -87,7 +87,8 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
         ``([(file, format), ...] sorted by name, {rank: sidecar path})``.
 
     Raises:
-        TraceFormatError: the path does not exist or holds no input of the requested format.
+        TraceFormatError: the path does not exist, or is a file of no known trace format.
+        NothingToAnalyzeError: the directory holds no input of the requested format.
         ConfigError: unknown ``format``.
     """
     check_format(format)
@@ -108,7 +109,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
             sidecars[int(m.group(1))] = e
     if not inputs:
         want = "trace files" if format == "auto" else f"{format} files"
-        raise TraceFormatError(p, f"no {want} found", "point at a directory of rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files")
+        fix = "point at a directory of rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files"
+        if p.is_dir():  # readable, but nothing in it to analyze (exit code 1, not bad input)
+            raise NothingToAnalyzeError(f"{p}: no {want} found; {fix}")
+        raise TraceFormatError(p, f"no {want} found", fix)
     return inputs, sidecars
 
 

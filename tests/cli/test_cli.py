@@ -48,6 +48,14 @@ def test_bad_options_name_the_option(capsys, tmp_path, samples_dir):
     assert not (tmp_path / "r.html").exists()
 
 
+def test_empty_directory_is_nothing_to_analyze(capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = _run(capsys, "analyze", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html"))
+    assert code == 1 and err.strip() == (f"error: {tmp_path / 'empty'}: no trace files found; point at a directory of "
+                                         "rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_not_a_summary_json(capsys, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

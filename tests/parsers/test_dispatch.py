@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from ep_trace.cli import main
-from ep_trace.errors import BadInputError, RankConflictError, TraceFormatError
+from ep_trace.errors import BadInputError, NothingToAnalyzeError, RankConflictError, TraceFormatError
 from ep_trace.parsers import dispatch, ingest, load_trace_dir, read_parquet, read_sidecar, read_trace_dir, write_parquet
 from ep_trace.parsers.dispatch import detect_format
 
@@ -157,8 +157,13 @@ def test_detect_format(tmp_path):
         assert detect_format(tmp_path / n) == f, n
     assert detect_format(tmp_path / "nsysdir") == "nsys"
     (tmp_path / "empty").mkdir()
-    with pytest.raises(TraceFormatError, match="empty: no trace files found"):
+    with pytest.raises(NothingToAnalyzeError, match="empty: no trace files found"):  # exit code 1
         dispatch.discover(tmp_path / "empty")
+    with pytest.raises(NothingToAnalyzeError, match="empty: no nsys files found"):
+        dispatch.discover(tmp_path / "empty", "nsys")
+    with pytest.raises(TraceFormatError, match="notes.txt: no trace files found"):  # a file of no trace format: bad input
+        (tmp_path / "notes.txt").write_text("x")
+        dispatch.discover(tmp_path / "notes.txt")
     with pytest.raises(TraceFormatError, match="missing: no such file or directory"):
         dispatch.discover(tmp_path / "missing")
 
