@@ -194,9 +194,12 @@ def _concat_columns(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
-def _sort_columns(ev: pl.DataFrame, *by: str) -> pl.DataFrame:
-    """``ev.sort(*by)`` (stable) gathered column by column, each dropped from ``ev`` once gathered,
-    so the peak holds the events once plus one column instead of twice."""
+def _sort_columns(holder: list[pl.DataFrame], *by: str) -> pl.DataFrame:
+    """The frame in ``holder`` sorted by ``by`` (stable), gathered column by column, each dropped
+    from the source once gathered, so the peak holds the events once plus one column instead of
+    twice. The frame is taken out of ``holder`` (emptied): a plain argument would stay referenced
+    by the caller and keep every source column alive."""
+    ev = holder.pop()
     order = ev.select(pl.arg_sort_by(*by, maintain_order=True)).to_series()
     names, cols, empty = ev.columns, [], []
     for name in names:
@@ -363,7 +366,9 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
     if coll_of_event.height:
         ev = ev.with_columns(ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"])
-    ev = _sort_columns(ev, "start_ns", "event_id")
+    holder = [ev]
+    del ev
+    ev = _sort_columns(holder, "start_ns", "event_id")
     events_df = schema.validate("events", schema.conform("events", ev), str(path))
 
     gpu_dev = events_df.filter(pl.col("kind") == "gpu_kernel")["device"].drop_nulls()

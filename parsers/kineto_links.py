@@ -24,18 +24,23 @@ __all__ = ["innermost_enclosing", "link_events"]
 _KEY = ["pid", "tid"]
 
 
+def _pos_in_runs(key: list[str]) -> pl.Expr:
+    """0-based position of each row within its run of equal ``key`` values, on a frame sorted by
+    ``key``: a shift compare, not ``int_range().over(key)`` (whose hash grouping, like a group_by's,
+    was the link step's memory peak on GPU traces)."""
+    row = pl.int_range(pl.len(), dtype=pl.Int64)
+    first = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in key])
+    return row - pl.when(first).then(row).forward_fill()
+
+
 def _depths(ops: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Add ``depth`` (0 = outermost) to ops of columns ``key``, start_ns, end_ns, op."""
     ops = ops.sort([*key, "start_ns", "end_ns"], descending=[False] * len(key) + [False, True])
-    ops = ops.with_columns(pl.int_range(pl.len()).over(key).alias("_pos"))
-    ends = (
-        ops.select(*key, pl.col("end_ns").alias("_t"))
-        .sort([*key, "_t"])
-        .with_columns(pl.int_range(1, pl.len() + 1).over(key).alias("_ended"))
-        .group_by([*key, "_t"])
-        .agg(pl.col("_ended").max())
-        .sort("_t")
-    )
+    ops = ops.with_columns(_pos_in_runs(key).alias("_pos"))
+    ends = ops.select(*key, pl.col("end_ns").alias("_t")).sort([*key, "_t"]).with_columns((_pos_in_runs(key) + 1).alias("_ended"))
+    # the last row of each (key, _t) run holds its largest count
+    last = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(-1)) for c in [*key, "_t"]])
+    ends = ends.filter(last).sort("_t")
     ops = ops.sort("start_ns").join_asof(
         ends, left_on="start_ns", right_on="_t", by=key, strategy="backward", allow_exact_matches=False, check_sortedness=False
     )

@@ -39,7 +39,9 @@ def test_concat_columns_of_nothing() -> None:
 def test_sort_columns_golden() -> None:
     df = pl.DataFrame({"start_ns": [5, 1, 5, 3], "event_id": [9, 8, 2, 7], "name": ["e", "b", "a", "c"],
                        "device": pl.Series([None] * 4, dtype=pl.Int32)})
-    got = _sort_columns(df, "start_ns", "event_id")
+    holder = [df]
+    got = _sort_columns(holder, "start_ns", "event_id")
+    assert holder == []
     assert got.to_dict(as_series=False) == {"start_ns": [1, 3, 5, 5], "event_id": [8, 7, 2, 9], "name": ["b", "c", "a", "e"],
                                             "device": [None] * 4}
     assert got.schema == df.schema
@@ -54,5 +56,5 @@ def test_concat_then_sort_equals_polars(rows, parts):
                       schema={"start_ns": pl.Int64, "event_id": pl.Int64, "name": pl.Utf8, "empty": pl.Int64})
     step = max(1, len(rows) // parts)
     frames = [df.slice(i, step) for i in range(0, len(rows), step)]
-    got = _sort_columns(_concat_columns(frames), "start_ns", "event_id")
+    got = _sort_columns([_concat_columns(frames)], "start_ns", "event_id")
     assert_frame_equal(got, df.sort("start_ns", "event_id", maintain_order=True))
