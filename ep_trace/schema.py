@@ -86,7 +86,7 @@ _RANKS_COLS = [
 _EVENTS_COLS = [
     ("rank", _I32, False, "global rank"),
     ("event_id", _I64, False, "row id, unique within the rank"),
-    ("kind", _S, False, "one of EVENT_KINDS"),
+    ("kind", pl.Enum(EVENT_KINDS), False, "one of EVENT_KINDS (an Enum: 1 byte per row, where a String costs 16)"),
     ("name", _S, False, "kernel / op / range name as recorded"),
     ("category", _S, True, "raw category of the source (Kineto 'cat', nsys table)"),
     ("domain", _S, True, "NVTX domain (nsys), None elsewhere"),
@@ -228,6 +228,13 @@ def conform(table: TableName, df: pl.DataFrame) -> pl.DataFrame:
     schema = SCHEMAS[table]
     exprs = []
     for col, dtype in schema.items():
+        if col in df.columns and isinstance(dtype, pl.Enum) and df.schema[col] != dtype:
+            # a strict cast would fail with a bare polars error; name the value instead
+            bad = df.filter(pl.col(col).is_not_null() & ~pl.col(col).cast(pl.Utf8).is_in(dtype.categories.to_list()))
+            if bad.height:
+                from ep_trace.errors import TraceFormatError
+
+                raise TraceFormatError(f"<{table}>", f"unknown {col} {bad[col][0]!r}", "this is a parser bug; please report it", record=table)
         if col in df.columns:
             exprs.append(pl.col(col).cast(dtype, strict=True))
         else:

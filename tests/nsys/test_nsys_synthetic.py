@@ -285,7 +285,8 @@ def test_ep_stage_ranges_and_steps_reach_the_analysis(make_export, tmp_path: Pat
     make_export("run/rank0.sqlite", strings=strings, kernels=kernels, runtime=runtime, nvtx=nvtx)
     tables = read_trace_dir(folder)
     ev = tables.events
-    assert ev.filter(pl.col("seq").is_not_null()).select("kind", "seq").sort("kind").rows() == [("cpu_annotation", 3), ("gpu_annotation", 3)]
+    # kind is an Enum: it sorts in EVENT_KINDS order (gpu_annotation before cpu_annotation)
+    assert ev.filter(pl.col("seq").is_not_null()).select("kind", "seq").sort("kind").rows() == [("gpu_annotation", 3), ("cpu_annotation", 3)]
     assert tables.collectives.select("collective", "op_name", "n_kernels").rows() == [("all_to_all", "nccl:all_to_all", 1)]
     st = analyze(tables).stages.sort("stage")
     assert st.select("step", "layer", "phase", "stage", "method").rows() == [(3, 0, "fwd", "dispatch", "ep_trace"), (3, 0, "fwd", "expert", "ep_trace")]

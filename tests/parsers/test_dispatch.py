@@ -183,6 +183,10 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
 
     assert duckdb.sql(f"select count(*) from '{out}/events.parquet'").fetchall()[0][0] == t.events.height
     assert pd.read_parquet(out / "collectives.parquet")["in_splits"].dropna().map(len).sum() == t.collectives["in_splits"].list.len().sum()
+    # kind is a polars Enum (dictionary-encoded in Parquet): other readers see plain text values
+    n_ops = t.events.filter(pl.col("kind") == "cpu_op").height
+    assert n_ops and duckdb.sql(f"select count(*) from '{out}/events.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
+    assert (pd.read_parquet(out / "events.parquet", columns=["kind"])["kind"].astype(str) == "cpu_op").sum() == n_ops
     monkeypatch.setattr(dispatch, "read_trace_dir", lambda *a, **k: pytest.fail("parsed although unchanged"))
     t2, cached = ingest(src, out)
     assert cached and t2.events.equals(t.events)
