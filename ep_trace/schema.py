@@ -22,6 +22,7 @@ from typing import Literal
 import polars as pl
 
 __all__ = [
+    "SCHEMA_VERSION",
     "EVENT_KINDS",
     "SCHEMAS",
     "COLUMN_DOCS",
@@ -38,6 +39,9 @@ __all__ = [
     "conform",
     "validate",
 ]
+
+#: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` Enum).
+SCHEMA_VERSION = 2
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
 #: that performs a collective's transfer; ``other`` = an unknown category kept, never an error.

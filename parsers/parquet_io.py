@@ -7,7 +7,7 @@ Layout of an ingest output directory (readable by polars, pandas, DuckDB)::
         load_report.json   -- list of {file, rank, level, message}
         manifest.json      -- ep-trace version, input key, inputs; written last (= complete)
 
-Cache: the *input key* is a SHA-256 over the ep-trace version, the reader options and
+Cache: the *input key* is a SHA-256 over the ep-trace version, the schema version, the reader options and
 ``(relative path, size, mtime_ns)`` of every input file (traces and sidecars). ``ep-trace ingest``
 treats its own ``OUT`` as the cache: an unchanged directory is not parsed again when
 ``OUT/manifest.json`` holds the same key. :func:`load_trace_dir` (used by analysis commands) keeps
@@ -86,7 +86,14 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
         p = out / f"{name}.parquet"
         if not p.exists():
             raise TraceFormatError(p, "missing table file", "re-run ep-trace ingest into this directory")
-        frames[name] = schema.validate(name, pl.read_parquet(p), str(p))  # type: ignore[arg-type]
+        df = pl.read_parquet(p)
+        # conform first: directories written before a layout change (e.g. kind as String) still read
+        if set(df.columns) >= set(schema.SCHEMAS[name]):  # type: ignore[index]
+            try:
+                df = schema.conform(name, df)  # type: ignore[arg-type]
+            except pl.exceptions.PolarsError:
+                pass  # validate names the mismatch
+        frames[name] = schema.validate(name, df, str(p))  # type: ignore[arg-type]
     issues: tuple[schema.LoadIssue, ...] = ()
     rep = out / _REPORT
     if rep.exists():
@@ -119,7 +126,7 @@ def input_key(path: str | Path, options: Mapping[str, Any] | None = None) -> tup
     for f in _input_files(p):
         st = f.stat()
         entries.append({"path": os.path.relpath(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    blob = orjson.dumps({"v": __version__, "root": str(root.resolve()), "opts": {k: str(v) for k, v in sorted((options or {}).items())}, "files": entries})
+    blob = orjson.dumps({"v": __version__, "schema": schema.SCHEMA_VERSION, "root": str(root.resolve()), "opts": {k: str(v) for k, v in sorted((options or {}).items())}, "files": entries})
     return hashlib.sha256(blob).hexdigest(), entries
 
 
