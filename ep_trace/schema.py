@@ -40,8 +40,9 @@ __all__ = [
     "validate",
 ]
 
-#: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` Enum).
-SCHEMA_VERSION = 2
+#: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` an
+#: Enum; 3: ``events.category`` Categorical).
+SCHEMA_VERSION = 3
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
 #: that performs a collective's transfer; ``other`` = an unknown category kept, never an error.
@@ -92,7 +93,7 @@ _EVENTS_COLS = [
     ("event_id", _I64, False, "row id, unique within the rank"),
     ("kind", pl.Enum(EVENT_KINDS), False, "one of EVENT_KINDS (an Enum: 1 byte per row, where a String costs 16)"),
     ("name", _S, False, "kernel / op / range name as recorded"),
-    ("category", _S, True, "raw category of the source (Kineto 'cat', nsys table)"),
+    ("category", pl.Categorical(), True, "raw category of the source (Kineto 'cat', nsys table); Categorical: 4 bytes per row"),
     ("domain", _S, True, "NVTX domain (nsys), None elsewhere"),
     ("device", _I32, True, "GPU device index for device activity"),
     ("stream", _I64, True, "GPU stream for device activity"),

@@ -135,7 +135,7 @@ def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
     e = e.with_columns(
         pl.when(is_gpu).then(GPU_PID_BASE + pl.col("device").fill_null(0).cast(pl.Int64)).otherwise(pl.col("pid").fill_null(0)).alias("pid"),
         pl.when(is_gpu).then(pl.col("stream").fill_null(0)).otherwise(pl.col("tid").fill_null(0)).alias("tid"),
-        pl.coalesce("category", "kind").alias("cat"),
+        pl.coalesce(pl.col("category").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8)).alias("cat"),  # Categorical, Enum
         pl.struct(pl.col("kind"), pl.col("correlation"), pl.col("external_id").alias("External id")).alias("args"),
     )
     parts = [_x_events(e, base_ns)]

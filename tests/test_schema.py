@@ -18,6 +18,12 @@ def test_kind_is_an_enum_of_event_kinds() -> None:
     assert ev.filter(pl.col("kind").is_in(["gpu_kernel", "runtime"])).height == 1
 
 
+def test_category_is_categorical() -> None:
+    ev = schema.conform("events", pl.DataFrame({**ROW, "category": ["kernel"]}))
+    assert ev.schema["category"] == pl.Categorical() and ev["category"].to_physical().dtype == pl.UInt32
+    assert ev.filter(pl.col("category") == "kernel").height == 1 and ev.filter(pl.col("category") == "cpu_op").height == 0
+
+
 def test_unknown_kind_is_a_one_line_error() -> None:
     with pytest.raises(TraceFormatError) as exc:
         schema.conform("events", pl.DataFrame({**ROW, "kind": ["weird"]}))

@@ -187,10 +187,12 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
     n_ops = t.events.filter(pl.col("kind") == "cpu_op").height
     assert n_ops and duckdb.sql(f"select count(*) from '{out}/events.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
     assert (pd.read_parquet(out / "events.parquet", columns=["kind"])["kind"].astype(str) == "cpu_op").sum() == n_ops
-    # a directory written before kind became an Enum (schema version 1) still reads
+    n_ua = t.events.filter(pl.col("category") == "user_annotation").height  # category is Categorical
+    assert n_ua and duckdb.sql(f"select count(*) from '{out}/events.parquet' where category = 'user_annotation'").fetchall()[0][0] == n_ua
+    # a directory written before kind / category were Enum / Categorical (schema version 1) still reads
     old = tmp_path / "old"
     shutil.copytree(out, old)
-    pl.read_parquet(old / "events.parquet").with_columns(pl.col("kind").cast(pl.Utf8)).write_parquet(old / "events.parquet")
+    pl.read_parquet(old / "events.parquet").with_columns(pl.col("kind", "category").cast(pl.Utf8)).write_parquet(old / "events.parquet")
     assert read_parquet(old).events.equals(t.events)
     monkeypatch.setattr(dispatch, "read_trace_dir", lambda *a, **k: pytest.fail("parsed although unchanged"))
     t2, cached = ingest(src, out)
