@@ -46,10 +46,15 @@ def _enclosing(points: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
 def _labels(calls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     """Per call (rank, coll_id): ``ep_stage``, ``ep_layer``, ``ep_mb``, ``ep_phase`` of the innermost
     ep-trace stage range around its host op, and ``in_backward`` (inside autograd's engine)."""
-    ops = events.select("rank", pl.col("event_id").alias("op_id"), *_THREAD[1:], pl.col("start_ns").alias("t"))
-    points = calls.select("rank", "coll_id", "op_id").join(ops, on=["rank", "op_id"], how="inner").drop("op_id")
-    host = events.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"])).select("rank", "event_id", "name", *_THREAD[1:], "start_ns", "end_ns")
-    stage_ranges = host.filter(pl.col("name").str.starts_with("ep:") & pl.col("name").str.contains(STAGE_NAME_RE.pattern))
+    # lazy selections: only the few columns needed are read from the (possibly 10M-row) events frame
+    lev = events.lazy()
+    ops = lev.select("rank", pl.col("event_id").alias("op_id"), *_THREAD[1:], pl.col("start_ns").alias("t"))
+    host = lev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"])).select("rank", "event_id", "name", *_THREAD[1:], "start_ns", "end_ns")
+    points, stage_ranges, bwd_ranges = pl.collect_all([
+        calls.lazy().select("rank", "coll_id", "op_id").join(ops, on=["rank", "op_id"], how="inner").drop("op_id"),
+        host.filter(pl.col("name").str.starts_with("ep:") & pl.col("name").str.contains(STAGE_NAME_RE.pattern)),
+        host.filter(pl.col("name").str.starts_with(_BACKWARD_OP)),
+    ])
     stage = _enclosing(points, stage_ranges).join(
         stage_ranges.select("rank", pl.col("event_id").alias("op"), pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g")),
         on=["rank", "op"], how="left",
@@ -60,7 +65,7 @@ def _labels(calls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
         pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("ep_mb"),
         pl.col("_g").struct.field("phase").alias("ep_phase"),
     )
-    bwd = _enclosing(points, host.filter(pl.col("name").str.starts_with(_BACKWARD_OP))).select("rank", "coll_id", pl.col("op").is_not_null().alias("in_backward"))
+    bwd = _enclosing(points, bwd_ranges).select("rank", "coll_id", pl.col("op").is_not_null().alias("in_backward"))
     return stage.join(bwd, on=["rank", "coll_id"], how="left")
 
 
