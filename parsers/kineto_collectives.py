@@ -251,8 +251,24 @@ def build_collectives(ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank
     return _finish(rows, members, ev, rank)
 
 
+#: How far down the queue of issued calls a gloo worker range may be paired out of order.
+#: ProcessGroupGloo runs async work on 2 worker threads (torch default) that pop one FIFO queue, so
+#: two calls issued back to back can start within microseconds of each other on different threads,
+#: in either order (seen in the chunked demo under load: a 2 ms dispatch and a 20 ms combine both
+#: starting at the same microsecond); order alone then pairs them crosswise.
+_REORDER_WINDOW = 4
+
+
+def _worker_nelems(args: dict[str, Any] | None) -> int | None:
+    """Elements of a gloo worker range's input tensor (its ``Input Dims``, record_shapes=True)."""
+    dims = (args or {}).get("Input Dims") or []
+    return prod(dims[0]) if dims and isinstance(dims[0], list) and dims[0] else None
+
+
 def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: set[int], members: pl.DataFrame, kept: dict[int, dict[str, Any]]) -> pl.DataFrame:
-    """Pair gloo worker ranges with the calls that launched no kernel, by order per family."""
+    """Pair gloo worker ranges with the calls that launched no kernel: in start order per family,
+    each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size equals the
+    range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees)."""
     workers = ev.filter(pl.col("kind") == "comm_worker").sort("start_ns")
     if workers.height == 0:
         return members
@@ -265,7 +281,10 @@ def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: se
         f = normalise_collective(w["name"])
         queue = pending.get(fam.get(f, f))
         if queue:
-            i = queue.popleft()
+            want = _worker_nelems(kept.get(w["event_id"]))
+            j = next((k for k in range(min(len(queue), _REORDER_WINDOW)) if want is not None and rows[queue[k]].get("in_nelems") == want), 0)
+            i = queue[j]
+            del queue[j]
             rows[i]["backend"] = "gloo"
         else:
             i = len(rows)

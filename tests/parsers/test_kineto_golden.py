@@ -246,6 +246,31 @@ def test_gloo_concrete_inputs_and_worker_pairing(tmp_path, kt):
     assert c[1]["ordinal"] == 1
 
 
+def test_gloo_workers_starting_out_of_issue_order_pair_by_input_size(tmp_path, kt):
+    # ProcessGroupGloo's 2 worker threads pop one queue: the combine (issued second) can start a few
+    # µs before the dispatch (issued first) on the other thread; order alone would swap their ranges
+    h = 8
+    def call(ts, send, recv):
+        ci = ["", "", "", str(recv), str(send), "True", "-1"]
+        return kt.x("cpu_op", "c10d::alltoall_base_", ts, 5, tid=1, **{"Concrete Inputs": ci, "Input Dims": [[sum(recv), h], [sum(send), h]],
+                                                                      "Input type": ["float", "float"]})
+    evs = [
+        kt.x("user_annotation", "ProfilerStep#0", 0, 1000, tid=1),
+        call(10, [1, 3], [2, 2]),  # dispatch: 4 rows out
+        call(20, [5, 6], [7, 9]),  # combine: 11 rows out
+        kt.x("user_annotation", "gloo:all_to_all", 30, 500, tid=3, **{"Input Dims": [[11, h]]}),  # starts first
+        kt.x("user_annotation", "gloo:all_to_all", 31, 20, tid=2, **{"Input Dims": [[4, h]]}),
+    ]
+    c = read_kineto(kt.write_trace(tmp_path / "a.json", evs, backend="gloo")).collectives.sort("coll_id")
+    assert c.select("in_splits", "start_ns", "end_ns").rows() == [
+        ([1, 3], kt.BASE + 31_000, kt.BASE + 51_000), ([5, 6], kt.BASE + 30_000, kt.BASE + 530_000)]
+    # without Input Dims on the ranges the pairing stays in start order
+    for e in evs[3:]:
+        e["args"].pop("Input Dims")
+    c = read_kineto(kt.write_trace(tmp_path / "b.json", evs, backend="gloo")).collectives.sort("coll_id")
+    assert c["start_ns"].to_list() == [kt.BASE + 30_000, kt.BASE + 31_000]
+
+
 def test_functional_all_to_all_single_wrapper(tmp_path, kt):
     evs = [
         kt.x("cpu_op", "_c10d_functional::all_to_all_single", 0, 50, **{"Concrete Inputs": ["", "[2, 2]", "[1, 3]", "0"]}),
