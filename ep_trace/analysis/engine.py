@@ -17,7 +17,7 @@ from ep_trace.analysis import bandwidth, clocks, findings, imbalance, matching, 
 from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
-from ep_trace.analysis.intervals import overlap_lengths, range_join, subtract, union
+from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.errors import NothingToAnalyzeError
@@ -63,7 +63,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     act = assign_step(act, windows, "anchor_ns")
     ins = act.filter(pl.col("step").is_not_null())
     comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
-    ov = overlap_lengths(comm, comp, ["rank", "step"])
+    seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals
+    ov = segment_lengths(seg, ["rank", "step"])
     exposed_iv = subtract(act.filter(pl.col("cls") == "comm"), act.filter(pl.col("cls") == "compute"), ["rank"])
 
     say("stages", 2, total)
@@ -144,7 +145,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         hta = hta_overlap(ev)
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
     # every step's exposed comm, as steps.exposed_comm_ns measures it (compute of the same step)
-    exposed_comm = subtract(comm, comp, ["rank", "step"]).join(rank_off, on="rank", how="left").select(
+    exposed_comm = union(seg.filter(pl.col("state") == 1), ["rank", "step"]).join(rank_off, on="rank", how="left").select(
         pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64),
         (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"), (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
     ).sort("rank", "start_ns")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["union", "union_length", "overlay", "overlap_lengths", "intersect", "subtract", "clip", "range_join"]
+__all__ = ["union", "union_length", "overlay", "overlap_lengths", "segment_lengths", "intersect", "subtract", "clip", "range_join"]
 
 _S, _E = "start_ns", "end_ns"
 _G = "__g"
@@ -91,7 +91,13 @@ def overlap_lengths(a: pl.DataFrame, b: pl.DataFrame, by: list[str]) -> pl.DataF
     Returns:
         Columns ``by + [a_ns, b_ns, both_ns, a_only_ns]`` for every group present in A or B.
     """
-    seg, g = _grouped(overlay(a, b, by), by)
+    return segment_lengths(overlay(a, b, by), by)
+
+
+def segment_lengths(segments: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """:func:`overlap_lengths` from an :func:`overlay` already computed (for callers that also need
+    its segments, e.g. the A \\ B intervals: ``union(segments.filter(state == 1), by)``)."""
+    seg, g = _grouped(segments, by)
     ln = pl.col(_E) - pl.col(_S)
     st = pl.col("state")
     return _strip(
