@@ -1,14 +1,16 @@
-"""Bytes per element of a dtype, by every spelling found in traces (pure: no torch, no parsers).
+"""Dtypes by every spelling found in traces: bytes per element, and which are integers (pure: no
+torch, no parsers).
 
-Shared by the parsers (``row_bytes`` of a collective) and the analysis (bytes of a call whose
-parser knew the dtype but not the row width).
+Shared by the parsers (``row_bytes`` of a collective; count exchanges, whose payload is split
+sizes, told from token all-to-alls) and the analysis (bytes of a call whose parser knew the dtype
+but not the row width).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["itemsize", "itemsize_expr"]
+__all__ = ["INTEGER_DTYPES", "itemsize", "itemsize_expr"]
 
 #: Bytes per element, keyed by every dtype spelling found in traces: c10 scalar names
 #: (``record_param_comms`` ``dtype``), ``Input type`` strings of ``cpu_op`` rows, and torch names
@@ -28,6 +30,13 @@ _ITEMSIZE: dict[str, int] = {
     "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
     "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "complex64": 8, "complex128": 16,
 }
+
+#: Integer (and bool) spellings among the above, exactly as written in traces: an all-to-all of
+#: such a tensor moves counts or indices, not token activations.
+INTEGER_DTYPES: frozenset[str] = frozenset({
+    "Long", "Int", "Short", "Char", "Byte", "long int", "long", "int", "short int", "signed char", "unsigned char",
+    "int64", "int32", "int16", "int8", "uint8", "bool", "Bool", "long long", "unsigned int",
+})
 
 # Case-folded view for names whose capitalisation varies between writers ('Float' / 'float').
 _ITEMSIZE_LOWER: dict[str, int] = {k.lower(): v for k, v in _ITEMSIZE.items()}

@@ -25,13 +25,12 @@ from __future__ import annotations
 import polars as pl
 
 from ep_trace import schema
+from ep_trace.dtypes import INTEGER_DTYPES
 from ep_trace.parsers.kineto_links import innermost_enclosing
 from ep_trace.stage_names import STAGE_NAME_RE
 
 __all__ = ["routing_from_splits"]
 
-_INT_DTYPES = {"Long", "Int", "Short", "Char", "Byte", "long int", "long", "int", "short int", "signed char", "unsigned char",
-               "int64", "int32", "int16", "int8", "uint8", "bool", "Bool", "long long", "unsigned int"}
 _THREAD = ("rank", "pid", "tid")
 # torch's autograd engine wraps every backward node in this CPU op (torch 1.x-2.13)
 _BACKWARD_OP = "autograd::engine::evaluate_function:"
@@ -101,7 +100,7 @@ def routing_from_splits(collectives: pl.DataFrame, events: pl.DataFrame) -> pl.D
     c = collectives.filter(
         (pl.col("collective") == "all_to_allv") & pl.col("in_splits").is_not_null() & ~pl.col("splits_truncated")
         & pl.col("group_ranks").is_not_null() & (pl.col("in_splits").list.len() == pl.col("group_ranks").list.len())
-        & (pl.col("dtype").is_null() | ~pl.col("dtype").is_in(sorted(_INT_DTYPES)))
+        & (pl.col("dtype").is_null() | ~pl.col("dtype").is_in(sorted(INTEGER_DTYPES)))
     )
     if c.height == 0:
         return schema.empty("routing_matrix")
