@@ -24,22 +24,17 @@ but served from the heap once the threshold has adapted upwards, and the freed o
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import sys
 from functools import cache
 
 __all__ = ["POLARS_JEMALLOC_CONF", "configure", "jemalloc_configured", "release_free_heap"]
 
-log = logging.getLogger(__name__)
-
 #: One arena (pages freed by any thread are reused by the next allocation of any thread), freed
 #: pages purged over ~0.2 s and never parked as "muzzy" (MADV_FREE pages count in RSS until the
 #: kernel reclaims them).
 POLARS_JEMALLOC_CONF = "narenas:1,dirty_decay_ms:200,muzzy_decay_ms:0"
 _VAR = "_RJEM_MALLOC_CONF"
-
-_state = {"configured": False}
 
 
 def configure() -> bool:
@@ -51,14 +46,14 @@ def configure() -> bool:
     if "polars" in sys.modules or _VAR in os.environ:
         return False
     os.environ[_VAR] = POLARS_JEMALLOC_CONF
-    _state["configured"] = True
     return True
 
 
 def jemalloc_configured() -> bool:
-    """Whether :func:`configure` set polars' allocator options in this process."""
-    # polars prepends its defaults to the value it finds (see the module doc)
-    return _state["configured"] or os.environ.get(_VAR, "").endswith(POLARS_JEMALLOC_CONF)
+    """Whether :func:`configure` set polars' allocator options in this process (or its parent).
+
+    Read from the variable itself: ours, or ours after the defaults polars prepends on import."""
+    return os.environ.get(_VAR, "").endswith(POLARS_JEMALLOC_CONF)
 
 
 @cache
