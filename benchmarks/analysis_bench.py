@@ -30,8 +30,14 @@ def bench(path: Path, repeat: int, hta: bool) -> dict[str, float]:
         t1 = time.perf_counter()
         a = analyze(tables)
         t2 = time.perf_counter()
-        res = {"ingest_s": t1 - t0, "analyze_s": t2 - t1, "events": tables.events.height,
-               "ranks": tables.ranks.height, "calls": a.calls.height, "stages": a.stages.height}
+        res = {
+            "ingest_s": t1 - t0,
+            "analyze_s": t2 - t1,
+            "events": tables.events.height,
+            "ranks": tables.ranks.height,
+            "calls": a.calls.height,
+            "stages": a.stages.height,
+        }
         if hta:
             t3 = time.perf_counter()
             analyze(tables, AnalysisConfig(hta_compatible=True))
@@ -50,8 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     for d in args.data:
         r = bench(d, args.repeat, args.hta_compatible)
         extra = f"  analyze+hta {r['analyze_hta_s']:.2f} s" if "analyze_hta_s" in r else ""
-        print(f"{d}: {r['ranks']} ranks, {r['events']} events, {r['calls']} matched calls, {r['stages']} stage rows: "
-              f"ingest {r['ingest_s']:.2f} s  analyze {r['analyze_s']:.2f} s  ratio {r['analyze_s'] / r['ingest_s']:.2f}{extra}")
+        print(
+            f"{d}: {r['ranks']} ranks, {r['events']} events, {r['calls']} matched calls, {r['stages']} stage rows: "
+            f"ingest {r['ingest_s']:.2f} s  analyze {r['analyze_s']:.2f} s  ratio {r['analyze_s'] / r['ingest_s']:.2f}{extra}"
+        )
 
 
 if __name__ == "__main__":

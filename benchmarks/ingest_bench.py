@@ -53,7 +53,7 @@ elif mode.startswith("ingest"):
            "tables_bytes": sum(tt.table(n).estimated_size() for n in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement"))}
     # polars' estimated_size leaves out the 16-byte views of String columns (16 B/row each): the
     # tables' resident size is measured as the RSS given back when they are dropped.
-    from ep_trace.allocator import release_free_heap
+    from ep_trace.parsers.allocator import release_free_heap
     def settle():
         for _ in range(4):
             gc.collect(); release_free_heap(); time.sleep(0.3); pl.DataFrame({"a": [1]}).sum()  # jemalloc purges on activity
@@ -76,7 +76,9 @@ print("RESULT " + json.dumps(out))
 def run(mode: str, path: Path, repeat: int) -> dict:
     best: dict | None = None
     for _ in range(repeat):
-        proc = subprocess.run([sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, mode, str(path)], capture_output=True, text=True, check=False
+        )
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
             raise SystemExit(f"{mode} failed:\n{proc.stderr[-3000:]}")
@@ -112,8 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     fl, ing = res.get("floor"), res.get("ingest")
     print(f"data: {args.data}  largest rank file: {big / mb:.1f} MB uncompressed")
     for m, r in res.items():
-        print(f"{m:>7}: {r['wall_s']:7.2f} s  peak RSS {r['peak_rss'] / mb:8.1f} MB (after imports {r['base_rss'] / mb:7.1f} MB, "
-              f"children {r['children_peak_rss'] / mb:7.1f} MB)  events {r['events']}")
+        print(
+            f"{m:>7}: {r['wall_s']:7.2f} s  peak RSS {r['peak_rss'] / mb:8.1f} MB (after imports {r['base_rss'] / mb:7.1f} MB, "
+            f"children {r['children_peak_rss'] / mb:7.1f} MB)  events {r['events']}"
+        )
     if fl and ing:
         print(f"ingest / floor time: {ing['wall_s'] / fl['wall_s']:.2f}x")
     for m in res:
@@ -122,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     if not ing:
         return
     grow = ing["peak_rss"] - ing["base_rss"]
-    print(f"ingest RSS growth {grow / mb:.1f} MB = {grow / (big + ing['tables_bytes']):.2f} x (largest file {big / mb:.1f} MB + output tables {ing['tables_bytes'] / mb:.1f} MB by estimated_size)"
-          f" = {grow / (big + ing['tables_resident']):.2f} x (tables resident {ing['tables_resident'] / mb:.1f} MB)")
+    print(
+        f"ingest RSS growth {grow / mb:.1f} MB = {grow / (big + ing['tables_bytes']):.2f} x (largest file {big / mb:.1f} MB + output tables {ing['tables_bytes'] / mb:.1f} MB by estimated_size)"
+        f" = {grow / (big + ing['tables_resident']):.2f} x (tables resident {ing['tables_resident'] / mb:.1f} MB)"
+    )
 
 
 if __name__ == "__main__":

@@ -39,7 +39,12 @@ def replicate(doc: dict, rank: int, world: int, target_bytes: int) -> bytes:
     t0 = min(e["ts"] for e in timed)
     t1 = max(e["ts"] + (e.get("dur") or 0) for e in timed)
     span = (t1 - t0) + 1000.0  # µs
-    ids = [v for e in events for v in ((e.get("args") or {}).get("External id"), (e.get("args") or {}).get("correlation"), e.get("id")) if isinstance(v, int)]
+    ids = [
+        v
+        for e in events
+        for v in ((e.get("args") or {}).get("External id"), (e.get("args") or {}).get("correlation"), e.get("id"))
+        if isinstance(v, int)
+    ]
     id_step = max(ids, default=0) + 1
     steps = [int(m.group(1)) for e in events if (m := _STEP.match(str(e.get("name", ""))))]
     step_step = (max(steps) - min(steps) + 1) if steps else 0

@@ -59,8 +59,10 @@ def main() -> None:
         if dt < best:
             best, marks = dt, {k: v - t0 for k, v in stages.items()}
     kinds = dict(tt.events.group_by("kind").len().rows())
-    print(f"file: {a.file} ({a.file.stat().st_size / 1e6:.0f} MB), kernels: {n_rows}, events: {tt.events.height}, "
-          f"collectives: {tt.collectives.height}")
+    print(
+        f"file: {a.file} ({a.file.stat().st_size / 1e6:.0f} MB), kernels: {n_rows}, events: {tt.events.height}, "
+        f"collectives: {tt.collectives.height}"
+    )
     print(f"events by kind: {kinds}")
     print(f"floor  SELECT * kernel -> Arrow: {f_best:.2f} s")
     print(f"read_nsys (whole, incl. projection): {best:.2f} s  = {best / f_best:.2f}x floor")

@@ -73,7 +73,9 @@ def main() -> None:
         print(f"| {state} | {name} | {us:.3f} |")
     inactive = rows[1][2]
     active_ratio = rows[3][2] / rows[4][2]
-    print(f"\nstage() inactive: {inactive:.3f} us (target < 2 us); active stage()/record_function = {active_ratio:.2f}x (target <= 2x)")
+    print(
+        f"\nstage() inactive: {inactive:.3f} us (target < 2 us); active stage()/record_function = {active_ratio:.2f}x (target <= 2x)"
+    )
 
 
 if __name__ == "__main__":

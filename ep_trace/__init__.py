@@ -1,18 +1,32 @@
 """ep-trace: where the time of an expert-parallel MoE layer goes, on which rank, and why.
 
-Capture (needs torch): :class:`Tracer`, :func:`stage`, :func:`record_routing`.
-Ingest (no torch): :func:`read_trace_dir` (``ep_trace.parsers``).
-Analyze (no torch): :func:`analyze` (``ep_trace.analysis``).
+The four layers, each usable alone (docs/architecture.md):
 
-Names are resolved lazily so that ``import ep_trace`` never imports torch.
+* capture (needs torch): :class:`Tracer`, :func:`stage`, :func:`record_routing`, :func:`record_a2a`
+  (``ep_trace.capture``);
+* ingest (no torch): :func:`read_trace_dir` (``ep_trace.parsers``) -> :class:`TraceTables`;
+* analyze (no torch): :func:`analyze` (``ep_trace.analysis``) -> :class:`Analysis`;
+* present: ``ep_trace.reports`` renders an :class:`Analysis`; the ``ep-trace`` CLI writes files.
+
+:func:`load` is the one way through ingest and analysis, used by the CLI, notebooks and tests.
+Names are resolved lazily so that ``import ep_trace`` never imports torch (nor polars).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
-from ep_trace import allocator as _allocator
+if TYPE_CHECKING:
+    from ep_trace.analysis import Analysis, AnalysisConfig, analyze
+    from ep_trace.capture import Tracer, record_a2a, record_routing, stage
+    from ep_trace.errors import EpTraceError
+    from ep_trace.parsers import read_trace_dir
+    from ep_trace.schema import TraceTables
+
+from ep_trace.parsers import allocator as _allocator
 
 # Before any ep_trace module imports polars: jemalloc reads its options when polars loads.
 _allocator.configure()
@@ -21,9 +35,9 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Tracer": "ep_trace.capture",
-    "stage": "ep_trace.stages",
-    "record_routing": "ep_trace.routing",
-    "record_a2a": "ep_trace.routing",
+    "stage": "ep_trace.capture",
+    "record_routing": "ep_trace.capture",
+    "record_a2a": "ep_trace.capture",
     "read_trace_dir": "ep_trace.parsers",
     "analyze": "ep_trace.analysis",
     "AnalysisConfig": "ep_trace.analysis",
@@ -32,7 +46,20 @@ _LAZY = {
     "EpTraceError": "ep_trace.errors",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "Analysis",
+    "AnalysisConfig",
+    "EpTraceError",
+    "TraceTables",
+    "Tracer",
+    "__version__",
+    "analyze",
+    "load",
+    "read_trace_dir",
+    "record_a2a",
+    "record_routing",
+    "stage",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -40,3 +67,45 @@ def __getattr__(name: str) -> Any:
     if mod is None:
         raise AttributeError(f"module 'ep_trace' has no attribute {name!r}")
     return getattr(import_module(mod), name)
+
+
+def load(
+    paths: str | Path | Sequence[str | Path],
+    config: AnalysisConfig | None = None,
+    *,
+    format: Literal["auto", "kineto", "nsys"] = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Callable[[str, int, int], None] | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
+) -> Analysis:
+    """Read the trace directories (or files) of one job and analyze them: ingest, then analysis.
+
+    Args:
+        paths: One trace directory or file, or several of one job (e.g. one per node; ranks disjoint).
+        config: Analysis knobs (:class:`AnalysisConfig`; defaults when ``None``).
+        format: Input format, ``'auto'`` detects it per file.
+        on_error: ``'skip'`` keeps going past unreadable ranks (named in the load report).
+        progress: Optional callback ``progress(stage, done, total)``.
+        rank_map: ``{file name | path: rank}`` overriding the rank found in each file.
+        jobs: Rank files read at once, each in its own worker process.
+
+    Returns:
+        The frozen :class:`Analysis` (all times int64 ns).
+
+    Raises:
+        NothingToAnalyzeError: the inputs hold no events (exit code 1).
+        BadInputError: unreadable input (exit code 2).
+    """
+    from ep_trace.analysis import AnalysisConfig, analyze
+    from ep_trace.errors import NothingToAnalyzeError
+    from ep_trace.parsers import read_trace_dirs
+
+    dirs = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs)
+    if tables.events.height == 0:
+        names = ", ".join(map(str, dirs))
+        raise NothingToAnalyzeError(
+            f"{names}: no trace events found; point ep-trace at a directory of rank*.pt.trace.json.gz or *.sqlite files"
+        )
+    return analyze(tables, config or AnalysisConfig(), progress=progress)

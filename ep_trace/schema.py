@@ -77,7 +77,12 @@ _RANKS_COLS = [
     ("trace_start_ns", _I64, True, "first event start, epoch ns"),
     ("trace_end_ns", _I64, True, "last event end, epoch ns"),
     ("clock_offset_ns", _I64, False, "offset added to this rank's times to align hosts (0 = none)"),
-    ("rank_source", _S, False, "where the rank came from: 'distributedInfo', 'file_name', 'sidecar', 'nvtx', 'rank_map', 'process_order', 'cupti_metadata' (footer of a CUPTI events file)"),
+    (
+        "rank_source",
+        _S,
+        False,
+        "where the rank came from: 'distributedInfo', 'file_name', 'sidecar', 'nvtx', 'rank_map', 'process_order', 'cupti_metadata' (footer of a CUPTI events file)",
+    ),
     ("has_sidecar", _B, False, "an ep-trace sidecar (rank{r}.ep.jsonl) was merged"),
     ("ep_group_ranks", pl.List(_I32), True, "global ranks of the EP group (sidecar)"),
     ("hidden_size", _I64, True, "model hidden size (sidecar)"),
@@ -93,7 +98,12 @@ _EVENTS_COLS = [
     ("event_id", _I64, False, "row id, unique within the rank"),
     ("kind", pl.Enum(EVENT_KINDS), False, "one of EVENT_KINDS (an Enum: 1 byte per row, where a String costs 16)"),
     ("name", _S, False, "kernel / op / range name as recorded"),
-    ("category", pl.Categorical(), True, "raw category of the source (Kineto 'cat', nsys table); Categorical: 4 bytes per row"),
+    (
+        "category",
+        pl.Categorical(),
+        True,
+        "raw category of the source (Kineto 'cat', nsys table); Categorical: 4 bytes per row",
+    ),
     ("domain", _S, True, "NVTX domain (nsys), None elsewhere"),
     ("device", _I32, True, "GPU device index for device activity"),
     ("stream", _I64, True, "GPU stream for device activity"),
@@ -113,7 +123,12 @@ _EVENTS_COLS = [
 _COLLECTIVES_COLS = [
     ("rank", _I32, False, "global rank"),
     ("coll_id", _I64, False, "row id, unique within the rank"),
-    ("collective", _S, False, "normalised type: all_to_all, all_to_allv, allreduce, allgather, reduce_scatter, broadcast, send, recv, barrier, unknown"),
+    (
+        "collective",
+        _S,
+        False,
+        "normalised type: all_to_all, all_to_allv, allreduce, allgather, reduce_scatter, broadcast, send, recv, barrier, unknown",
+    ),
     ("op_name", _S, False, "name of the launching op, e.g. 'c10d::alltoall_base_', 'nccl:all_to_all'"),
     ("backend", _S, True, "'nccl', 'gloo', 'deepep', ..."),
     ("pg_name", _S, True, "process group name / id; None when the trace cannot tell"),
@@ -122,7 +137,12 @@ _COLLECTIVES_COLS = [
     ("group_size", _I32, True, "size of the group"),
     ("seq", _I64, True, "per-group collective sequence number ('Seq'); None when absent"),
     ("comms_id", pl.UInt64, True, "'Comms Id' hash, equal on all ranks (may exceed int64)"),
-    ("ordinal", _I64, False, "0-based ordinal of this call among the rank's calls of the same pg_name (None pg = one group), by cpu_start_ns"),
+    (
+        "ordinal",
+        _I64,
+        False,
+        "0-based ordinal of this call among the rank's calls of the same pg_name (None pg = one group), by cpu_start_ns",
+    ),
     ("op_id", _I64, True, "event_id of the launching CPU op"),
     ("cpu_start_ns", _I64, True, "host op start, epoch ns"),
     ("cpu_end_ns", _I64, True, "host op end, epoch ns"),
@@ -210,9 +230,7 @@ ROUTING_COUNTS = SCHEMAS["routing_counts"]
 ROUTING_MATRIX = SCHEMAS["routing_matrix"]
 PLACEMENT = SCHEMAS["placement"]
 
-TableName = Literal[
-    "ranks", "events", "collectives", "stages", "routing_counts", "routing_matrix", "placement"
-]
+TableName = Literal["ranks", "events", "collectives", "stages", "routing_counts", "routing_matrix", "placement"]
 
 
 def empty(table: TableName) -> pl.DataFrame:
@@ -239,7 +257,12 @@ def conform(table: TableName, df: pl.DataFrame) -> pl.DataFrame:
             if bad.height:
                 from ep_trace.errors import TraceFormatError
 
-                raise TraceFormatError(f"<{table}>", f"unknown {col} {bad[col][0]!r}", "this is a parser bug; please report it", record=table)
+                raise TraceFormatError(
+                    f"<{table}>",
+                    f"unknown {col} {bad[col][0]!r}",
+                    "this is a parser bug; please report it",
+                    record=table,
+                )
         if col in df.columns:
             exprs.append(pl.col(col).cast(dtype, strict=True))
         else:
@@ -343,7 +366,7 @@ class TraceTables:
         """The table called ``name``."""
         return getattr(self, name)
 
-    def validate(self, source: str = "<tables>") -> "TraceTables":
+    def validate(self, source: str = "<tables>") -> TraceTables:
         """Validate every table; returns self."""
         for name in SCHEMAS:
             validate(name, self.table(name), source)  # type: ignore[arg-type]

@@ -25,11 +25,24 @@ import polars as pl
 __all__ = ["normalise_collective", "collective_range_type", "collective_range_types"]
 
 _TYPES = {
-    "alltoall": "all_to_all", "all_to_all": "all_to_all", "alltoallv": "all_to_allv", "all_to_allv": "all_to_allv",
-    "allreduce": "allreduce", "all_reduce": "allreduce", "allgather": "allgather", "all_gather": "allgather",
-    "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter", "broadcast": "broadcast", "bcast": "broadcast",
-    "send": "send", "recv": "recv", "recv_any_source": "recv", "recvanysource": "recv",
-    "barrier": "barrier", "monitored_barrier": "barrier",
+    "alltoall": "all_to_all",
+    "all_to_all": "all_to_all",
+    "alltoallv": "all_to_allv",
+    "all_to_allv": "all_to_allv",
+    "allreduce": "allreduce",
+    "all_reduce": "allreduce",
+    "allgather": "allgather",
+    "all_gather": "allgather",
+    "reduce_scatter": "reduce_scatter",
+    "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "send": "send",
+    "recv": "recv",
+    "recv_any_source": "recv",
+    "recvanysource": "recv",
+    "barrier": "barrier",
+    "monitored_barrier": "barrier",
 }
 _SUFFIXES = ("_single", "_coalesced", "_into_tensor", "_tensor", "_base")
 _NCCL_API = re.compile(r"^nccl(?=[A-Z])")

@@ -1,6 +1,6 @@
-"""Reader of ``rank{r}.ep-events.parquet`` files written by the CUPTI collector (``ep_trace.cupti``).
+"""Reader of ``rank{r}.ep-events.parquet`` files written by the CUPTI collector (``ep_trace.capture.cupti``).
 
-The file already holds canonical ``events`` rows (see :mod:`ep_trace.cupti.writer` for the layout),
+The file already holds canonical ``events`` rows (see :mod:`ep_trace.capture.cupti.writer` for the layout),
 so reading is: open the Parquet file, check the ep-trace footer metadata, validate the rows against
 :data:`ep_trace.schema.EVENTS`, and build the ``ranks`` row from the footer. No cupti, no torch.
 
@@ -19,9 +19,11 @@ from typing import Any
 import polars as pl
 import pyarrow.parquet as pq
 
-from ep_trace.cupti.writer import FILE_SUFFIX, FORMAT_VERSION, METADATA_KEY
 from ep_trace.errors import TraceFormatError
 from ep_trace.schema import LoadIssue, TraceTables, conform, empty, validate
+from ep_trace.trace_files import CUPTI_FILE_SUFFIX as FILE_SUFFIX
+from ep_trace.trace_files import CUPTI_FORMAT_VERSION as FORMAT_VERSION
+from ep_trace.trace_files import CUPTI_METADATA_KEY as METADATA_KEY
 
 __all__ = ["FILE_SUFFIX", "read_cupti", "is_cupti_file"]
 
@@ -36,16 +38,20 @@ def _read_meta(path: Path, footer: dict[bytes, bytes] | None) -> dict[str, Any]:
     if raw is None:
         raise TraceFormatError(
             path,
-            "no ep-trace CUPTI metadata (footer key 'ep_trace.cupti') in this Parquet file",
-            "only files written by ep_trace.cupti.CuptiCollector can be read as CUPTI events; "
+            "no ep-trace CUPTI metadata (footer key 'ep_trace.capture.cupti') in this Parquet file",
+            "only files written by ep_trace.capture.cupti.CuptiCollector can be read as CUPTI events; "
             "rename other Parquet files so they do not end in '.ep-events.parquet'",
         )
     try:
         meta = json.loads(raw)
     except ValueError as exc:
-        raise TraceFormatError(path, f"footer key 'ep_trace.cupti' is not JSON ({exc})", "re-run the capture") from exc
+        raise TraceFormatError(
+            path, f"footer key 'ep_trace.capture.cupti' is not JSON ({exc})", "re-run the capture"
+        ) from exc
     if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
-        raise TraceFormatError(path, "footer metadata has no integer 'rank'", "re-run the capture", record="ep_trace.cupti")
+        raise TraceFormatError(
+            path, "footer metadata has no integer 'rank'", "re-run the capture", record="ep_trace.cupti"
+        )
     version = meta.get("format_version")
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise TraceFormatError(
@@ -78,14 +84,16 @@ def _ranks_row(path: Path, meta: dict[str, Any], events: pl.DataFrame) -> pl.Dat
         "torch_version": meta.get("torch_version"),
         "ep_trace_version": meta.get("ep_trace_version"),
     }
-    return conform("ranks", pl.DataFrame([row], schema_overrides={"trace_start_ns": pl.Int64, "trace_end_ns": pl.Int64}))
+    return conform(
+        "ranks", pl.DataFrame([row], schema_overrides={"trace_start_ns": pl.Int64, "trace_end_ns": pl.Int64})
+    )
 
 
 def read_cupti(path: str | Path) -> TraceTables:
     """Read one ``rank{r}.ep-events.parquet`` file into validated canonical tables.
 
     Args:
-        path: The events file written by :class:`ep_trace.cupti.collector.CuptiCollector`.
+        path: The events file written by :class:`ep_trace.capture.cupti.collector.CuptiCollector`.
 
     Returns:
         :class:`~ep_trace.schema.TraceTables` with ``ranks`` (one row, ``format='cupti'``) and

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -32,7 +32,14 @@ from typing import Literal
 import polars as pl
 
 from ep_trace import schema
-from ep_trace.errors import BadInputError, ConfigError, EpTraceError, NothingToAnalyzeError, RankConflictError, TraceFormatError
+from ep_trace.errors import (
+    BadInputError,
+    ConfigError,
+    EpTraceError,
+    NothingToAnalyzeError,
+    RankConflictError,
+    TraceFormatError,
+)
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -55,10 +62,17 @@ def check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
     if fmt not in allowed:
         raise ConfigError(f"--format: unknown format {fmt!r}; use {', '.join(allowed[:-1])} or {allowed[-1]}")
     return fmt
+
+
 Progress = Callable[[str, int, int], None]
 
 _SIDECAR_RE = re.compile(r"^rank(\d+)\.ep\.jsonl$")
-_NSYS_DIR_MARKERS = ("StringIds.parquet", "CUPTI_ACTIVITY_KIND_KERNEL.parquet", "META_DATA_EXPORT.parquet", "TARGET_INFO_SESSION_START_TIME.parquet")
+_NSYS_DIR_MARKERS = (
+    "StringIds.parquet",
+    "CUPTI_ACTIVITY_KIND_KERNEL.parquet",
+    "META_DATA_EXPORT.parquet",
+    "TARGET_INFO_SESSION_START_TIME.parquet",
+)
 _TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
 
 
@@ -123,8 +137,15 @@ def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
     out = []
     for i, r in enumerate(ranks):
         sel = {name: t.table(name).filter(pl.col("rank") == r) for name in ("events", "collectives", "routing_counts")}
-        out.append(schema.TraceTables(ranks=t.ranks.slice(i, 1), events=sel["events"], collectives=sel["collectives"],
-                                      routing_counts=sel["routing_counts"], load_report=t.load_report if i == 0 else ()))
+        out.append(
+            schema.TraceTables(
+                ranks=t.ranks.slice(i, 1),
+                events=sel["events"],
+                collectives=sel["collectives"],
+                routing_counts=sel["routing_counts"],
+                load_report=t.load_report if i == 0 else (),
+            )
+        )
     return out
 
 
@@ -134,18 +155,28 @@ def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
     for t, _ in parts:
         for r, f in t.ranks.select("rank", "source_file").iter_rows():
             if r in seen:
-                raise RankConflictError(f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)")
+                raise RankConflictError(
+                    f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)"
+                )
             seen[r] = f
     ranks = pl.concat([t.ranks for t, _ in parts])
     for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
-        vals = ranks.filter(pl.col(col).is_not_null()).group_by(col, maintain_order=True).agg(pl.col("source_file").first())
+        vals = (
+            ranks.filter(pl.col(col).is_not_null())
+            .group_by(col, maintain_order=True)
+            .agg(pl.col("source_file").first())
+        )
         if vals.height > 1:
             a, b = vals.row(0), vals.row(1)
-            raise RankConflictError(f"files from different jobs: {what} differ ({a[1]}: {a[0]}, {b[1]}: {b[0]}); put one job per directory")
+            raise RankConflictError(
+                f"files from different jobs: {what} differ ({a[1]}: {a[0]}, {b[1]}: {b[0]}); put one job per directory"
+            )
     bad = ranks.filter(pl.col("world_size").is_not_null() & (pl.col("rank") >= pl.col("world_size")))
     if bad.height:
         r = bad.row(0, named=True)
-        raise RankConflictError(f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong")
+        raise RankConflictError(
+            f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong"
+        )
     pgs = {}
     for _, info in parts:
         pg = getattr(info, "default_pg", None)
@@ -153,10 +184,14 @@ def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
             pgs.setdefault(pg, info.path)  # type: ignore[attr-defined]
     if len(pgs) > 1:
         (pa, fa), (pb, fb) = list(pgs.items())[:2]
-        raise RankConflictError(f"files from different jobs: default process groups differ ({fa}: size {pa[0]}, {fb}: size {pb[0]}); put one job per directory")
+        raise RankConflictError(
+            f"files from different jobs: default process groups differ ({fa}: size {pa[0]}, {fb}: size {pb[0]}); put one job per directory"
+        )
 
 
-def merge_tables(parts: list[schema.TraceTables], extra_issues: tuple[schema.LoadIssue, ...] = ()) -> schema.TraceTables:
+def merge_tables(
+    parts: list[schema.TraceTables], extra_issues: tuple[schema.LoadIssue, ...] = ()
+) -> schema.TraceTables:
     """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
     if not parts:
         raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
@@ -212,7 +247,9 @@ def read_trace_dir(
         try:
             sc = read_sidecar(sp)
             if sc.rank is not None and sc.rank != r:
-                raise TraceFormatError(sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture")
+                raise TraceFormatError(
+                    sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
+                )
             sidecars[r] = sc
         except EpTraceError as exc:
             if on_error != "skip":
@@ -231,5 +268,41 @@ def read_trace_dir(
     _check_job(merged)
     out = merge_tables([t for t, _ in merged], tuple(issues))
     if out.routing_matrix.height == 0:
-        out = replace(out, routing_matrix=schema.validate("routing_matrix", routing_from_splits(out.collectives, out.events), "<splits>"))
+        out = replace(
+            out,
+            routing_matrix=schema.validate(
+                "routing_matrix", routing_from_splits(out.collectives, out.events), "<splits>"
+            ),
+        )
     return out
+
+
+def read_trace_dirs(
+    paths: Sequence[str | Path],
+    format: Format = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Progress | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
+) -> schema.TraceTables:
+    """Read several trace directories (or files) of one job, e.g. one directory per node.
+
+    Each path is read with :func:`read_trace_dir`; the ranks of different paths must be disjoint.
+
+    Raises:
+        RankConflictError: a rank appears under two paths.
+        TraceFormatError: as :func:`read_trace_dir`.
+    """
+    dirs = [Path(p) for p in paths]
+    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs) for p in dirs]
+    if len(parts) == 1:
+        return parts[0]
+    seen: dict[int, Path] = {}
+    for tables, p in zip(parts, dirs, strict=False):
+        for r in tables.ranks["rank"].to_list():
+            if r in seen:
+                raise RankConflictError(
+                    f"{p}: rank {r} is also in {seen[r]}; pass directories of one job with disjoint ranks"
+                )
+            seen[r] = p
+    return merge_tables(parts)

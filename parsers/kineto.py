@@ -39,9 +39,9 @@ from typing import Any
 
 import polars as pl
 
-from ep_trace import allocator, schema
+from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import kineto_columnar, kineto_json, kineto_stream
+from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream
 from ep_trace.parsers.kineto_collectives import build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
@@ -100,7 +100,9 @@ def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> Trace
     return TraceFormatError(path, problem, fix, record=f"traceEvents[{index}]")
 
 
-def _strict_series(name: str, values: list[Any], dtype: pl.DataType, path: Path, ev_index: list[int], what: str) -> pl.Series:
+def _strict_series(
+    name: str, values: list[Any], dtype: pl.DataType, path: Path, ev_index: list[int], what: str
+) -> pl.Series:
     """Build a typed column; on a bad value (string, int beyond the type) name the event."""
     try:
         return pl.Series(name, values, dtype=dtype)
@@ -113,7 +115,9 @@ def _strict_series(name: str, values: list[Any], dtype: pl.DataType, path: Path,
                 or (dtype.is_float() and not isinstance(v, (int, float)))
             )
             if bad:
-                raise _event_error(path, ev_index[i], f"{what} has an unusable value {str(v)[:40]!r} (beyond {dtype} or not a number)") from None
+                raise _event_error(
+                    path, ev_index[i], f"{what} has an unusable value {str(v)[:40]!r} (beyond {dtype} or not a number)"
+                ) from None
         raise
 
 
@@ -161,7 +165,9 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
     nbytes = [args[j].get("bytes") if args[j] else None for j in mem.fill_null(False).arg_true().to_list()]
     by = pl.Series("bytes", [None] * len(xs), dtype=pl.Int64)
     if nbytes:
-        by = by.scatter(mem.fill_null(False).arg_true(), _strict_series("bytes", nbytes, pl.Int64, path, ids, "args.bytes"))
+        by = by.scatter(
+            mem.fill_null(False).arg_true(), _strict_series("bytes", nbytes, pl.Int64, path, ids, "args.bytes")
+        )
     return pl.DataFrame(
         {
             "event_id": pl.Series(ids, dtype=pl.Int64),
@@ -171,8 +177,22 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
             "tid_raw": _track_ids([e.get("tid") for e in xs]),
             "ts": _strict_series("ts", [e.get("ts") for e in xs], pl.Float64, path, ids, "ts"),
             "dur": _strict_series("dur", [e.get("dur") for e in xs], pl.Float64, path, ids, "dur"),
-            "correlation": _strict_series("correlation", [a.get("correlation") if a else None for a in args], pl.Int64, path, ids, "args.correlation"),
-            "external_id": _strict_series("external_id", [a.get("External id") if a else None for a in args], pl.Int64, path, ids, "args['External id']"),
+            "correlation": _strict_series(
+                "correlation",
+                [a.get("correlation") if a else None for a in args],
+                pl.Int64,
+                path,
+                ids,
+                "args.correlation",
+            ),
+            "external_id": _strict_series(
+                "external_id",
+                [a.get("External id") if a else None for a in args],
+                pl.Int64,
+                path,
+                ids,
+                "args['External id']",
+            ),
             "bytes": by,
         }
     )
@@ -218,7 +238,11 @@ def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
     checks = (
         (ts.is_null() | dur.is_null(), lambda j: "complete event (ph 'X') without a numeric ts or dur", _FIX),
         (dur < 0, lambda j: f"negative duration (dur={dur[j]})", "the trace is corrupt; re-export it"),
-        ((ts.abs() > 9.0e15) | (dur > 9.0e15), lambda j: f"timestamp out of range (ts={ts[j]}, dur={dur[j]})", _FIX),  # µs beyond int64 ns
+        (
+            (ts.abs() > 9.0e15) | (dur > 9.0e15),
+            lambda j: f"timestamp out of range (ts={ts[j]}, dur={dur[j]})",
+            _FIX,
+        ),  # µs beyond int64 ns
     )
     for bad, problem, fix in checks:
         bad = bad.fill_null(False)
@@ -237,18 +261,28 @@ def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
     2024 ``rank-34`` trace); the caller thread holds ``ProfilerStep#`` / ``c10d::*`` ops instead.
     """
     kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
-    gloo = ev.select("pid", "tid", "category", "name").filter((pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:"))
+    gloo = ev.select("pid", "tid", "category", "name").filter(
+        (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:")
+    )
     if gloo.height == 0:
         return kind.alias("kind")
     caller = (
         ev.select("pid", "tid", "name")
-        .filter(pl.col("name").str.starts_with("ProfilerStep#") | pl.col("name").str.starts_with("c10d::") | (pl.col("name") == "record_param_comms"))
+        .filter(
+            pl.col("name").str.starts_with("ProfilerStep#")
+            | pl.col("name").str.starts_with("c10d::")
+            | (pl.col("name") == "record_param_comms")
+        )
         .select("pid", "tid")
         .unique()
         .with_columns(pl.lit(True).alias("_caller"))
     )
-    on_caller = ev.select("pid", "tid").join(caller, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left")["_caller"]
-    is_worker = (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:") & on_caller.is_null()
+    on_caller = ev.select("pid", "tid").join(
+        caller, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left"
+    )["_caller"]
+    is_worker = (
+        (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:") & on_caller.is_null()
+    )
     return pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(kind).alias("kind")
 
 
@@ -259,7 +293,10 @@ def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | Non
         if isinstance(pg, dict) and (pg.get("pg_desc") == "default_pg" or str(pg.get("pg_name")) == "0"):
             ranks = parse_int_list(pg.get("ranks"))
             size = pg.get("pg_size")
-            return (size if isinstance(size, int) else None, tuple(v for v in ranks.values if v is not None) if ranks else None)
+            return (
+                size if isinstance(size, int) else None,
+                tuple(v for v in ranks.values if v is not None) if ranks else None,
+            )
     return None
 
 
@@ -315,7 +352,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     """
     path = Path(path)
     header, kept_args, frames = _decode(path)
-    allocator.release_free_heap()  # the decode's freed gzip / slice buffers (ep_trace.allocator)
+    allocator.release_free_heap()  # the decode's freed gzip / slice buffers (ep_trace.parsers.allocator)
     issues: list[schema.LoadIssue] = []
     dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
     base = header.get("baseTimeNanoseconds")
@@ -328,21 +365,46 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     if rank is not None:
         rank_source = "rank_map"
         if file_rank is not None and file_rank != rank:
-            issues.append(schema.LoadIssue(str(path), rank, "warning", f"distributedInfo says rank {file_rank}; rank {rank} given by the caller is used"))
+            issues.append(
+                schema.LoadIssue(
+                    str(path),
+                    rank,
+                    "warning",
+                    f"distributedInfo says rank {file_rank}; rank {rank} given by the caller is used",
+                )
+            )
     elif file_rank is not None:
         rank, rank_source = file_rank, "distributedInfo"
     else:
         guess = rank_from_file_name(path.name)
         if guess is not None:
             rank, rank_source = guess, "file_name"
-            issues.append(schema.LoadIssue(str(path), rank, "warning", f"no distributedInfo.rank in the trace; rank {rank} guessed from the file name"))
+            issues.append(
+                schema.LoadIssue(
+                    str(path),
+                    rank,
+                    "warning",
+                    f"no distributedInfo.rank in the trace; rank {rank} guessed from the file name",
+                )
+            )
         else:
             rank, rank_source = 0, "default"
-            issues.append(schema.LoadIssue(str(path), 0, "warning", "no distributedInfo.rank and no rank in the file name; assumed rank 0 (pass rank_map to set it)"))
+            issues.append(
+                schema.LoadIssue(
+                    str(path),
+                    0,
+                    "warning",
+                    "no distributedInfo.rank and no rank in the file name; assumed rank 0 (pass rank_map to set it)",
+                )
+            )
 
     ev = _concat_columns(frames)
     if ev.height == 0:
-        raise TraceFormatError(path, "the trace has no complete events (ph 'X')", "profile at least one step (schedule active > 0) and re-export")
+        raise TraceFormatError(
+            path,
+            "the trace has no complete events (ph 'X')",
+            "profile at least one step (schedule active > 0) and re-export",
+        )
     # relative ts (kineto#928): the base is known only once the whole file is read
     ev = _times(ev, path, base_ns)
 
@@ -354,7 +416,9 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     steps = ev.select("event_id", "name").filter(pl.col("name").str.starts_with("ProfilerStep#"))
     seq = ev.select("event_id").join(
         steps.select("event_id", pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq")),
-        on="event_id", how="left", maintain_order="left",
+        on="event_id",
+        how="left",
+        maintain_order="left",
     )["seq"]
     ev = ev.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
@@ -365,7 +429,9 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     ev = link_events(ev)
     colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
     if coll_of_event.height:
-        ev = ev.with_columns(ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"])
+        ev = ev.with_columns(
+            ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"]
+        )
     holder = [ev]
     del ev
     ev = _sort_columns(holder, "start_ns", "event_id")

@@ -77,12 +77,22 @@ def _splits(v: Any, size: int | None) -> tuple[list[int | None] | None, bool]:
     return list(parsed.values), parsed.truncated
 
 
-def _call_row(members: list[dict[str, Any]], kept: dict[int, dict[str, Any]], dist: dict[str, Any], world: int | None, source: str) -> dict[str, Any] | None:
+def _call_row(
+    members: list[dict[str, Any]], kept: dict[int, dict[str, Any]], dist: dict[str, Any], world: int | None, source: str
+) -> dict[str, Any] | None:
     """Fields of one call from its member ops (dicts of event columns), or None if it is no call."""
     by = {"c10d": None, "func": None, "rpc": None, "title": None}
     for mb in members:
         n = mb["name"]
-        key = "func" if n.startswith("_c10d_functional::") else "c10d" if n.startswith("c10d::") else "rpc" if n == "record_param_comms" else "title"
+        key = (
+            "func"
+            if n.startswith("_c10d_functional::")
+            else "c10d"
+            if n.startswith("c10d::")
+            else "rpc"
+            if n == "record_param_comms"
+            else "title"
+        )
         if by[key] is None:
             by[key] = mb
     rpc_args = kept.get(by["rpc"]["event_id"], {}) if by["rpc"] else {}
@@ -91,16 +101,36 @@ def _call_row(members: list[dict[str, Any]], kept: dict[int, dict[str, Any]], di
         return None
     launcher = by["c10d"] or by["func"] or by["title"] or by["rpc"]
     row = _fields_from(meta, launcher, by, kept, dist, world, source)
-    row.update(op_name=launcher["name"], op_id=launcher["event_id"], cpu_start_ns=launcher["start_ns"], cpu_end_ns=launcher["end_ns"],
-               _pid=launcher["pid"], _tid=launcher["tid"], _root_start=members[0]["start_ns"], _root_end=members[0]["end_ns"],
-               _ext=[mb["external_id"] for mb in members if mb["external_id"] is not None])
+    row.update(
+        op_name=launcher["name"],
+        op_id=launcher["event_id"],
+        cpu_start_ns=launcher["start_ns"],
+        cpu_end_ns=launcher["end_ns"],
+        _pid=launcher["pid"],
+        _tid=launcher["tid"],
+        _root_start=members[0]["start_ns"],
+        _root_end=members[0]["end_ns"],
+        _ext=[mb["external_id"] for mb in members if mb["external_id"] is not None],
+    )
     return row
 
 
-def _fields_from(meta: dict[str, Any], launcher: dict[str, Any] | None, by: dict[str, Any], kept: dict[int, dict[str, Any]],
-                 dist: dict[str, Any], world: int | None, source: str) -> dict[str, Any]:
+def _fields_from(
+    meta: dict[str, Any],
+    launcher: dict[str, Any] | None,
+    by: dict[str, Any],
+    kept: dict[int, dict[str, Any]],
+    dist: dict[str, Any],
+    world: int | None,
+    source: str,
+) -> dict[str, Any]:
     ctype = "unknown"
-    for cand in (meta.get("Collective name"), by.get("c10d") and by["c10d"]["name"], by.get("title") and by["title"]["name"], by.get("func") and by["func"]["name"]):
+    for cand in (
+        meta.get("Collective name"),
+        by.get("c10d") and by["c10d"]["name"],
+        by.get("title") and by["title"]["name"],
+        by.get("func") and by["func"]["name"],
+    ):
         if cand and normalise_collective(cand) != "unknown":
             ctype = normalise_collective(cand)
             break
@@ -161,15 +191,39 @@ def _fields_from(meta: dict[str, Any], launcher: dict[str, Any] | None, by: dict
     comms_id = meta.get("Comms Id")
     if comms_id is not None and not (isinstance(comms_id, int) and 0 <= comms_id < 2**64):
         ev = launcher["event_id"] if launcher else "?"
-        raise TraceFormatError(source, f"'Comms Id' {str(comms_id)[:30]} is not an unsigned 64-bit integer", "the trace is corrupt; re-export it", record=f"traceEvents[{ev}]")
+        raise TraceFormatError(
+            source,
+            f"'Comms Id' {str(comms_id)[:30]} is not an unsigned 64-bit integer",
+            "the trace is corrupt; re-export it",
+            record=f"traceEvents[{ev}]",
+        )
     peer = _int(meta.get("Dst Rank")) if ctype == "send" else _int(meta.get("Src Rank")) if ctype == "recv" else None
     title = by.get("title")
-    backend = "gloo" if title and title["name"].startswith("gloo:") else "nccl" if (meta or (title and title["name"].startswith("nccl:"))) else None
+    backend = (
+        "gloo"
+        if title and title["name"].startswith("gloo:")
+        else "nccl"
+        if (meta or (title and title["name"].startswith("nccl:")))
+        else None
+    )
     return dict(
-        collective=ctype, backend=backend, pg_name=pg_name, pg_desc=meta.get("Process Group Description"),
-        group_ranks=group_ranks, group_size=size, seq=_int(meta.get("Seq")), comms_id=comms_id,
-        in_splits=in_splits, out_splits=out_splits, splits_truncated=bool(in_tr or out_tr), splits_source=splits_source,
-        in_nelems=in_nelems, out_nelems=out_nelems, dtype=dtype, row_bytes=row_bytes, peer_rank=peer,
+        collective=ctype,
+        backend=backend,
+        pg_name=pg_name,
+        pg_desc=meta.get("Process Group Description"),
+        group_ranks=group_ranks,
+        group_size=size,
+        seq=_int(meta.get("Seq")),
+        comms_id=comms_id,
+        in_splits=in_splits,
+        out_splits=out_splits,
+        splits_truncated=bool(in_tr or out_tr),
+        splits_source=splits_source,
+        in_nelems=in_nelems,
+        out_nelems=out_nelems,
+        dtype=dtype,
+        row_bytes=row_bytes,
+        peer_rank=peer,
     )
 
 
@@ -190,7 +244,9 @@ def _group_calls(cands: pl.DataFrame, kept: dict[int, dict[str, Any]]) -> list[l
     return groups
 
 
-def build_collectives(ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank: int, dist: dict[str, Any], source: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+def build_collectives(
+    ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank: int, dist: dict[str, Any], source: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Collective calls of one rank (see the module doc).
 
     Args:
@@ -208,26 +264,49 @@ def build_collectives(ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank
     world = _int(dist.get("world_size"))
     cols = ["event_id", "name", "pid", "tid", "start_ns", "end_ns", "external_id"]
     cands = (
-        ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.any_horizontal([pl.col("name").str.starts_with(p) for p in _PREFIXES]))
+        ev.filter(
+            pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
+            & pl.any_horizontal([pl.col("name").str.starts_with(p) for p in _PREFIXES])
+        )
         .select(cols)
         .sort(["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True], nulls_last=True)
     )
     rows = [r for g in _group_calls(cands, kept) if (r := _call_row(g, kept, dist, world, source)) is not None]
     # Kernels implementing each call: launched inside the call's root interval on its thread ...
-    kernels = ev.filter(pl.col("kind") == "gpu_kernel").select("event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation")
-    launch = ev.filter(pl.col("kind") == "runtime").select(pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t"))
+    kernels = ev.filter(pl.col("kind") == "gpu_kernel").select(
+        "event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation"
+    )
+    launch = ev.filter(pl.col("kind") == "runtime").select(
+        pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t")
+    )
     roots = pl.DataFrame(
-        {"_call": list(range(len(rows))), "pid": [r["_pid"] for r in rows], "tid": [r["_tid"] for r in rows],
-         "_rs": [r["_root_start"] for r in rows], "_re": [r["_root_end"] for r in rows]},
+        {
+            "_call": list(range(len(rows))),
+            "pid": [r["_pid"] for r in rows],
+            "tid": [r["_tid"] for r in rows],
+            "_rs": [r["_root_start"] for r in rows],
+            "_re": [r["_root_end"] for r in rows],
+        },
         schema={"_call": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "_rs": pl.Int64, "_re": pl.Int64},
     ).sort("_rs")
     k = kernels.join(launch, on="launch_id", how="left").sort("t", nulls_last=True)
-    k_in = k.filter(pl.col("t").is_not_null()).join_asof(roots, left_on="t", right_on="_rs", by=["pid", "tid"], strategy="backward", check_sortedness=False)
+    k_in = k.filter(pl.col("t").is_not_null()).join_asof(
+        roots, left_on="t", right_on="_rs", by=["pid", "tid"], strategy="backward", check_sortedness=False
+    )
     k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select("event_id", "_call")
     # ... or linked by External id to one of its ops (kernels without a launch in the window).
-    ext = pl.DataFrame({"external_id": [e for i, r in enumerate(rows) for e in r["_ext"]], "_call": [i for i, r in enumerate(rows) for _ in r["_ext"]]},
-                       schema={"external_id": pl.Int64, "_call": pl.Int64})
-    k_ext = kernels.filter(pl.col("external_id") != pl.col("correlation")).join(ext, on="external_id").select("event_id", "_call")
+    ext = pl.DataFrame(
+        {
+            "external_id": [e for i, r in enumerate(rows) for e in r["_ext"]],
+            "_call": [i for i, r in enumerate(rows) for _ in r["_ext"]],
+        },
+        schema={"external_id": pl.Int64, "_call": pl.Int64},
+    )
+    k_ext = (
+        kernels.filter(pl.col("external_id") != pl.col("correlation"))
+        .join(ext, on="external_id")
+        .select("event_id", "_call")
+    )
     assigned = pl.concat([k_in, k_ext]).unique("event_id", keep="first")
     k = kernels.join(assigned, on="event_id", how="left")
     # Kernels carrying collective metadata whose CPU op is not in the window: calls of their own.
@@ -241,8 +320,19 @@ def build_collectives(ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank
             row.update(op_name="record_param_comms", op_id=None, cpu_start_ns=None, cpu_end_ns=None, _ext=[])
             extra.append((len(rows), g["event_id"]))
             rows.append(row)
-        fill = pl.concat([pl.DataFrame({"event_id": ids, "_orph": [i] * len(ids)}, schema={"event_id": pl.Int64, "_orph": pl.Int64}) for i, ids in extra])
-        k = k.join(fill, on="event_id", how="left").with_columns(pl.coalesce("_call", "_orph").alias("_call")).drop("_orph")
+        fill = pl.concat(
+            [
+                pl.DataFrame(
+                    {"event_id": ids, "_orph": [i] * len(ids)}, schema={"event_id": pl.Int64, "_orph": pl.Int64}
+                )
+                for i, ids in extra
+            ]
+        )
+        k = (
+            k.join(fill, on="event_id", how="left")
+            .with_columns(pl.coalesce("_call", "_orph").alias("_call"))
+            .drop("_orph")
+        )
     k = k.filter(pl.col("_call").is_not_null())
     # Only communication kernels count when a call launched some (copies around a collective do not).
     k = k.with_columns(is_comm_expr(pl.col("name")).alias("_comm"))
@@ -265,7 +355,13 @@ def _worker_nelems(args: dict[str, Any] | None) -> int | None:
     return prod(dims[0]) if dims and isinstance(dims[0], list) and dims[0] else None
 
 
-def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: set[int], members: pl.DataFrame, kept: dict[int, dict[str, Any]]) -> pl.DataFrame:
+def _pair_workers(
+    ev: pl.DataFrame,
+    rows: list[dict[str, Any]],
+    with_kernels: set[int],
+    members: pl.DataFrame,
+    kept: dict[int, dict[str, Any]],
+) -> pl.DataFrame:
     """Pair gloo worker ranges with the calls that launched no kernel: in start order per family,
     each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size equals the
     range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees)."""
@@ -274,7 +370,10 @@ def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: se
         return members
     fam = {"all_to_allv": "all_to_all"}
     pending: dict[str, deque[int]] = {}
-    for i in sorted((i for i in range(len(rows)) if i not in with_kernels and rows[i].get("backend") != "nccl"), key=lambda i: rows[i]["cpu_start_ns"] or 0):
+    for i in sorted(
+        (i for i in range(len(rows)) if i not in with_kernels and rows[i].get("backend") != "nccl"),
+        key=lambda i: rows[i]["cpu_start_ns"] or 0,
+    ):
         pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), deque()).append(i)
     pairs = []
     for w in workers.iter_rows(named=True):
@@ -282,7 +381,14 @@ def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: se
         queue = pending.get(fam.get(f, f))
         if queue:
             want = _worker_nelems(kept.get(w["event_id"]))
-            j = next((k for k in range(min(len(queue), _REORDER_WINDOW)) if want is not None and rows[queue[k]].get("in_nelems") == want), 0)
+            j = next(
+                (
+                    k
+                    for k in range(min(len(queue), _REORDER_WINDOW))
+                    if want is not None and rows[queue[k]].get("in_nelems") == want
+                ),
+                0,
+            )
             i = queue[j]
             del queue[j]
             rows[i]["backend"] = "gloo"
@@ -296,17 +402,25 @@ def _pair_workers(ev: pl.DataFrame, rows: list[dict[str, Any]], with_kernels: se
     return pl.concat([members, wk])
 
 
-def _finish(rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame, rank: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _finish(
+    rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame, rank: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Assemble the table: device activity, host-interval fallback, coll_id and ordinal."""
     if not rows:
         return schema.empty("collectives"), pl.DataFrame(schema={"event_id": pl.Int64, "coll_id": pl.Int64})
     keep = [c for c in schema.COLLECTIVES if c in rows[0]]
-    df = pl.DataFrame({c: [r.get(c) for r in rows] for c in keep}, schema={c: schema.COLLECTIVES[c] for c in keep}, strict=False)
+    df = pl.DataFrame(
+        {c: [r.get(c) for r in rows] for c in keep}, schema={c: schema.COLLECTIVES[c] for c in keep}, strict=False
+    )
     df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"))
     activity = (
         members.join(ev.select("event_id", "start_ns", "end_ns"), on="event_id")
         .group_by("_call")
-        .agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"), pl.len().cast(pl.Int32).alias("n_kernels"))
+        .agg(
+            pl.col("start_ns").min().alias("_s"),
+            pl.col("end_ns").max().alias("_e"),
+            pl.len().cast(pl.Int32).alias("n_kernels"),
+        )
     )
     df = (
         df.join(activity, on="_call", how="left")
@@ -320,5 +434,9 @@ def _finish(rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame,
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("coll_id"))
     )
     df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pg_name").alias("ordinal"))
-    coll_of_event = members.join(df.select("_call", "coll_id"), on="_call").select("event_id", "coll_id").unique("event_id", keep="first")
+    coll_of_event = (
+        members.join(df.select("_call", "coll_id"), on="_call")
+        .select("event_id", "coll_id")
+        .unique("event_id", keep="first")
+    )
     return schema.conform("collectives", df.drop("_call", "_s", "_e")), coll_of_event

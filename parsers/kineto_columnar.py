@@ -47,7 +47,9 @@ from ep_trace.parsers import kineto_json, kineto_stream
 __all__ = ["decode_columnar"]
 
 # ids as Float64: a quoted value is a reader error, a fraction or an int beyond 2^53 is visible
-_ARGS = pl.Struct({"correlation": pl.Float64, "External id": pl.Float64, "bytes": pl.Float64, "Collective name": pl.Utf8})
+_ARGS = pl.Struct(
+    {"correlation": pl.Float64, "External id": pl.Float64, "bytes": pl.Float64, "Collective name": pl.Utf8}
+)
 _SCHEMA = {
     "ph": pl.Utf8,
     "cat": pl.Utf8,
@@ -118,14 +120,14 @@ def _event_texts(text: bytes, rows: list[int], n: int) -> list[bytes]:
     if len(cuts) != n - 1:
         raise _Surprise("boundary inside a string")
     ends = [int(cuts[r]) + 1 if r < n - 1 else len(text) - 1 for r in rows]  # the "]" closes the slice
-    return [text[(text.find(b"{", int(cuts[r - 1]) + 1) if r else 1) : e] for r, e in zip(rows, ends)]
+    return [text[(text.find(b"{", int(cuts[r - 1]) + 1) if r else 1) : e] for r, e in zip(rows, ends, strict=False)]
 
 
 def _read(text: bytes) -> pl.DataFrame:
     """``pl.read_json`` of a slice, in :data:`_PARTS` pieces of about equal size.
 
     The reader holds ~9x its input while it parses (polars 2.1: 19 MB for a 2 MB slice) and
-    jemalloc keeps freed pages resident for a while (see :mod:`ep_trace.allocator`); pieces bound that
+    jemalloc keeps freed pages resident for a while (see :mod:`ep_trace.parsers.allocator`); pieces bound that
     (and parse faster). Pieces are cut only at the slice's event separator when it holds a newline
     (Kineto's ``},\n  {``): JSON strings hold no raw newline, so the cut is an event boundary;
     compact JSON is read whole. A wrong cut could only make a piece unreadable (an unclosed object),
@@ -143,7 +145,9 @@ def _read(text: bytes) -> pl.DataFrame:
     return pl.concat(parts)
 
 
-def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
+def _slice_frame(
+    text: bytes, offset: int, keep_prefixes: tuple[str, ...]
+) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
     One polars collect per slice for the checks and the columns."""
@@ -167,7 +171,9 @@ def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tu
             lf.select(coll.is_not_null().sum().alias("n_coll")),
             x.select(
                 (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
-                pl.any_horizontal(_not_int(args.field("correlation")), _not_int(args.field("External id")), _not_int(nbytes)).alias("ints"),
+                pl.any_horizontal(
+                    _not_int(args.field("correlation")), _not_int(args.field("External id")), _not_int(nbytes)
+                ).alias("ints"),
                 (pid.is_null() & pl.col("pid").is_not_null()).any().alias("pid"),
                 (tid.is_null() & pl.col("tid").is_not_null()).any().alias("tid"),
             ),
@@ -196,7 +202,9 @@ def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tu
         raise _Surprise("numeric text or non-int id")
     # label strings ("Spans", "stream 7 ") among the ints: rare, per Series
     track = {c: _track(cols[f"_{c}"], cols[f"{c}_raw"]) if checks[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
-    frame = pl.DataFrame([track[c[:3]].alias(c) if c in ("pid_raw", "tid_raw") else cols.get_column(c) for c in _FRAME_COLS])
+    frame = pl.DataFrame(
+        [track[c[:3]].alias(c) if c in ("pid_raw", "tid_raw") else cols.get_column(c) for c in _FRAME_COLS]
+    )
     cand_rows = cols.get_column("_cand").arg_true()
     kept: list[tuple[int, dict[str, Any]]] = []
     if cand_rows.len():
@@ -211,12 +219,14 @@ def _slice_frame(text: bytes, offset: int, keep_prefixes: tuple[str, ...]) -> tu
         is_mark = cand["_mark"].to_list()
         arg = [e.get("args") for e in evs]
         # same order and tests as _chunk_frame: name marks first, then kernels with a metadata copy
-        kept = [(i, a) for i, a, m in zip(ids, arg, is_mark) if m and a]
-        kept += [(i, a) for i, a, m in zip(ids, arg, is_mark) if not m and a and "Collective name" in a]
+        kept = [(i, a) for i, a, m in zip(ids, arg, is_mark, strict=False) if m and a]
+        kept += [(i, a) for i, a, m in zip(ids, arg, is_mark, strict=False) if not m and a and "Collective name" in a]
     return frame, n, kept
 
 
-def _work(text: bytes, keep_prefixes: tuple[str, ...]) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
+def _work(
+    text: bytes, keep_prefixes: tuple[str, ...]
+) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
     """One slice in a worker thread; None: decode it with orjson instead (exact by construction)."""
     try:
         return _slice_frame(text, 0, keep_prefixes)

@@ -188,7 +188,9 @@ def decode_header(raw: bytes | bytearray, path: Path) -> tuple[dict[str, Any], m
     return doc, events
 
 
-def iter_event_chunks(events: bytes | memoryview | list[Any], path: Path, chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
+def iter_event_chunks(
+    events: bytes | memoryview | list[Any], path: Path, chunk_bytes: int | None = None
+) -> Iterator[tuple[int, list[Any]]]:
     """Yield ``(offset, events)`` slices of ``traceEvents``; ``offset`` = index of the slice's first event.
 
     Raises:

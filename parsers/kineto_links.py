@@ -37,12 +37,22 @@ def _depths(ops: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Add ``depth`` (0 = outermost) to ops of columns ``key``, start_ns, end_ns, op."""
     ops = ops.sort([*key, "start_ns", "end_ns"], descending=[False] * len(key) + [False, True])
     ops = ops.with_columns(_pos_in_runs(key).alias("_pos"))
-    ends = ops.select(*key, pl.col("end_ns").alias("_t")).sort([*key, "_t"]).with_columns((_pos_in_runs(key) + 1).alias("_ended"))
+    ends = (
+        ops.select(*key, pl.col("end_ns").alias("_t"))
+        .sort([*key, "_t"])
+        .with_columns((_pos_in_runs(key) + 1).alias("_ended"))
+    )
     # the last row of each (key, _t) run holds its largest count
     last = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(-1)) for c in [*key, "_t"]])
     ends = ends.filter(last).sort("_t")
     ops = ops.sort("start_ns").join_asof(
-        ends, left_on="start_ns", right_on="_t", by=key, strategy="backward", allow_exact_matches=False, check_sortedness=False
+        ends,
+        left_on="start_ns",
+        right_on="_t",
+        by=key,
+        strategy="backward",
+        allow_exact_matches=False,
+        check_sortedness=False,
     )
     depth = (pl.col("_pos") - pl.col("_ended").fill_null(0)).clip(lower_bound=0)
     return ops.with_columns(depth.alias("depth")).drop("_pos", "_t", "_ended")
@@ -68,8 +78,14 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
         return out
     ops = _depths(ops, by)
     for d in range(int(ops["depth"].max()) + 1):
-        level = ops.filter(pl.col("depth") == d).select(*by, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op")).sort("start_ns")
-        hit = points.select(*by, "t").join_asof(level, left_on="t", right_on="start_ns", by=by, strategy="backward", check_sortedness=False)
+        level = (
+            ops.filter(pl.col("depth") == d)
+            .select(*by, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op"))
+            .sort("start_ns")
+        )
+        hit = points.select(*by, "t").join_asof(
+            level, left_on="t", right_on="start_ns", by=by, strategy="backward", check_sortedness=False
+        )
         found = pl.Series(hit["_end"] >= hit["t"]).fill_null(False)
         out = out.with_columns(pl.when(found).then(hit["_op"]).otherwise(pl.col("op")).alias("op"))
     return out
@@ -90,7 +106,9 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
     lazy = ev.lazy()
     runtime, ops, by_ext = pl.collect_all(
         [
-            lazy.select("event_id", "kind", *_KEY, "start_ns", "correlation").filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()),
+            lazy.select("event_id", "kind", *_KEY, "start_ns", "correlation").filter(
+                (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
+            ),
             lazy.select("event_id", "kind", "category", *_KEY, "start_ns", "end_ns")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function"))
             .select(*_KEY, "start_ns", "end_ns", pl.col("event_id").alias("op")),
@@ -106,7 +124,11 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
     n = ev.select("event_id", "kind", "correlation", "external_id")
     n = n.join(launches, on="correlation", how="left", maintain_order="left").with_columns(
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
-        pl.when(pl.col("kind") == "runtime").then(pl.col("event_id")).when(gpu).then(pl.col("_launch")).alias("_launch"),
+        pl.when(pl.col("kind") == "runtime")
+        .then(pl.col("event_id"))
+        .when(gpu)
+        .then(pl.col("_launch"))
+        .alias("_launch"),
     )
     n = n.join(by_ext, on="external_id", how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
@@ -115,7 +137,9 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
     # ops of their threads (each point's answer depends on nothing else): on modern GPU traces most
     # launches carry a resolvable External id.
     need = n.filter(linked & ~ext_ok).select(pl.col("_launch").drop_nulls().unique())
-    points = runtime.filter(pl.col("event_id").is_in(need["_launch"].implode())).select(*_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch"))
+    points = runtime.filter(pl.col("event_id").is_in(need["_launch"].implode())).select(
+        *_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")
+    )
     ops = ops.join(points.select(_KEY).unique(), on=_KEY, how="semi")
     contained = innermost_enclosing(points, ops)
     launch_op = contained.select("_launch", pl.col("op").alias("_launch_op"))

@@ -85,7 +85,7 @@ def _last_boundary(buf: bytearray) -> re.Match[bytes] | None:
     lo = max(0, len(buf) - 2 * _READ)
     for start in (max(lo, len(buf) - (1 << 16)), lo):
         last = None
-        for last in kineto_json._BOUNDARY_RE.finditer(buf, start):
+        for last in kineto_json._BOUNDARY_RE.finditer(buf, start):  # noqa: B007 - the last match is wanted
             pass
         if last is not None or start == lo:
             return last
@@ -142,7 +142,9 @@ def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = 
     yield b"[" + buf[:end] + b"]"
 
 
-def stream_events(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[tuple[int, list[Any]]]:
+def stream_events(
+    path: Path, header: dict[str, Any], chunk_bytes: int | None = None
+) -> Iterator[tuple[int, list[Any]]]:
     """Yield ``(offset, events)`` slices of ``traceEvents`` decoded by orjson (:func:`stream_slices`).
 
     Raises:

@@ -32,8 +32,8 @@ import polars as pl
 from ep_trace.comm_classifier import comm_family_expr
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.nsys_collectives import group_collectives
-from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, ranks_table
 from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
+from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, ranks_table
 from ep_trace.parsers.nsys_source import TableSource, open_source
 from ep_trace.schema import LoadIssue, TraceTables, conform, validate
 
@@ -51,8 +51,22 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 NVTX = "NVTX_EVENTS"
 
 # ENUM_CUDA_MEMCPY_OPER (hard-coded: schema 2.x has no ENUM_* tables).
-_COPY_KIND = {0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-              8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD"}
+_COPY_KIND = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "HtoD",
+    12: "DtoH",
+    13: "DtoD",
+}
 # ENUM_NSYS_EVENT_TYPE values of NVTX ranges: 59 push/pop, 60 start/end, 70/71 the NVTXT imports.
 _RANGE_TYPES = (59, 60, 70, 71)
 _DOMAIN_CREATE = 75
@@ -86,7 +100,7 @@ def _meta(src: TableSource) -> dict[str, str]:
     for table in ("META_DATA_EXPORT", "EXPORT_META_DATA"):
         if table in src.tables() and {"name", "value"} <= set(src.columns(table)):
             df = src.read(table, ["name", "value"])
-            return {str(k): str(v) for k, v in zip(df["name"], df["value"]) if k is not None}
+            return {str(k): str(v) for k, v in zip(df["name"], df["value"], strict=False) if k is not None}
     return {}
 
 
@@ -109,9 +123,15 @@ def _session_offset(src: TableSource, meta: Mapping[str, str], path: Path, issue
         vals = src.read(table, ["utcEpochNs"])["utcEpochNs"].drop_nulls()
         if len(vals):
             return int(vals[0]) - shift
-    issues.append(LoadIssue(str(path), None, "warning",
-                            "no TARGET_INFO_SESSION_START_TIME: times are capture-relative, not epoch; "
-                            "files from different processes cannot be aligned"))
+    issues.append(
+        LoadIssue(
+            str(path),
+            None,
+            "warning",
+            "no TARGET_INFO_SESSION_START_TIME: times are capture-relative, not epoch; "
+            "files from different processes cannot be aligned",
+        )
+    )
     return -shift
 
 
@@ -124,7 +144,9 @@ def _strings(src: TableSource) -> pl.DataFrame:
 def _resolve(df: pl.DataFrame, col: str, strings: pl.DataFrame, out: str) -> pl.DataFrame:
     if col not in df.columns:
         return df.with_columns(pl.lit(None, dtype=pl.Utf8).alias(out))
-    return df.with_columns(pl.col(col).replace_strict(strings["_sid"], strings["_str"], default=None, return_dtype=pl.Utf8).alias(out))
+    return df.with_columns(
+        pl.col(col).replace_strict(strings["_sid"], strings["_str"], default=None, return_dtype=pl.Utf8).alias(out)
+    )
 
 
 def _read_gpu(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
@@ -133,37 +155,97 @@ def _read_gpu(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
     parts = []
     if KERNEL in src.tables():
         cols = _present(src, KERNEL, base + ["demangledName", "shortName"])
-        k = _resolve(_resolve(src.read(KERNEL, cols), "demangledName", strings, "_dn"), "shortName", strings, "short_name")
-        parts.append(k.select(*base, pl.coalesce("_dn", "short_name", pl.lit("<unnamed kernel>")).alias("name"),
-                              "short_name", pl.lit("gpu_kernel").alias("kind"), pl.lit(KERNEL).alias("category"),
-                              pl.lit(None, dtype=pl.Int64).alias("bytes")))
+        k = _resolve(
+            _resolve(src.read(KERNEL, cols), "demangledName", strings, "_dn"), "shortName", strings, "short_name"
+        )
+        parts.append(
+            k.select(
+                *base,
+                pl.coalesce("_dn", "short_name", pl.lit("<unnamed kernel>")).alias("name"),
+                "short_name",
+                pl.lit("gpu_kernel").alias("kind"),
+                pl.lit(KERNEL).alias("category"),
+                pl.lit(None, dtype=pl.Int64).alias("bytes"),
+            )
+        )
     if MEMCPY in src.tables():
         cols = _present(src, MEMCPY, base + ["bytes", "copyKind"])
         m = src.read(MEMCPY, cols)
-        kind = pl.col("copyKind").replace_strict(_COPY_KIND, default="Unknown", return_dtype=pl.Utf8) if "copyKind" in m.columns else pl.lit("Unknown")
-        parts.append(m.select(*base, pl.format("Memcpy {}", kind).alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                              pl.lit("gpu_memcpy").alias("kind"), pl.lit(MEMCPY).alias("category"),
-                              (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes")))
+        kind = (
+            pl.col("copyKind").replace_strict(_COPY_KIND, default="Unknown", return_dtype=pl.Utf8)
+            if "copyKind" in m.columns
+            else pl.lit("Unknown")
+        )
+        parts.append(
+            m.select(
+                *base,
+                pl.format("Memcpy {}", kind).alias("name"),
+                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                pl.lit("gpu_memcpy").alias("kind"),
+                pl.lit(MEMCPY).alias("category"),
+                (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes"),
+            )
+        )
     if MEMSET in src.tables():
         m = src.read(MEMSET, _present(src, MEMSET, base + ["bytes"]))
-        parts.append(m.select(*base, pl.lit("Memset").alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                              pl.lit("gpu_memset").alias("kind"), pl.lit(MEMSET).alias("category"),
-                              (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes")))
+        parts.append(
+            m.select(
+                *base,
+                pl.lit("Memset").alias("name"),
+                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                pl.lit("gpu_memset").alias("kind"),
+                pl.lit(MEMSET).alias("category"),
+                (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes"),
+            )
+        )
     if GRAPH in src.tables():
         # Graph trace mode `Graph`: a replay is one whole-graph row, not kernel rows (nsys >= 2024).
         g = src.read(GRAPH, _present(src, GRAPH, base + ["graphId", "graphExecId"]))
         gid = pl.col("graphExecId") if "graphExecId" in g.columns else pl.lit(None)
-        parts.append(g.select(*base, pl.format("CUDA graph (graphExecId={})", gid).alias("name"), pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                              pl.lit("gpu_kernel").alias("kind"), pl.lit(GRAPH).alias("category"), pl.lit(None, dtype=pl.Int64).alias("bytes")))
-    schema = {"start": pl.Int64, "end": pl.Int64, "deviceId": pl.Int64, "streamId": pl.Int64, "correlationId": pl.Int64,
-              "globalPid": pl.Int64, "name": pl.Utf8, "short_name": pl.Utf8, "kind": pl.Utf8, "category": pl.Utf8, "bytes": pl.Int64}
+        parts.append(
+            g.select(
+                *base,
+                pl.format("CUDA graph (graphExecId={})", gid).alias("name"),
+                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
+                pl.lit("gpu_kernel").alias("kind"),
+                pl.lit(GRAPH).alias("category"),
+                pl.lit(None, dtype=pl.Int64).alias("bytes"),
+            )
+        )
+    schema = {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "deviceId": pl.Int64,
+        "streamId": pl.Int64,
+        "correlationId": pl.Int64,
+        "globalPid": pl.Int64,
+        "name": pl.Utf8,
+        "short_name": pl.Utf8,
+        "kind": pl.Utf8,
+        "category": pl.Utf8,
+        "bytes": pl.Int64,
+    }
     if not parts:
         return pl.DataFrame(schema=schema)
-    return pl.concat([p.select([pl.col(c).cast(t) if c in p.columns else pl.lit(None, dtype=t).alias(c) for c, t in schema.items()]) for p in parts])
+    return pl.concat(
+        [
+            p.select(
+                [pl.col(c).cast(t) if c in p.columns else pl.lit(None, dtype=t).alias(c) for c, t in schema.items()]
+            )
+            for p in parts
+        ]
+    )
 
 
 def _read_runtime(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    schema = {"start": pl.Int64, "end": pl.Int64, "eventClass": pl.Int64, "globalTid": pl.Int64, "correlationId": pl.Int64, "name": pl.Utf8}
+    schema = {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "eventClass": pl.Int64,
+        "globalTid": pl.Int64,
+        "correlationId": pl.Int64,
+        "name": pl.Utf8,
+    }
     if RUNTIME not in src.tables():
         return pl.DataFrame(schema=schema)
     cols = _present(src, RUNTIME, ["start", "end", "eventClass", "globalTid", "correlationId", "nameId"])
@@ -175,22 +257,38 @@ def _read_runtime(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
         rt = rt.with_columns(pl.lit(0, dtype=pl.Int64).alias("eventClass"))
     rt = _resolve(rt, "nameId", strings, "name")
     # Runtime API names carry a CUDA version suffix (cudaLaunchKernel_v7000); driver names do not.
-    return rt.select("start", "end", "eventClass", "globalTid", "correlationId",
-                     pl.col("name").fill_null("<unknown API>").str.replace(r"_v\d+$", "")).cast(schema)  # type: ignore[arg-type]
+    return rt.select(
+        "start",
+        "end",
+        "eventClass",
+        "globalTid",
+        "correlationId",
+        pl.col("name").fill_null("<unknown API>").str.replace(r"_v\d+$", ""),
+    ).cast(schema)  # type: ignore[arg-type]
 
 
 def _read_nvtx(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    schema = {"start": pl.Int64, "end": pl.Int64, "eventType": pl.Int64, "globalTid": pl.Int64,
-              "endGlobalTid": pl.Int64, "domainId": pl.Int64, "name": pl.Utf8}
+    schema = {
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "eventType": pl.Int64,
+        "globalTid": pl.Int64,
+        "endGlobalTid": pl.Int64,
+        "domainId": pl.Int64,
+        "name": pl.Utf8,
+    }
     if NVTX not in src.tables():
         return pl.DataFrame(schema=schema)
     cols = _present(src, NVTX, ["start", "end", "eventType", "globalTid", "endGlobalTid", "domainId", "text", "textId"])
     nv = src.read(NVTX, cols)
-    nv = nv.with_columns([pl.lit(None, dtype=pl.Int64).alias(c) for c in ("end", "endGlobalTid", "domainId") if c not in nv.columns])
+    nv = nv.with_columns(
+        [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("end", "endGlobalTid", "domainId") if c not in nv.columns]
+    )
     nv = _resolve(nv, "textId", strings, "_reg")
     text = pl.col("text").cast(pl.Utf8) if "text" in nv.columns else pl.lit(None, dtype=pl.Utf8)
-    return nv.select("start", "end", "eventType", "globalTid", "endGlobalTid", "domainId",
-                     pl.coalesce(text, "_reg").alias("name")).cast(schema)  # type: ignore[arg-type]
+    return nv.select(
+        "start", "end", "eventType", "globalTid", "endGlobalTid", "domainId", pl.coalesce(text, "_reg").alias("name")
+    ).cast(schema)  # type: ignore[arg-type]
 
 
 def _domains(nv: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
@@ -210,8 +308,10 @@ def _domains(nv: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
         ranges.filter(pl.col("domainId").fill_null(0) != 0)
         .group_by("_proc", "domainId")
         .agg(
-            pl.when(pl.col("name").str.contains(r"^nccl[A-Z]").any()).then(pl.lit("NCCL"))
-            .when(pl.col("name").str.contains(r"^MPI_").any()).then(pl.lit("MPI"))
+            pl.when(pl.col("name").str.contains(r"^nccl[A-Z]").any())
+            .then(pl.lit("NCCL"))
+            .when(pl.col("name").str.contains(r"^MPI_").any())
+            .then(pl.lit("MPI"))
             .otherwise(pl.format("domain:{}", pl.col("domainId").first()))
             .alias("_guess")
         )
@@ -220,8 +320,10 @@ def _domains(nv: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
         ranges.join(created, on=["_proc", "domainId"], how="left")
         .join(guess, on=["_proc", "domainId"], how="left")
         .with_columns(
-            pl.when(pl.col("domainId").fill_null(0) == 0).then(pl.lit(None, dtype=pl.Utf8))
-            .otherwise(pl.coalesce("_dname", "_guess")).alias("domain")
+            pl.when(pl.col("domainId").fill_null(0) == 0)
+            .then(pl.lit(None, dtype=pl.Utf8))
+            .otherwise(pl.coalesce("_dname", "_guess"))
+            .alias("domain")
         )
         .drop("_dname", "_guess")
     )
@@ -235,7 +337,8 @@ def _mpi_ranks(src: TableSource, nv: pl.DataFrame, strings: pl.DataFrame) -> pl.
         tn = _resolve(src.read("ThreadNames", ["nameId", "globalTid"]), "nameId", strings, "name")
         parts.append(tn.select("globalTid", "name"))
     names = pl.concat(parts).select(
-        _proc(pl.col("globalTid")).alias("_proc"), pl.col("name").str.extract(r"^MPI Rank (\d+)$").cast(pl.Int64).alias("_mpi")
+        _proc(pl.col("globalTid")).alias("_proc"),
+        pl.col("name").str.extract(r"^MPI Rank (\d+)$").cast(pl.Int64).alias("_mpi"),
     )
     if {"globalTid", "rank"} <= set(src.columns("MPI_RANKS")):
         mr = src.read("MPI_RANKS", ["globalTid", "rank"])
@@ -246,11 +349,15 @@ def _mpi_ranks(src: TableSource, nv: pl.DataFrame, strings: pl.DataFrame) -> pl.
 def _check_nsys(src: TableSource, path: Path) -> None:
     tables = src.tables()
     looks = ("StringIds" in tables) and (
-        bool({"META_DATA_EXPORT", "EXPORT_META_DATA"} & tables) or any(t.startswith(("CUPTI_ACTIVITY_KIND_", "NVTX_", "TARGET_INFO_")) for t in tables)
+        bool({"META_DATA_EXPORT", "EXPORT_META_DATA"} & tables)
+        or any(t.startswith(("CUPTI_ACTIVITY_KIND_", "NVTX_", "TARGET_INFO_")) for t in tables)
     )
     if not looks:
-        raise TraceFormatError(path, "not an Nsight Systems export (no StringIds / META_DATA_EXPORT / CUPTI_* tables)",
-                               "pass the output of 'nsys export --type sqlite' (or --type parquetdir)")
+        raise TraceFormatError(
+            path,
+            "not an Nsight Systems export (no StringIds / META_DATA_EXPORT / CUPTI_* tables)",
+            "pass the output of 'nsys export --type sqlite' (or --type parquetdir)",
+        )
 
 
 def read_nsys(
@@ -288,11 +395,18 @@ def read_nsys(
         src.close()  # type: ignore[attr-defined]
 
 
-def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[object, int] | None, progress: Progress) -> TraceTables:
+def _read(
+    src: TableSource, path: Path, rank: int | None, rank_map: Mapping[object, int] | None, progress: Progress
+) -> TraceTables:
     issues: list[LoadIssue] = []
     _check_nsys(src, path)
     meta = _meta(src)
-    log.debug("%s: nsys export schema %s (%s)", path, meta.get("EXPORT_SCHEMA_VERSION", "unknown"), meta.get("EXPORT_PRODUCT_VERSION", "?"))
+    log.debug(
+        "%s: nsys export schema %s (%s)",
+        path,
+        meta.get("EXPORT_SCHEMA_VERSION", "unknown"),
+        meta.get("EXPORT_PRODUCT_VERSION", "?"),
+    )
     offset = _session_offset(src, meta, path, issues)
     strings = _strings(src)
     progress("read", 1, 4)
@@ -304,14 +418,21 @@ def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[obje
     progress("read", 4, 4)
     ranges = nv.filter(pl.col("eventType").is_in(_RANGE_TYPES))
     if gpu.is_empty() and rt.is_empty() and ranges.is_empty():
-        raise TraceFormatError(path, "the export holds no CUDA activity, CUDA API calls or NVTX ranges",
-                               "profile with 'nsys profile --trace=cuda,nvtx' and export again")
+        raise TraceFormatError(
+            path,
+            "the export holds no CUDA activity, CUDA API calls or NVTX ranges",
+            "profile with 'nsys profile --trace=cuda,nvtx' and export again",
+        )
 
     # uids: one id space across tables until event_id is assigned per rank at the end.
     n_gpu, n_rt = gpu.height, rt.height
     gpu = gpu.with_row_index("_uid").with_columns(pl.col("_uid").cast(pl.Int64), pl.col("globalPid").alias("_proc"))
-    rt = rt.with_row_index("_uid", offset=n_gpu).with_columns(pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc"))
-    ranges = ranges.with_row_index("_uid", offset=n_gpu + n_rt).with_columns(pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc"))
+    rt = rt.with_row_index("_uid", offset=n_gpu).with_columns(
+        pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc")
+    )
+    ranges = ranges.with_row_index("_uid", offset=n_gpu + n_rt).with_columns(
+        pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc")
+    )
     trace_end = max(v for v in (gpu["end"].max(), rt["end"].max(), nv["start"].max(), nv["end"].max()) if v is not None)
 
     # Launch join on (process, correlationId): ids are per process (mfu_2gpu_before: 4280 rows on
@@ -320,63 +441,111 @@ def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[obje
         rt.filter(pl.col("correlationId").is_not_null() & (pl.col("correlationId") != 0))
         .sort("eventClass")
         .unique(["_proc", "correlationId"], keep="first")
-        .select("_proc", "correlationId", pl.col("_uid").alias("_launch_uid"), pl.col("start").alias("_ls"),
-                pl.col("end").alias("_le"), pl.col("globalTid").alias("_gtid"))
+        .select(
+            "_proc",
+            "correlationId",
+            pl.col("_uid").alias("_launch_uid"),
+            pl.col("start").alias("_ls"),
+            pl.col("end").alias("_le"),
+            pl.col("globalTid").alias("_gtid"),
+        )
     )
     gpu = gpu.join(launches, on=["_proc", "correlationId"], how="left")
 
     # NVTX ranges: a range still open at the end of the capture ends at the end of the trace;
     # ranges ending on another thread (endGlobalTid) are kept on the CPU side but never projected.
-    ranges = _domains(nv, ranges.with_columns(
-        pl.col("end").fill_null(trace_end),
-        pl.col("name").fill_null("<unnamed range>").str.replace(_EMIT_NVTX_SUFFIX, ""),
-    )).with_columns(
+    ranges = _domains(
+        nv,
+        ranges.with_columns(
+            pl.col("end").fill_null(trace_end),
+            pl.col("name").fill_null("<unnamed range>").str.replace(_EMIT_NVTX_SUFFIX, ""),
+        ),
+    ).with_columns(
         (pl.col("endGlobalTid").is_null() | (pl.col("endGlobalTid") == pl.col("globalTid"))).alias("_same_thread")
     )
     proj_ranges = ranges.filter(pl.col("_same_thread")).select(
-        "_uid", pl.col("globalTid").alias("_gtid"), pl.col("start").alias("_rs"), pl.col("end").alias("_re"), "name")
+        "_uid", pl.col("globalTid").alias("_gtid"), pl.col("start").alias("_rs"), pl.col("end").alias("_re"), "name"
+    )
     launched = gpu.filter(pl.col("_ls").is_not_null())
     pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), proj_ranges)
     progress("project", 1, 2)
     gpu = gpu.join(innermost_range(pairs).rename({"_op": "_uid", "_range": "_op_uid"}), on="_uid", how="left")
-    env = range_envelopes(pairs, gpu.select("_uid", "start", "end", pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream")))
+    env = range_envelopes(
+        pairs,
+        gpu.select("_uid", "start", "end", pl.col("deviceId").alias("device"), pl.col("streamId").alias("stream")),
+    )
     annotations = env.join(ranges.select(pl.col("_uid").alias("_range"), "_proc", "name", "domain"), on="_range")
     progress("project", 2, 2)
 
-    comm = gpu.filter(pl.col("kind") == "gpu_kernel").with_columns(comm_family_expr(pl.col("name")).alias("family")).filter(
-        pl.col("family").is_not_null())
+    comm = (
+        gpu.filter(pl.col("kind") == "gpu_kernel")
+        .with_columns(comm_family_expr(pl.col("name")).alias("family"))
+        .filter(pl.col("family").is_not_null())
+    )
     calls, members = group_collectives(
-        comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges, pairs)
+        comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges, pairs
+    )
 
     # Ranks: processes that own GPU activity; CPU-only exports fall back to processes with API
     # calls or NVTX ranges (and say so).
     if gpu.height:
         owners = gpu.group_by("_proc").agg(pl.col("deviceId").min().cast(pl.Int64).alias("device"))
     else:
-        issues.append(LoadIssue(str(path), None, "warning",
-                                "no GPU activity in the export (no kernel / memcpy / memset rows): only the CPU side "
-                                "(CUDA API calls, NVTX ranges) was read; device time, overlap and collectives are empty"))
-        owners = pl.concat([rt.select("_proc"), ranges.select("_proc")]).unique().with_columns(pl.lit(None, dtype=pl.Int64).alias("device"))
+        issues.append(
+            LoadIssue(
+                str(path),
+                None,
+                "warning",
+                "no GPU activity in the export (no kernel / memcpy / memset rows): only the CPU side "
+                "(CUDA API calls, NVTX ranges) was read; device time, overlap and collectives are empty",
+            )
+        )
+        owners = (
+            pl.concat([rt.select("_proc"), ranges.select("_proc")])
+            .unique()
+            .with_columns(pl.lit(None, dtype=pl.Int64).alias("device"))
+        )
     owners = owners.with_columns(_pid(pl.col("_proc")).alias("pid"))
     rank_of = assign_ranks(owners, path, rank, rank_map, _mpi_ranks(src, nv, strings), issues)
 
     no_launch = gpu.height - launched.height
     if no_launch:
-        issues.append(LoadIssue(str(path), None, "warning",
-                                f"{no_launch} of {gpu.height} GPU ops have no launching API call in the export "
-                                "(outside the capture / slice window): kept, with no stage attribution"))
+        issues.append(
+            LoadIssue(
+                str(path),
+                None,
+                "warning",
+                f"{no_launch} of {gpu.height} GPU ops have no launching API call in the export "
+                "(outside the capture / slice window): kept, with no stage attribution",
+            )
+        )
     if GRAPH in src.tables() and gpu.filter(pl.col("category") == GRAPH).height:
-        issues.append(LoadIssue(str(path), None, "warning",
-                                "CUDA graph replays were traced as whole-graph rows (graph trace mode 'Graph'): "
-                                "their kernels are not listed individually"))
+        issues.append(
+            LoadIssue(
+                str(path),
+                None,
+                "warning",
+                "CUDA graph replays were traced as whole-graph rows (graph trace mode 'Graph'): "
+                "their kernels are not listed individually",
+            )
+        )
 
     events, collectives = _assemble(gpu, rt, ranges, annotations, calls, members, rank_of, offset)
     ranks = ranks_table(events, collectives, rank_of, owners, path, hostname(src))
-    dropped = pl.concat([gpu.select("_proc"), rt.select("_proc"), ranges.select("_proc")]).filter(
-        ~pl.col("_proc").is_in(rank_of["_proc"].implode())).height
+    dropped = (
+        pl.concat([gpu.select("_proc"), rt.select("_proc"), ranges.select("_proc")])
+        .filter(~pl.col("_proc").is_in(rank_of["_proc"].implode()))
+        .height
+    )
     if dropped:
-        issues.append(LoadIssue(str(path), None, "warning",
-                                f"{dropped} CPU-side rows of processes without GPU activity (launchers, tools) were skipped"))
+        issues.append(
+            LoadIssue(
+                str(path),
+                None,
+                "warning",
+                f"{dropped} CPU-side rows of processes without GPU activity (launchers, tools) were skipped",
+            )
+        )
     src_name = str(path)
     return TraceTables(
         ranks=validate("ranks", ranks, src_name),
@@ -386,8 +555,16 @@ def _read(src: TableSource, path: Path, rank: int | None, rank_map: Mapping[obje
     )
 
 
-def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotations: pl.DataFrame, calls: pl.DataFrame,
-              members: pl.DataFrame, rank_of: pl.DataFrame, offset: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _assemble(
+    gpu: pl.DataFrame,
+    rt: pl.DataFrame,
+    ranges: pl.DataFrame,
+    annotations: pl.DataFrame,
+    calls: pl.DataFrame,
+    members: pl.DataFrame,
+    rank_of: pl.DataFrame,
+    offset: int,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Concatenate the per-table frames, keep ranked processes, shift to epoch ns, assign ids."""
     i64, s = pl.Int64, pl.Utf8
     null_i, null_s = pl.lit(None, dtype=i64), pl.lit(None, dtype=s)
@@ -401,26 +578,88 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
     )
     coll_of = members.join(cols.select("_call", "coll_id"), on="_call").select("_uid", "coll_id")
     gpu_ev = gpu.join(coll_of, on="_uid", how="left").select(
-        "_uid", "_proc", "kind", "name", "category", null_s.alias("domain"), pl.col("deviceId").alias("device"),
-        pl.col("streamId").alias("stream"), _pid(pl.col("_proc")).alias("pid"), pl.col("streamId").alias("tid"),
-        "start", "end", pl.col("correlationId").alias("correlation"), "_launch_uid", "_op_uid", "coll_id", "bytes",
-        null_i.alias("seq"))
+        "_uid",
+        "_proc",
+        "kind",
+        "name",
+        "category",
+        null_s.alias("domain"),
+        pl.col("deviceId").alias("device"),
+        pl.col("streamId").alias("stream"),
+        _pid(pl.col("_proc")).alias("pid"),
+        pl.col("streamId").alias("tid"),
+        "start",
+        "end",
+        pl.col("correlationId").alias("correlation"),
+        "_launch_uid",
+        "_op_uid",
+        "coll_id",
+        "bytes",
+        null_i.alias("seq"),
+    )
     rt_ev = rt.select(
-        "_uid", "_proc", pl.lit("runtime").alias("kind"), "name",
-        pl.when(pl.col("eventClass") == 1).then(pl.lit("cuda_driver")).otherwise(pl.lit("cuda_runtime")).alias("category"),
-        null_s.alias("domain"), null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"),
-        _tid(pl.col("globalTid")).alias("tid"), "start", "end", pl.col("correlationId").alias("correlation"),
-        null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"), null_i.alias("bytes"), null_i.alias("seq"))
+        "_uid",
+        "_proc",
+        pl.lit("runtime").alias("kind"),
+        "name",
+        pl.when(pl.col("eventClass") == 1)
+        .then(pl.lit("cuda_driver"))
+        .otherwise(pl.lit("cuda_runtime"))
+        .alias("category"),
+        null_s.alias("domain"),
+        null_i.alias("device"),
+        null_i.alias("stream"),
+        _pid(pl.col("globalTid")).alias("pid"),
+        _tid(pl.col("globalTid")).alias("tid"),
+        "start",
+        "end",
+        pl.col("correlationId").alias("correlation"),
+        null_i.alias("_launch_uid"),
+        null_i.alias("_op_uid"),
+        null_i.alias("coll_id"),
+        null_i.alias("bytes"),
+        null_i.alias("seq"),
+    )
     nv_ev = ranges.select(
-        "_uid", "_proc", pl.lit("cpu_annotation").alias("kind"), "name", pl.lit("nvtx").alias("category"), "domain",
-        null_i.alias("device"), null_i.alias("stream"), _pid(pl.col("globalTid")).alias("pid"), _tid(pl.col("globalTid")).alias("tid"),
-        "start", "end", null_i.alias("correlation"), null_i.alias("_launch_uid"), null_i.alias("_op_uid"), null_i.alias("coll_id"),
-        null_i.alias("bytes"), _STEP.alias("seq"))
+        "_uid",
+        "_proc",
+        pl.lit("cpu_annotation").alias("kind"),
+        "name",
+        pl.lit("nvtx").alias("category"),
+        "domain",
+        null_i.alias("device"),
+        null_i.alias("stream"),
+        _pid(pl.col("globalTid")).alias("pid"),
+        _tid(pl.col("globalTid")).alias("tid"),
+        "start",
+        "end",
+        null_i.alias("correlation"),
+        null_i.alias("_launch_uid"),
+        null_i.alias("_op_uid"),
+        null_i.alias("coll_id"),
+        null_i.alias("bytes"),
+        _STEP.alias("seq"),
+    )
     ann_ev = annotations.with_row_index("_uid", offset=n_before).select(
-        pl.col("_uid").cast(i64), "_proc", pl.lit("gpu_annotation").alias("kind"), "name", pl.lit("nvtx_projection").alias("category"),
-        "domain", "device", "stream", _pid(pl.col("_proc")).alias("pid"), pl.col("stream").alias("tid"), "start", "end",
-        null_i.alias("correlation"), null_i.alias("_launch_uid"), pl.col("_range").alias("_op_uid"), null_i.alias("coll_id"),
-        null_i.alias("bytes"), _STEP.alias("seq"))
+        pl.col("_uid").cast(i64),
+        "_proc",
+        pl.lit("gpu_annotation").alias("kind"),
+        "name",
+        pl.lit("nvtx_projection").alias("category"),
+        "domain",
+        "device",
+        "stream",
+        _pid(pl.col("_proc")).alias("pid"),
+        pl.col("stream").alias("tid"),
+        "start",
+        "end",
+        null_i.alias("correlation"),
+        null_i.alias("_launch_uid"),
+        pl.col("_range").alias("_op_uid"),
+        null_i.alias("coll_id"),
+        null_i.alias("bytes"),
+        _STEP.alias("seq"),
+    )
     parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
     ev = (
         pl.concat(parts, how="vertical_relaxed")
@@ -435,8 +674,9 @@ def _assemble(gpu: pl.DataFrame, rt: pl.DataFrame, ranges: pl.DataFrame, annotat
     lookup[ev["_uid"].to_numpy()] = ev["event_id"].to_numpy()
     ev = ev.with_columns(_gather(ev["_launch_uid"], lookup, "launch_id"), _gather(ev["_op_uid"], lookup, "op_id"))
     cols = cols.with_columns(_gather(cols["_op_uid"], lookup, "op_id"))
-    collectives = conform("collectives", cols.with_columns(
-        pl.col("coll_id").alias("ordinal"), pl.lit(False).alias("splits_truncated")))
+    collectives = conform(
+        "collectives", cols.with_columns(pl.col("coll_id").alias("ordinal"), pl.lit(False).alias("splits_truncated"))
+    )
     return conform("events", ev), collectives
 
 

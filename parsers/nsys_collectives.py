@@ -26,8 +26,16 @@ __all__ = ["group_collectives"]
 #: NCCL API range names (registered strings of NCCL's NVTX domain) that can enclose a launch.
 _NCCL_API = r"^nccl[A-Z]\w*$"
 
-_BACKEND = {"nccl": "nccl", "rccl": "rccl", "msccl": "msccl", "deepep": "deepep", "pplx": "pplx",
-            "nvshmem": "nvshmem", "trtllm_moe_a2a": "trtllm", "custom_allreduce": "custom_allreduce"}
+_BACKEND = {
+    "nccl": "nccl",
+    "rccl": "rccl",
+    "msccl": "msccl",
+    "deepep": "deepep",
+    "pplx": "pplx",
+    "nvshmem": "nvshmem",
+    "trtllm_moe_a2a": "trtllm",
+    "custom_allreduce": "custom_allreduce",
+}
 
 
 def _group_contents(ranges: pl.DataFrame) -> pl.DataFrame:
@@ -46,7 +54,9 @@ def _group_contents(ranges: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.DataFrame | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+def group_collectives(
+    comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.DataFrame | None = None
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Group comm kernels into collective calls.
 
     Args:
@@ -64,11 +74,15 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.Da
     """
     if pairs is None:
         launched = comm_ops.filter(pl.col("_ls").is_not_null())
-        pairs = enclosing_pairs(launched.select("_uid", "_gtid", "_ls", "_le"), ranges.select("_uid", "_gtid", "_rs", "_re"))
+        pairs = enclosing_pairs(
+            launched.select("_uid", "_gtid", "_ls", "_le"), ranges.select("_uid", "_gtid", "_rs", "_re")
+        )
     pairs = pairs.filter(pl.col("_op").is_in(comm_ops["_uid"].implode()))
     groups = _group_contents(ranges)
     named = pairs.join(ranges.select(pl.col("_uid").alias("_range"), "name"), on="_range")
-    named = named.with_columns(collective_range_types(named["name"]).alias("_type"), pl.col("name").str.contains(_NCCL_API).alias("_api"))
+    named = named.with_columns(
+        collective_range_types(named["name"]).alias("_type"), pl.col("name").str.contains(_NCCL_API).alias("_api")
+    )
     order = ["_op", "_rs", "_re", "_range"]
     desc = [False, True, False, True]
     typed = named.filter(pl.col("_type").is_not_null()).sort(order, descending=desc).unique("_op", keep="first")
@@ -78,40 +92,40 @@ def group_collectives(comm_ops: pl.DataFrame, ranges: pl.DataFrame, pairs: pl.Da
         .unique("_op", keep="first")
         .join(groups, on="_range", how="left")
         .with_columns(
-            pl.when((pl.col("n_send") > 0) & (pl.col("n_recv") == 0)).then(pl.lit("send"))
-            .when((pl.col("n_recv") > 0) & (pl.col("n_send") == 0)).then(pl.lit("recv"))
-            .otherwise(pl.lit("unknown")).alias("_type")
+            pl.when((pl.col("n_send") > 0) & (pl.col("n_recv") == 0))
+            .then(pl.lit("send"))
+            .when((pl.col("n_recv") > 0) & (pl.col("n_send") == 0))
+            .then(pl.lit("recv"))
+            .otherwise(pl.lit("unknown"))
+            .alias("_type")
         )
     )
     # Group size of a PyTorch all-to-all over NCCL: one ncclSend per peer, self included.
     sends = (
-        named.filter(pl.col("name") == "ncclGroupEnd").sort(order, descending=desc).unique("_op", keep="first")
-        .join(groups, on="_range").select("_op", pl.col("n_send").alias("_n_send"))
+        named.filter(pl.col("name") == "ncclGroupEnd")
+        .sort(order, descending=desc)
+        .unique("_op", keep="first")
+        .join(groups, on="_range")
+        .select("_op", pl.col("n_send").alias("_n_send"))
     )
     cols = ["_op", "_range", "_rs", "_re", "name", "_type"]
     ctx = pl.concat([typed.select(cols), api.select(cols)]).join(sends, on="_op", how="left")
-    members = (
-        comm_ops.join(ctx.rename({"_op": "_uid"}), on="_uid", how="left")
-        .with_columns(
-            pl.coalesce("_range", "_uid").alias("_call"),
-            pl.col("_type").fill_null("unknown"),
-            pl.coalesce("name", "short_name").alias("op_name"),
-        )
+    members = comm_ops.join(ctx.rename({"_op": "_uid"}), on="_uid", how="left").with_columns(
+        pl.coalesce("_range", "_uid").alias("_call"),
+        pl.col("_type").fill_null("unknown"),
+        pl.coalesce("name", "short_name").alias("op_name"),
     )
-    calls = (
-        members.group_by("_call")
-        .agg(
-            pl.col("_proc").first(),
-            pl.col("_type").first().alias("collective"),
-            pl.col("op_name").first(),
-            pl.col("family").first().replace_strict(_BACKEND, default=None, return_dtype=pl.Utf8).alias("backend"),
-            pl.when(pl.col("_type").first() == "all_to_all").then(pl.col("_n_send").max()).alias("group_size"),
-            pl.col("_range").first().alias("_op_uid"),
-            pl.col("_rs").first().alias("cpu_start"),
-            pl.col("_re").first().alias("cpu_end"),
-            pl.col("start").min(),
-            pl.col("end").max(),
-            pl.len().alias("n_kernels"),
-        )
+    calls = members.group_by("_call").agg(
+        pl.col("_proc").first(),
+        pl.col("_type").first().alias("collective"),
+        pl.col("op_name").first(),
+        pl.col("family").first().replace_strict(_BACKEND, default=None, return_dtype=pl.Utf8).alias("backend"),
+        pl.when(pl.col("_type").first() == "all_to_all").then(pl.col("_n_send").max()).alias("group_size"),
+        pl.col("_range").first().alias("_op_uid"),
+        pl.col("_rs").first().alias("cpu_start"),
+        pl.col("_re").first().alias("cpu_end"),
+        pl.col("start").min(),
+        pl.col("end").max(),
+        pl.len().alias("n_kernels"),
     )
     return calls, members.select("_uid", "_call")

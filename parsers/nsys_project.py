@@ -44,22 +44,35 @@ def enclosing_pairs(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     span = int(t1 - t0) + 1  # type: ignore[operator]
     per_chunk = max(1, _MAX_KEY // span)
     ops_k = ops.join(threads, on="_gtid").select(
-        pl.col("_uid").alias("_op"), (pl.col("_t") // per_chunk).alias("_chunk"), pl.col("_t") % per_chunk,
-        (pl.col("_ls") - t0).alias("_ls"), (pl.col("_le") - t0).alias("_le"),
+        pl.col("_uid").alias("_op"),
+        (pl.col("_t") // per_chunk).alias("_chunk"),
+        pl.col("_t") % per_chunk,
+        (pl.col("_ls") - t0).alias("_ls"),
+        (pl.col("_le") - t0).alias("_le"),
     )
     rng_k = ranges.join(threads, on="_gtid").select(
-        pl.col("_uid").alias("_range"), (pl.col("_t") // per_chunk).alias("_chunk"), pl.col("_t") % per_chunk,
-        pl.col("_rs"), pl.col("_re"), (pl.col("_rs") - t0).alias("_rk0"), (pl.col("_re") - t0).alias("_rk1"),
+        pl.col("_uid").alias("_range"),
+        (pl.col("_t") // per_chunk).alias("_chunk"),
+        pl.col("_t") % per_chunk,
+        pl.col("_rs"),
+        pl.col("_re"),
+        (pl.col("_rs") - t0).alias("_rk0"),
+        (pl.col("_re") - t0).alias("_rk1"),
     )
     parts = []
     # More than one chunk only when threads x capture length overflow int64 (hours-long captures
     # with millions of threads): a handful of iterations, each vectorised.
     for chunk in ops_k["_chunk"].unique().sort().to_list():
         o = ops_k.filter(pl.col("_chunk") == chunk).select(
-            "_op", (pl.col("_t") * span + pl.col("_ls")).alias("_lk0"), (pl.col("_t") * span + pl.col("_le")).alias("_lk1")
+            "_op",
+            (pl.col("_t") * span + pl.col("_ls")).alias("_lk0"),
+            (pl.col("_t") * span + pl.col("_le")).alias("_lk1"),
         )
         r = rng_k.filter(pl.col("_chunk") == chunk).select(
-            "_range", "_rs", "_re", (pl.col("_t") * span + pl.col("_rk0")).alias("_rk0"),
+            "_range",
+            "_rs",
+            "_re",
+            (pl.col("_t") * span + pl.col("_rk0")).alias("_rk0"),
             (pl.col("_t") * span + pl.col("_rk1")).alias("_rk1"),
         )
         if o.is_empty() or r.is_empty():

@@ -23,8 +23,14 @@ __all__ = ["assign_ranks", "hostname", "ranks_table"]
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
-def assign_ranks(procs: pl.DataFrame, path: Path, rank: int | None, rank_map: Mapping[object, int] | None,
-                 mpi: pl.DataFrame, issues: list[LoadIssue]) -> pl.DataFrame:
+def assign_ranks(
+    procs: pl.DataFrame,
+    path: Path,
+    rank: int | None,
+    rank_map: Mapping[object, int] | None,
+    mpi: pl.DataFrame,
+    issues: list[LoadIssue],
+) -> pl.DataFrame:
     """One rank per process. ``procs``: ``_proc``, ``pid``, ``device`` (lowest device or null).
 
     Single process: rank_map[file] > ``rank`` > MPI rank > ``rank<N>`` in the file name > 0.
@@ -51,8 +57,12 @@ def assign_ranks(procs: pl.DataFrame, path: Path, rank: int | None, rank_map: Ma
     if rmap and any(p in rmap for p in pids):
         missing = [p for p in pids if p not in rmap]
         if missing:
-            raise ConfigError(f"--rank-map: {path} holds GPU processes {', '.join(pids)}; no rank given for pid {', '.join(missing)}")
-        out = procs.select("_proc", pl.Series("rank", [rmap[p] for p in pids], dtype=pl.Int32), pl.lit("rank_map").alias("rank_source"))
+            raise ConfigError(
+                f"--rank-map: {path} holds GPU processes {', '.join(pids)}; no rank given for pid {', '.join(missing)}"
+            )
+        out = procs.select(
+            "_proc", pl.Series("rank", [rmap[p] for p in pids], dtype=pl.Int32), pl.lit("rank_map").alias("rank_source")
+        )
     elif procs["_mpi"].null_count() == 0 and procs["_mpi"].n_unique() == procs.height:
         out = procs.select("_proc", pl.col("_mpi").cast(pl.Int32).alias("rank"), pl.lit("nvtx").alias("rank_source"))
     else:
@@ -61,14 +71,22 @@ def assign_ranks(procs: pl.DataFrame, path: Path, rank: int | None, rank_map: Ma
                 f"--rank-map: {path} holds {procs.height} GPU processes (pids {', '.join(pids)}) but one rank was given; "
                 "map each pid to its rank, e.g. --rank-map " + ",".join(f"{p}={i}" for i, p in enumerate(pids))
             )
-        out = procs.select("_proc", pl.int_range(pl.len(), dtype=pl.Int32).alias("rank"), pl.lit("process_order").alias("rank_source"))
+        out = procs.select(
+            "_proc", pl.int_range(pl.len(), dtype=pl.Int32).alias("rank"), pl.lit("process_order").alias("rank_source")
+        )
     mapping = ", ".join(
         f"pid {p} (device {d if d is not None else '-'}) -> rank {r}"
-        for p, d, r in zip(procs["pid"].to_list(), procs["device"].to_list(), out["rank"].to_list())
+        for p, d, r in zip(procs["pid"].to_list(), procs["device"].to_list(), out["rank"].to_list(), strict=False)
     )
     how = out["rank_source"][0]
-    issues.append(LoadIssue(str(path), None, "warning",
-                            f"{procs.height} GPU processes in one file, one rank each ({how}): {mapping}; pass a rank map to override"))
+    issues.append(
+        LoadIssue(
+            str(path),
+            None,
+            "warning",
+            f"{procs.height} GPU processes in one file, one rank each ({how}): {mapping}; pass a rank map to override",
+        )
+    )
     return out
 
 
@@ -81,20 +99,35 @@ def hostname(src: TableSource) -> str | None:
     return None
 
 
-def ranks_table(events: pl.DataFrame, collectives: pl.DataFrame, rank_of: pl.DataFrame, owners: pl.DataFrame,
-                path: Path, host: str | None) -> pl.DataFrame:
+def ranks_table(
+    events: pl.DataFrame,
+    collectives: pl.DataFrame,
+    rank_of: pl.DataFrame,
+    owners: pl.DataFrame,
+    path: Path,
+    host: str | None,
+) -> pl.DataFrame:
     """The canonical ``ranks`` table: one row per mapped process, trace span from its events."""
-    span = events.group_by("rank").agg(pl.col("start_ns").min().alias("trace_start_ns"), pl.col("end_ns").max().alias("trace_end_ns"))
+    span = events.group_by("rank").agg(
+        pl.col("start_ns").min().alias("trace_start_ns"), pl.col("end_ns").max().alias("trace_end_ns")
+    )
     backend = collectives.group_by("rank").agg(pl.col("backend").drop_nulls().first())
     df = (
         rank_of.join(owners.select("_proc", "device"), on="_proc", how="left")
         .join(span, on="rank", how="left")
         .join(backend, on="rank", how="left")
         .select(
-            "rank", pl.lit(host, dtype=pl.Utf8).alias("host"),
+            "rank",
+            pl.lit(host, dtype=pl.Utf8).alias("host"),
             pl.when(pl.col("device").is_not_null()).then(pl.format("cuda:{}", pl.col("device"))).alias("device"),
-            "backend", pl.lit(str(path)).alias("source_file"), pl.lit("nsys").alias("format"), "trace_start_ns", "trace_end_ns",
-            pl.lit(0, dtype=pl.Int64).alias("clock_offset_ns"), "rank_source", pl.lit(False).alias("has_sidecar"),
+            "backend",
+            pl.lit(str(path)).alias("source_file"),
+            pl.lit("nsys").alias("format"),
+            "trace_start_ns",
+            "trace_end_ns",
+            pl.lit(0, dtype=pl.Int64).alias("clock_offset_ns"),
+            "rank_source",
+            pl.lit(False).alias("has_sidecar"),
         )
         .sort("rank")
     )

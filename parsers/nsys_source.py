@@ -161,7 +161,9 @@ class ParquetDirSource:
             try:
                 self._cols[table] = tuple(self._pq.read_schema(self._files[table]).names)
             except Exception as exc:  # pyarrow raises ArrowInvalid / OSError for a bad file
-                raise TraceFormatError(self._files[table], f"unreadable Parquet file ({exc})", "re-export the folder") from exc
+                raise TraceFormatError(
+                    self._files[table], f"unreadable Parquet file ({exc})", "re-export the folder"
+                ) from exc
         return self._cols[table]
 
     def read(self, table: str, columns: list[str], where: str | None = None) -> pl.DataFrame:
@@ -170,7 +172,9 @@ class ParquetDirSource:
         try:
             tbl = self._pq.read_table(self._files[table], columns=columns)
         except Exception as exc:
-            raise TraceFormatError(self._files[table], f"unreadable Parquet file ({exc})", "re-export the folder") from exc
+            raise TraceFormatError(
+                self._files[table], f"unreadable Parquet file ({exc})", "re-export the folder"
+            ) from exc
         return _normalise(pl.from_arrow(tbl))  # type: ignore[arg-type]
 
     def close(self) -> None:
@@ -238,7 +242,9 @@ def open_source(path: Path, cache_dir: Path | None = None) -> TableSource:
     """Open a SQLite export, a parquetdir folder or a ``.nsys-rep`` (exported first)."""
     if path.is_dir():
         if not any(path.glob("*.parquet")):
-            raise TraceFormatError(path, "folder holds no .parquet tables", "pass an 'nsys export --type parquetdir' folder")
+            raise TraceFormatError(
+                path, "folder holds no .parquet tables", "pass an 'nsys export --type parquetdir' folder"
+            )
         return ParquetDirSource(path)
     if not path.is_file():
         raise TraceFormatError(path, "no such file", "check the path")

@@ -37,7 +37,15 @@ __all__ = ["TABLE_NAMES", "write_parquet", "read_parquet", "input_key", "ingest"
 
 log = logging.getLogger(__name__)
 
-TABLE_NAMES: tuple[str, ...] = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
+TABLE_NAMES: tuple[str, ...] = (
+    "ranks",
+    "events",
+    "collectives",
+    "routing_counts",
+    "routing_matrix",
+    "placement",
+    "stages",
+)
 _MANIFEST = "manifest.json"
 _REPORT = "load_report.json"
 
@@ -48,7 +56,9 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ep-trace"
 
 
-def write_parquet(tables: schema.TraceTables, out_dir: str | Path, manifest: Mapping[str, Any] | None = None) -> list[Path]:
+def write_parquet(
+    tables: schema.TraceTables, out_dir: str | Path, manifest: Mapping[str, Any] | None = None
+) -> list[Path]:
     """Write every table as ``<name>.parquet`` plus ``load_report.json`` (and ``manifest.json`` last).
 
     Returns:
@@ -126,7 +136,15 @@ def input_key(path: str | Path, options: Mapping[str, Any] | None = None) -> tup
     for f in _input_files(p):
         st = f.stat()
         entries.append({"path": os.path.relpath(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    blob = orjson.dumps({"v": __version__, "schema": schema.SCHEMA_VERSION, "root": str(root.resolve()), "opts": {k: str(v) for k, v in sorted((options or {}).items())}, "files": entries})
+    blob = orjson.dumps(
+        {
+            "v": __version__,
+            "schema": schema.SCHEMA_VERSION,
+            "root": str(root.resolve()),
+            "opts": {k: str(v) for k, v in sorted((options or {}).items())},
+            "files": entries,
+        }
+    )
     return hashlib.sha256(blob).hexdigest(), entries
 
 
@@ -135,7 +153,9 @@ def _cached(out: Path, key: str) -> bool:
     if not man.exists():
         return False
     try:
-        return orjson.loads(man.read_bytes()).get("input_key") == key and all((out / f"{n}.parquet").exists() for n in TABLE_NAMES)
+        return orjson.loads(man.read_bytes()).get("input_key") == key and all(
+            (out / f"{n}.parquet").exists() for n in TABLE_NAMES
+        )
     except orjson.JSONDecodeError:
         return False
 
@@ -165,7 +185,9 @@ def ingest(
         log.info("%s: unchanged since the last ingest; reusing %s", path, out)
         return read_parquet(out), True
     tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
-    write_parquet(tables, out, {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files})
+    write_parquet(
+        tables, out, {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files}
+    )
     return tables, False
 
 

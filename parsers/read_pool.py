@@ -80,7 +80,7 @@ def read_files(
     # spawn, not fork: polars' thread pool must not be forked mid-use.
     with ProcessPoolExecutor(max_workers=min(jobs, n), mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(_worker, str(f), fmt, dict(rank_map) if rank_map else None) for f, fmt in inputs]
-        for i, ((f, _), fut) in enumerate(zip(inputs, futures)):
+        for i, ((f, _), fut) in enumerate(zip(inputs, futures, strict=False)):
             if progress:
                 progress("read", i, n)
             kind, value = fut.result()

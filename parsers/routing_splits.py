@@ -38,7 +38,9 @@ _BACKWARD_OP = "autograd::engine::evaluate_function:"
 
 def _enclosing(points: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     """``coll_id``, ``rank`` and the innermost of ``ranges`` (``op`` = its event_id) around each point."""
-    got = innermost_enclosing(points, ranges.select(*_THREAD, "start_ns", "end_ns", pl.col("event_id").alias("op")), key=_THREAD)
+    got = innermost_enclosing(
+        points, ranges.select(*_THREAD, "start_ns", "end_ns", pl.col("event_id").alias("op")), key=_THREAD
+    )
     return got.select("rank", "coll_id", "op")
 
 
@@ -48,21 +50,35 @@ def _labels(calls: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     # lazy selections: only the few columns needed are read from the (possibly 10M-row) events frame
     lev = events.lazy()
     ops = lev.select("rank", pl.col("event_id").alias("op_id"), *_THREAD[1:], pl.col("start_ns").alias("t"))
-    host = lev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"])).select("rank", "event_id", "name", *_THREAD[1:], "start_ns", "end_ns")
-    points, stage_ranges, bwd_ranges = pl.collect_all([
-        calls.lazy().select("rank", "coll_id", "op_id").join(ops, on=["rank", "op_id"], how="inner").drop("op_id"),
-        host.filter(pl.col("name").str.starts_with("ep:") & pl.col("name").str.contains(STAGE_NAME_RE.pattern)),
-        host.filter(pl.col("name").str.starts_with(_BACKWARD_OP)),
-    ])
-    stage = _enclosing(points, stage_ranges).join(
-        stage_ranges.select("rank", pl.col("event_id").alias("op"), pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g")),
-        on=["rank", "op"], how="left",
-    ).select(
-        "rank", "coll_id",
-        pl.col("_g").struct.field("stage").alias("ep_stage"),
-        pl.col("_g").struct.field("layer").cast(pl.Int32).alias("ep_layer"),
-        pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("ep_mb"),
-        pl.col("_g").struct.field("phase").alias("ep_phase"),
+    host = lev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"])).select(
+        "rank", "event_id", "name", *_THREAD[1:], "start_ns", "end_ns"
+    )
+    points, stage_ranges, bwd_ranges = pl.collect_all(
+        [
+            calls.lazy().select("rank", "coll_id", "op_id").join(ops, on=["rank", "op_id"], how="inner").drop("op_id"),
+            host.filter(pl.col("name").str.starts_with("ep:") & pl.col("name").str.contains(STAGE_NAME_RE.pattern)),
+            host.filter(pl.col("name").str.starts_with(_BACKWARD_OP)),
+        ]
+    )
+    stage = (
+        _enclosing(points, stage_ranges)
+        .join(
+            stage_ranges.select(
+                "rank",
+                pl.col("event_id").alias("op"),
+                pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g"),
+            ),
+            on=["rank", "op"],
+            how="left",
+        )
+        .select(
+            "rank",
+            "coll_id",
+            pl.col("_g").struct.field("stage").alias("ep_stage"),
+            pl.col("_g").struct.field("layer").cast(pl.Int32).alias("ep_layer"),
+            pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("ep_mb"),
+            pl.col("_g").struct.field("phase").alias("ep_phase"),
+        )
     )
     bwd = _enclosing(points, bwd_ranges).select("rank", "coll_id", pl.col("op").is_not_null().alias("in_backward"))
     return stage.join(bwd, on=["rank", "coll_id"], how="left")
@@ -74,7 +90,7 @@ def _fifo_directions(in_splits: list[list[int]], out_splits: list[list[int] | No
     A plain loop over calls (tens per step), not over events."""
     open_: list[tuple[int, ...] | None] = []  # receive splits of dispatches not yet combined
     out = []
-    for send, recv in zip(in_splits, out_splits):
+    for send, recv in zip(in_splits, out_splits, strict=False):
         key = tuple(send)
         j = next((i for i, o in enumerate(open_) if o == key), None)
         if j is None:
@@ -98,8 +114,11 @@ def routing_from_splits(collectives: pl.DataFrame, events: pl.DataFrame) -> pl.D
         A conformed ``routing_matrix`` frame (possibly empty).
     """
     c = collectives.filter(
-        (pl.col("collective") == "all_to_allv") & pl.col("in_splits").is_not_null() & ~pl.col("splits_truncated")
-        & pl.col("group_ranks").is_not_null() & (pl.col("in_splits").list.len() == pl.col("group_ranks").list.len())
+        (pl.col("collective") == "all_to_allv")
+        & pl.col("in_splits").is_not_null()
+        & ~pl.col("splits_truncated")
+        & pl.col("group_ranks").is_not_null()
+        & (pl.col("in_splits").list.len() == pl.col("group_ranks").list.len())
         & (pl.col("dtype").is_null() | ~pl.col("dtype").is_in(sorted(INTEGER_DTYPES)))
     )
     if c.height == 0:
@@ -110,7 +129,11 @@ def routing_from_splits(collectives: pl.DataFrame, events: pl.DataFrame) -> pl.D
         .sort("_s0")
     )
     t = pl.coalesce("cpu_start_ns", "start_ns").alias("_t")
-    c = c.with_columns(t).sort("_t").join_asof(steps, left_on="_t", right_on="_s0", by="rank", strategy="backward", check_sortedness=False)
+    c = (
+        c.with_columns(t)
+        .sort("_t")
+        .join_asof(steps, left_on="_t", right_on="_s0", by="rank", strategy="backward", check_sortedness=False)
+    )
     c = c.with_columns(pl.when(pl.col("_t") <= pl.col("_s1")).then(pl.col("step")).otherwise(-1).alias("step"))
     c = c.join(_labels(c, events), on=["rank", "coll_id"], how="left")
     c = c.filter((pl.col("ep_phase").fill_null("fwd") == "fwd") & ~pl.col("in_backward").fill_null(False))
@@ -120,7 +143,13 @@ def routing_from_splits(collectives: pl.DataFrame, events: pl.DataFrame) -> pl.D
     named = pl.col("ep_stage").is_in(["dispatch", "combine"]).fill_null(False)
     rest = c.filter(~named).select("rank", "coll_id", "step", "in_splits", "out_splits")
     fifo = [
-        pl.DataFrame({"rank": g["rank"], "coll_id": g["coll_id"], "_fifo": _fifo_directions(g["in_splits"].to_list(), g["out_splits"].to_list())})
+        pl.DataFrame(
+            {
+                "rank": g["rank"],
+                "coll_id": g["coll_id"],
+                "_fifo": _fifo_directions(g["in_splits"].to_list(), g["out_splits"].to_list()),
+            }
+        )
         for g in rest.partition_by("rank", "step", maintain_order=True)
     ]
     if fifo:
@@ -134,10 +163,21 @@ def routing_from_splits(collectives: pl.DataFrame, events: pl.DataFrame) -> pl.D
     )
     # as in the sidecar path: call 0 when the layer is known, else the ordinal within (step, direction)
     c = c.with_columns(
-        pl.when(pl.col("layer").is_null()).then(pl.int_range(pl.len()).over("rank", "step", "direction", "layer")).otherwise(0).cast(pl.Int64).alias("call"),
+        pl.when(pl.col("layer").is_null())
+        .then(pl.int_range(pl.len()).over("rank", "step", "direction", "layer"))
+        .otherwise(0)
+        .cast(pl.Int64)
+        .alias("call"),
     )
     df = c.select(
-        "step", "layer", "microbatch", "direction", "call", "row_bytes", pl.col("rank").alias("src"),
-        pl.col("in_splits").alias("rows"), pl.col("group_ranks").alias("dst"),
+        "step",
+        "layer",
+        "microbatch",
+        "direction",
+        "call",
+        "row_bytes",
+        pl.col("rank").alias("src"),
+        pl.col("in_splits").alias("rows"),
+        pl.col("group_ranks").alias("dst"),
     ).explode("rows", "dst")
     return schema.conform("routing_matrix", df.with_columns(pl.lit("splits").alias("source")))

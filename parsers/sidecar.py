@@ -34,16 +34,24 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
+from ep_trace.trace_files import SIDECAR_VERSION
 
 __all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar"]
 
-#: Highest sidecar schema version this reader understands.
-SIDECAR_VERSION = 1
-
 _META_TO_RANKS = {
-    "world_size": "world_size", "host": "host", "local_rank": "local_rank", "device": "device", "backend": "backend",
-    "job_id": "job_id", "ep_group_ranks": "ep_group_ranks", "hidden_size": "hidden_size", "dtype": "dtype",
-    "num_experts": "num_experts", "top_k": "top_k", "torch_version": "torch_version", "ep_trace_version": "ep_trace_version",
+    "world_size": "world_size",
+    "host": "host",
+    "local_rank": "local_rank",
+    "device": "device",
+    "backend": "backend",
+    "job_id": "job_id",
+    "ep_group_ranks": "ep_group_ranks",
+    "hidden_size": "hidden_size",
+    "dtype": "dtype",
+    "num_experts": "num_experts",
+    "top_k": "top_k",
+    "torch_version": "torch_version",
+    "ep_trace_version": "ep_trace_version",
 }
 
 
@@ -94,14 +102,36 @@ def read_sidecar(path: str | Path) -> Sidecar:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             if i == len(lines) - 1:
-                issues.append(schema.LoadIssue(str(path), meta.get("rank"), "warning", f"last sidecar line {i + 1} is cut short (crash mid-write?); skipped"))
+                issues.append(
+                    schema.LoadIssue(
+                        str(path),
+                        meta.get("rank"),
+                        "warning",
+                        f"last sidecar line {i + 1} is cut short (crash mid-write?); skipped",
+                    )
+                )
                 break
-            raise TraceFormatError(path, f"malformed JSON ({exc})", "the sidecar is corrupt; re-capture or delete it", record=f"line {i + 1}") from None
+            raise TraceFormatError(
+                path,
+                f"malformed JSON ({exc})",
+                "the sidecar is corrupt; re-capture or delete it",
+                record=f"line {i + 1}",
+            ) from None
         if not isinstance(rec, dict) or "type" not in rec:
-            raise TraceFormatError(path, "record without a 'type'", "the sidecar is corrupt; re-capture or delete it", record=f"line {i + 1}")
+            raise TraceFormatError(
+                path,
+                "record without a 'type'",
+                "the sidecar is corrupt; re-capture or delete it",
+                record=f"line {i + 1}",
+            )
         v = rec.get("v", 1)
         if not isinstance(v, int) or v > SIDECAR_VERSION:
-            raise TraceFormatError(path, f"sidecar version {v!r} is newer than this reader ({SIDECAR_VERSION})", "upgrade ep-trace", record=f"line {i + 1}")
+            raise TraceFormatError(
+                path,
+                f"sidecar version {v!r} is newer than this reader ({SIDECAR_VERSION})",
+                "upgrade ep-trace",
+                record=f"line {i + 1}",
+            )
         kind = rec["type"]
         if kind == "meta":
             meta.update({k: val for k, val in rec.items() if k not in ("type", "v")})
@@ -132,30 +162,63 @@ def _routing_counts(sc: Sidecar, rank: int) -> pl.DataFrame:
 
 
 def _a2a_frame(sc: Sidecar) -> pl.DataFrame:
-    cols = ("step", "layer", "microbatch", "direction", "phase", "call", "send_splits", "recv_splits", "row_bytes", "group_ranks", "start_ns", "end_ns")
+    cols = (
+        "step",
+        "layer",
+        "microbatch",
+        "direction",
+        "phase",
+        "call",
+        "send_splits",
+        "recv_splits",
+        "row_bytes",
+        "group_ranks",
+        "start_ns",
+        "end_ns",
+    )
     return pl.DataFrame(
         {c: [r.get(c) for r in sc.a2a] for c in cols},
-        schema={"step": pl.Int64, "layer": pl.Int32, "microbatch": pl.Int32, "direction": pl.Utf8, "phase": pl.Utf8, "call": pl.Int64,
-                "send_splits": pl.List(pl.Int64), "recv_splits": pl.List(pl.Int64), "row_bytes": pl.Int64,
-                "group_ranks": pl.List(pl.Int32), "start_ns": pl.Int64, "end_ns": pl.Int64},
-    ).with_columns(pl.col("microbatch").fill_null(0), pl.col("phase").fill_null("fwd"))  # absent before sidecar phase existed
+        schema={
+            "step": pl.Int64,
+            "layer": pl.Int32,
+            "microbatch": pl.Int32,
+            "direction": pl.Utf8,
+            "phase": pl.Utf8,
+            "call": pl.Int64,
+            "send_splits": pl.List(pl.Int64),
+            "recv_splits": pl.List(pl.Int64),
+            "row_bytes": pl.Int64,
+            "group_ranks": pl.List(pl.Int32),
+            "start_ns": pl.Int64,
+            "end_ns": pl.Int64,
+        },
+    ).with_columns(
+        pl.col("microbatch").fill_null(0), pl.col("phase").fill_null("fwd")
+    )  # absent before sidecar phase existed
 
 
 def _routing_matrix(a2a: pl.DataFrame, rank: int) -> pl.DataFrame:
     df = a2a.filter(
-        pl.col("direction").is_in(["dispatch", "combine"]) & (pl.col("phase") == "fwd")
-        & pl.col("send_splits").is_not_null() & pl.col("group_ranks").is_not_null()
+        pl.col("direction").is_in(["dispatch", "combine"])
+        & (pl.col("phase") == "fwd")
+        & pl.col("send_splits").is_not_null()
+        & pl.col("group_ranks").is_not_null()
     )
     if df.height == 0:
         return schema.empty("routing_matrix")
     df = df.filter(pl.col("send_splits").list.len() == pl.col("group_ranks").list.len())
     df = df.select(
-        "step", "layer", "microbatch", "direction", "row_bytes",
+        "step",
+        "layer",
+        "microbatch",
+        "direction",
+        "row_bytes",
         pl.when(pl.col("layer").is_null())
         .then(pl.col("call").rank("ordinal").over("step", "direction").cast(pl.Int64) - 1)
         .otherwise(0)
         .alias("call"),
-        pl.col("send_splits").alias("rows"), pl.col("group_ranks").alias("dst"),
+        pl.col("send_splits").alias("rows"),
+        pl.col("group_ranks").alias("dst"),
     ).explode("rows", "dst")
     df = df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("src"), pl.lit("sidecar").alias("source"))
     return schema.conform("routing_matrix", df)
@@ -167,25 +230,45 @@ def _placement(sc: Sidecar) -> pl.DataFrame:
         return schema.empty("placement")
     experts = [e for e, owners in enumerate(pl_) for _ in (owners if isinstance(owners, list) else [])]
     owners = [r for o in pl_ for r in (o if isinstance(o, list) else [])]
-    return schema.conform("placement", pl.DataFrame({"expert": experts, "rank": owners}, schema={"expert": pl.Int32, "rank": pl.Int32}))
+    return schema.conform(
+        "placement", pl.DataFrame({"expert": experts, "rank": owners}, schema={"expert": pl.Int32, "rank": pl.Int32})
+    )
 
 
 def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFrame:
     if colls.height == 0 or a2a.height == 0:
         return colls
     is_a2a = pl.col("collective").is_in(["all_to_all", "all_to_allv"]) & pl.col("cpu_start_ns").is_not_null()
-    right = a2a.select(
-        pl.col("start_ns").alias("_a_start"), pl.col("end_ns").alias("_a_end"), pl.col("layer").alias("_layer"),
-        pl.col("direction").alias("_dir"), pl.col("send_splits").alias("_send"), pl.col("recv_splits").alias("_recv"),
-        pl.col("row_bytes").alias("_rb"), pl.col("group_ranks").alias("_gr"),
-    ).drop_nulls(["_a_start"]).sort("_a_start")
+    right = (
+        a2a.select(
+            pl.col("start_ns").alias("_a_start"),
+            pl.col("end_ns").alias("_a_end"),
+            pl.col("layer").alias("_layer"),
+            pl.col("direction").alias("_dir"),
+            pl.col("send_splits").alias("_send"),
+            pl.col("recv_splits").alias("_recv"),
+            pl.col("row_bytes").alias("_rb"),
+            pl.col("group_ranks").alias("_gr"),
+        )
+        .drop_nulls(["_a_start"])
+        .sort("_a_start")
+    )
     left = colls.with_row_index("_i")
-    cand = left.filter(is_a2a).sort("cpu_start_ns").join_asof(right, left_on="cpu_start_ns", right_on="_a_start", strategy="backward")
-    cand = cand.filter(pl.col("cpu_start_ns") <= pl.col("_a_end")).select("_i", "_layer", "_dir", "_send", "_recv", "_rb", "_gr")
+    cand = (
+        left.filter(is_a2a)
+        .sort("cpu_start_ns")
+        .join_asof(right, left_on="cpu_start_ns", right_on="_a_start", strategy="backward")
+    )
+    cand = cand.filter(pl.col("cpu_start_ns") <= pl.col("_a_end")).select(
+        "_i", "_layer", "_dir", "_send", "_recv", "_rb", "_gr"
+    )
     calls = left.filter(is_a2a).sort("cpu_start_ns")
     if cand.height == 0 and calls.height == right.height:
         # Host clocks that do not line up (e.g. a trace re-based by another tool): pair by order.
-        cand = pl.concat([calls.select("_i"), right.sort("_a_start").select("_layer", "_dir", "_send", "_recv", "_rb", "_gr")], how="horizontal")
+        cand = pl.concat(
+            [calls.select("_i"), right.sort("_a_start").select("_layer", "_dir", "_send", "_recv", "_rb", "_gr")],
+            how="horizontal",
+        )
     out = left.join(cand, on="_i", how="left")
     hit = pl.col("_send").is_not_null()
     replace_splits = hit & (pl.col("splits_truncated") | pl.col("in_splits").is_null())
@@ -200,7 +283,10 @@ def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFram
         pl.coalesce("group_ranks", "_gr").alias("group_ranks"),
     )
     out = out.with_columns(
-        pl.when(replace_splits & (pl.col("collective") == "all_to_all")).then(pl.lit("all_to_allv")).otherwise(pl.col("collective")).alias("collective"),
+        pl.when(replace_splits & (pl.col("collective") == "all_to_all"))
+        .then(pl.lit("all_to_allv"))
+        .otherwise(pl.col("collective"))
+        .alias("collective"),
         pl.coalesce("group_size", pl.col("group_ranks").list.len().cast(pl.Int32)).alias("group_size"),
     )
     return schema.conform("collectives", out.sort("_i"))
@@ -231,8 +317,14 @@ def merge_sidecar(tables: schema.TraceTables, sc: Sidecar) -> schema.TraceTables
         tables,
         ranks=schema.validate("ranks", schema.conform("ranks", ranks), src),
         collectives=schema.validate("collectives", colls, src),
-        routing_counts=schema.validate("routing_counts", pl.concat([tables.routing_counts, _routing_counts(sc, rank)]), src),
-        routing_matrix=schema.validate("routing_matrix", pl.concat([tables.routing_matrix, _routing_matrix(a2a, rank)]), src),
-        placement=schema.validate("placement", pl.concat([tables.placement, _placement(sc)]).unique(maintain_order=True), src),
+        routing_counts=schema.validate(
+            "routing_counts", pl.concat([tables.routing_counts, _routing_counts(sc, rank)]), src
+        ),
+        routing_matrix=schema.validate(
+            "routing_matrix", pl.concat([tables.routing_matrix, _routing_matrix(a2a, rank)]), src
+        ),
+        placement=schema.validate(
+            "placement", pl.concat([tables.placement, _placement(sc)]).unique(maintain_order=True), src
+        ),
         load_report=tables.load_report + sc.issues,
     )

@@ -18,6 +18,7 @@ from ep_trace.dtypes import itemsize
 
 __all__ = ["ParsedList", "parse_int_list", "itemsize", "prod"]
 
+
 @dataclass(frozen=True)
 class ParsedList:
     """A parsed integer list.

@@ -21,7 +21,15 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 
-__all__ = ["TRACK_TIDS", "ANALYSIS_PID", "GPU_PID_BASE", "rank_offsets", "analysis_tracks", "annotated_trace", "write_annotated_traces"]
+__all__ = [
+    "TRACK_TIDS",
+    "ANALYSIS_PID",
+    "GPU_PID_BASE",
+    "rank_offsets",
+    "analysis_tracks",
+    "annotated_trace",
+    "write_annotated_traces",
+]
 
 #: pid of the extra "ep-trace analysis" process in every annotated file.
 ANALYSIS_PID = 2_000_000
@@ -29,8 +37,14 @@ ANALYSIS_PID = 2_000_000
 GPU_PID_BASE = 1_000_000
 #: Thread id of each analysis track (order = display order).
 TRACK_TIDS: dict[str, int] = {"stage": 1, "comm": 2, "wait": 3, "transfer": 4, "exposed_comm": 5, "compute": 6}
-_TRACK_NAMES = {"stage": "EP stages", "comm": "communication", "wait": "barrier wait", "transfer": "transfer (wait-free)",
-                "exposed_comm": "exposed comm (not overlapped)", "compute": "compute"}
+_TRACK_NAMES = {
+    "stage": "EP stages",
+    "comm": "communication",
+    "wait": "barrier wait",
+    "transfer": "transfer (wait-free)",
+    "exposed_comm": "exposed comm (not overlapped)",
+    "compute": "compute",
+}
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
 
 
@@ -41,10 +55,14 @@ def rank_offsets(analysis: Analysis) -> pl.DataFrame:
     Events are on the rank's own clock; ``call_ranks`` and ``intervals`` are on the aligned clock.
     """
     rk = analysis.tables.ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
-    ck = analysis.clock.select("host", pl.col("offset_ns").alias("_host_off")) if analysis.clock.height else pl.DataFrame(
-        schema={"host": pl.Utf8, "_host_off": pl.Int64})
+    ck = (
+        analysis.clock.select("host", pl.col("offset_ns").alias("_host_off"))
+        if analysis.clock.height
+        else pl.DataFrame(schema={"host": pl.Utf8, "_host_off": pl.Int64})
+    )
     return rk.join(ck, on="host", how="left").select(
-        "rank", (pl.col("clock_offset_ns") + pl.col("_host_off").fill_null(0)).cast(pl.Int64).alias("offset_ns"))
+        "rank", (pl.col("clock_offset_ns") + pl.col("_host_off").fill_null(0)).cast(pl.Int64).alias("offset_ns")
+    )
 
 
 def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
@@ -58,32 +76,71 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
     st = analysis.stages
     parts = []
     if st.height:
-        layer = pl.when(pl.col("layer").is_not_null()).then(pl.lit(":l") + pl.col("layer").cast(pl.Utf8)).otherwise(pl.lit(""))
-        parts.append(st.join(off, on="rank", how="left").select(
-            pl.col("rank").cast(pl.Int32), pl.lit("stage").alias("track"),
-            pl.concat_str([pl.lit("ep:"), pl.col("stage"), layer, pl.lit(":"), pl.col("phase").fill_null("fwd")]).alias("name"),
-            pl.col("step").cast(pl.Int64),
-            (pl.coalesce("start_ns", "cpu_start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"),
-            (pl.coalesce("end_ns", "cpu_end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
-        ))
+        layer = (
+            pl.when(pl.col("layer").is_not_null())
+            .then(pl.lit(":l") + pl.col("layer").cast(pl.Utf8))
+            .otherwise(pl.lit(""))
+        )
+        parts.append(
+            st.join(off, on="rank", how="left").select(
+                pl.col("rank").cast(pl.Int32),
+                pl.lit("stage").alias("track"),
+                pl.concat_str(
+                    [pl.lit("ep:"), pl.col("stage"), layer, pl.lit(":"), pl.col("phase").fill_null("fwd")]
+                ).alias("name"),
+                pl.col("step").cast(pl.Int64),
+                (pl.coalesce("start_ns", "cpu_start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"),
+                (pl.coalesce("end_ns", "cpu_end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
+            )
+        )
     cr = analysis.call_ranks
     if cr.height:
         c = cr.select("match_id", pl.col("rank").cast(pl.Int32), "start_ns", "end_ns").join(
-            analysis.calls.select("match_id", "collective", "direction", "arrival_ns", "last_rank", pl.col("step").cast(pl.Int64)), on="match_id")
-        label = pl.concat_str([pl.col("collective"), pl.col("direction").fill_null("")], separator=":").str.strip_chars_end(":")
+            analysis.calls.select(
+                "match_id", "collective", "direction", "arrival_ns", "last_rank", pl.col("step").cast(pl.Int64)
+            ),
+            on="match_id",
+        )
+        label = pl.concat_str(
+            [pl.col("collective"), pl.col("direction").fill_null("")], separator=":"
+        ).str.strip_chars_end(":")
         parts += [
             c.select("rank", pl.lit("comm").alias("track"), label.alias("name"), "step", "start_ns", "end_ns"),
-            c.select("rank", pl.lit("wait").alias("track"), pl.format("wait for rank {}", "last_rank").alias("name"), "step",
-                     "start_ns", pl.min_horizontal("arrival_ns", "end_ns").alias("end_ns")),
-            c.select("rank", pl.lit("transfer").alias("track"), label.alias("name"), "step",
-                     pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"), "end_ns"),
+            c.select(
+                "rank",
+                pl.lit("wait").alias("track"),
+                pl.format("wait for rank {}", "last_rank").alias("name"),
+                "step",
+                "start_ns",
+                pl.min_horizontal("arrival_ns", "end_ns").alias("end_ns"),
+            ),
+            c.select(
+                "rank",
+                pl.lit("transfer").alias("track"),
+                label.alias("name"),
+                "step",
+                pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"),
+                "end_ns",
+            ),
         ]
     if analysis.exposed_comm is not None:  # every step
-        parts.append(analysis.exposed_comm.select(pl.col("rank").cast(pl.Int32), pl.lit("exposed_comm").alias("track"),
-                                                  pl.lit("exposed comm").alias("name"), pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
+        parts.append(
+            analysis.exposed_comm.select(
+                pl.col("rank").cast(pl.Int32),
+                pl.lit("exposed_comm").alias("track"),
+                pl.lit("exposed comm").alias("name"),
+                pl.col("step").cast(pl.Int64),
+                "start_ns",
+                "end_ns",
+            )
+        )
     else:  # an Analysis built without it: the representative step's
         iv = analysis.intervals.filter(pl.col("track") == "exposed_comm")
-        parts.append(iv.select(pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"))
+        parts.append(
+            iv.select(
+                pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"
+            )
+        )
     out = pl.concat([p.cast({"start_ns": pl.Int64, "end_ns": pl.Int64}) for p in parts], how="vertical_relaxed")
     return out.filter(pl.col("end_ns") > pl.col("start_ns")).sort("rank", "track", "start_ns")
 
@@ -91,10 +148,14 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
 def _x_events(df: pl.DataFrame, base_ns: int) -> pl.DataFrame:
     """Complete ('X') events from a frame with name, cat, pid, tid, start_ns, end_ns, args."""
     return df.select(
-        pl.col("name"), pl.col("cat"), pl.lit("X").alias("ph"),
+        pl.col("name"),
+        pl.col("cat"),
+        pl.lit("X").alias("ph"),
         ((pl.col("start_ns") - base_ns) / 1000.0).alias("ts"),
         ((pl.col("end_ns") - pl.col("start_ns")) / 1000.0).alias("dur"),
-        pl.col("pid").cast(pl.Int64), pl.col("tid").cast(pl.Int64), pl.col("args"),
+        pl.col("pid").cast(pl.Int64),
+        pl.col("tid").cast(pl.Int64),
+        pl.col("args"),
     )
 
 
@@ -108,11 +169,17 @@ def _meta(pid: int, tid: int | None, kind: str, name: str) -> dict:
 def _aligned_events(analysis: Analysis) -> pl.DataFrame:
     ev = analysis.tables.events
     return ev.join(rank_offsets(analysis), on="rank", how="left").with_columns(
-        pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0))
+        pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0)
+    )
 
 
-def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
-                    events: pl.DataFrame | None = None, tracks: pl.DataFrame | None = None) -> bytes:
+def annotated_trace(
+    analysis: Analysis,
+    rank: int,
+    base_ns: int | None = None,
+    events: pl.DataFrame | None = None,
+    tracks: pl.DataFrame | None = None,
+) -> bytes:
     """The Chrome trace JSON (uncompressed bytes) of one rank with the analysis tracks added.
 
     Times are on the analysis' aligned clock (host offsets applied), so the extra tracks line up
@@ -133,7 +200,10 @@ def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
     e = ev.filter(pl.col("rank") == rank)
     is_gpu = pl.col("kind").is_in(list(_GPU_KINDS))
     e = e.with_columns(
-        pl.when(is_gpu).then(GPU_PID_BASE + pl.col("device").fill_null(0).cast(pl.Int64)).otherwise(pl.col("pid").fill_null(0)).alias("pid"),
+        pl.when(is_gpu)
+        .then(GPU_PID_BASE + pl.col("device").fill_null(0).cast(pl.Int64))
+        .otherwise(pl.col("pid").fill_null(0))
+        .alias("pid"),
         pl.when(is_gpu).then(pl.col("stream").fill_null(0)).otherwise(pl.col("tid").fill_null(0)).alias("tid"),
         pl.coalesce(pl.col("category").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8)).alias("cat"),  # Categorical, Enum
         pl.struct(pl.col("kind"), pl.col("correlation"), pl.col("external_id").alias("External id")).alias("args"),
@@ -142,7 +212,8 @@ def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
     a = tr.filter(pl.col("rank") == rank)
     if a.height:
         a = a.with_columns(
-            pl.lit("ep-trace").alias("cat"), pl.lit(ANALYSIS_PID).alias("pid"),
+            pl.lit("ep-trace").alias("cat"),
+            pl.lit(ANALYSIS_PID).alias("pid"),
             pl.col("track").replace_strict(TRACK_TIDS, return_dtype=pl.Int64).alias("tid"),
             pl.struct(pl.col("track"), pl.col("step")).alias("args"),
         )
@@ -152,8 +223,10 @@ def annotated_trace(analysis: Analysis, rank: int, base_ns: int | None = None,
     for p in parts:
         if p.height:
             lines.extend(p.write_ndjson().encode().splitlines())
-    meta = [_meta(ANALYSIS_PID, None, "process_name", f"ep-trace analysis (rank {rank})"),
-            _meta(ANALYSIS_PID, None, "process_sort_index", "-1")]
+    meta = [
+        _meta(ANALYSIS_PID, None, "process_name", f"ep-trace analysis (rank {rank})"),
+        _meta(ANALYSIS_PID, None, "process_sort_index", "-1"),
+    ]
     meta += [_meta(ANALYSIS_PID, tid, "thread_name", _TRACK_NAMES[t]) for t, tid in TRACK_TIDS.items()]
     meta += [_meta(ANALYSIS_PID, tid, "thread_sort_index", str(tid)) for tid in TRACK_TIDS.values()]
     for dev in e.filter(is_gpu)["device"].fill_null(0).unique().sort().to_list():
@@ -180,7 +253,11 @@ def write_annotated_traces(
     out.mkdir(parents=True, exist_ok=True)
     ev = _aligned_events(analysis)
     tr = analysis_tracks(analysis)
-    todo = sorted(ranks) if ranks is not None else sorted(set(ev["rank"].unique().to_list()) | set(tr["rank"].unique().to_list()))
+    todo = (
+        sorted(ranks)
+        if ranks is not None
+        else sorted(set(ev["rank"].unique().to_list()) | set(tr["rank"].unique().to_list()))
+    )
     starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
     base = int(min(starts)) if starts else 0  # type: ignore[call-overload]
     paths = []

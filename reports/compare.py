@@ -19,7 +19,6 @@ import html
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -29,8 +28,16 @@ from ep_trace.analysis.result import Analysis
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
 __all__ = [
-    "RunDigest", "Comparison", "digest_analysis", "digest_summary", "compare_runs", "comparison_to_dict", "headline",
-    "stage_delta_figure", "rank_delta_figure", "render_compare_html", "load_run",
+    "RunDigest",
+    "Comparison",
+    "digest_analysis",
+    "digest_summary",
+    "compare_runs",
+    "comparison_to_dict",
+    "headline",
+    "stage_delta_figure",
+    "rank_delta_figure",
+    "render_compare_html",
 ]
 
 _RANK_COLS = ("step_time_ns", "step_time_mean_ns", "comm_ns", "exposed_comm_ns", "barrier_wait_ns", "transfer_ns")
@@ -86,14 +93,25 @@ def digest_analysis(analysis: Analysis, label: str) -> RunDigest:
     ranks = _rank_frame(rs.select("rank", *[c for c in _RANK_COLS if c in rs.columns]).to_dicts())
     st = analysis.stages
     if st.height:
-        stages = (st.group_by("rank", "step", "stage").agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
-                  .group_by("rank", "stage").agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
-                  .group_by("stage").agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
-                  .cast(_STAGES_SCHEMA).sort("stage"))
+        stages = (
+            st.group_by("rank", "step", "stage")
+            .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
+            .group_by("rank", "stage")
+            .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+            .group_by("stage")
+            .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+            .cast(_STAGES_SCHEMA)
+            .sort("stage")
+        )
     else:
         stages = pl.DataFrame(schema=_STAGES_SCHEMA)
-    findings = pl.DataFrame([{"kind": f.kind, "severity": f.severity, "title": f.title, "est_saving_ns": int(f.est_saving_ns)}
-                             for f in analysis.findings], schema=_FINDINGS_SCHEMA)
+    findings = pl.DataFrame(
+        [
+            {"kind": f.kind, "severity": f.severity, "title": f.title, "est_saving_ns": int(f.est_saving_ns)}
+            for f in analysis.findings
+        ],
+        schema=_FINDINGS_SCHEMA,
+    )
     return RunDigest(label, ranks, stages, findings)
 
 
@@ -115,18 +133,42 @@ def digest_summary(summary: Mapping[str, Any], label: str) -> RunDigest:
     from ep_trace.errors import BadInputError
 
     if not isinstance(summary, Mapping) or "schema_version" not in summary or "ranks" not in summary:
-        raise BadInputError(f"{label}: not an ep-trace summary (no 'schema_version' / 'ranks'); pass a file written by 'ep-trace analyze --json'")
+        raise BadInputError(
+            f"{label}: not an ep-trace summary (no 'schema_version' / 'ranks'); pass a file written by 'ep-trace analyze --json'"
+        )
     ranks = _rank_frame(_records(summary.get("ranks"), "rank"))
     srows = _records(summary.get("stages"), "stage")
     if srows:
-        df = pl.DataFrame([{"rank": r.get("rank"), "stage": str(r["stage"]), "busy_ns": float(r.get("busy_ns") or 0),
-                            "window_ns": float(r.get("window_ns") or 0)} for r in srows])
-        stages = df.group_by("rank", "stage").agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum()).group_by("stage").agg(
-            pl.col("busy_ns").mean(), pl.col("window_ns").mean()).cast(_STAGES_SCHEMA).sort("stage")
+        df = pl.DataFrame(
+            [
+                {
+                    "rank": r.get("rank"),
+                    "stage": str(r["stage"]),
+                    "busy_ns": float(r.get("busy_ns") or 0),
+                    "window_ns": float(r.get("window_ns") or 0),
+                }
+                for r in srows
+            ]
+        )
+        stages = (
+            df.group_by("rank", "stage")
+            .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
+            .group_by("stage")
+            .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+            .cast(_STAGES_SCHEMA)
+            .sort("stage")
+        )
     else:
         stages = pl.DataFrame(schema=_STAGES_SCHEMA)
-    frows = [{"kind": str(f.get("kind")), "severity": str(f.get("severity")), "title": str(f.get("title", f.get("kind"))),
-              "est_saving_ns": int(f.get("est_saving_ns") or 0)} for f in _records(summary.get("findings"), "kind")]
+    frows = [
+        {
+            "kind": str(f.get("kind")),
+            "severity": str(f.get("severity")),
+            "title": str(f.get("title", f.get("kind"))),
+            "est_saving_ns": int(f.get("est_saving_ns") or 0),
+        }
+        for f in _records(summary.get("findings"), "kind")
+    ]
     return RunDigest(label, ranks, stages, pl.DataFrame(frows, schema=_FINDINGS_SCHEMA))
 
 
@@ -166,25 +208,61 @@ def _change(delta: pl.Expr, base: pl.Expr, tol: float) -> pl.Expr:
 def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Comparison:
     """Compare two runs; a change within ``tolerance`` (fraction of A's value, min 1 µs) counts as 'same'."""
     st = a.stages.join(b.stages, on="stage", how="full", coalesce=True, suffix="_b").fill_null(0.0)
-    st = st.select(
-        "stage", pl.col("window_ns").alias("a_window_ns"), pl.col("window_ns_b").alias("b_window_ns"),
-        (pl.col("window_ns_b") - pl.col("window_ns")).alias("delta_ns"),
-        pl.col("busy_ns").alias("a_busy_ns"), pl.col("busy_ns_b").alias("b_busy_ns"),
-        (pl.col("busy_ns_b") - pl.col("busy_ns")).alias("busy_delta_ns"),
-    ).with_columns(_change(pl.col("delta_ns"), pl.col("a_window_ns"), tolerance).alias("change")).sort("delta_ns")
+    st = (
+        st.select(
+            "stage",
+            pl.col("window_ns").alias("a_window_ns"),
+            pl.col("window_ns_b").alias("b_window_ns"),
+            (pl.col("window_ns_b") - pl.col("window_ns")).alias("delta_ns"),
+            pl.col("busy_ns").alias("a_busy_ns"),
+            pl.col("busy_ns_b").alias("b_busy_ns"),
+            (pl.col("busy_ns_b") - pl.col("busy_ns")).alias("busy_delta_ns"),
+        )
+        .with_columns(_change(pl.col("delta_ns"), pl.col("a_window_ns"), tolerance).alias("change"))
+        .sort("delta_ns")
+    )
     cols = ("step_time_ns", "exposed_comm_ns", "barrier_wait_ns")
-    rk = a.ranks.select("rank", *cols).join(b.ranks.select("rank", *cols), on="rank", how="full", coalesce=True, suffix="_b")
-    rk = rk.select("rank", *[e for c in cols for e in (
-        pl.col(c).alias(f"a_{c}"), pl.col(f"{c}_b").alias(f"b_{c}"), (pl.col(f"{c}_b") - pl.col(c)).alias(f"delta_{c}"))]).sort("rank")
-    fa = a.findings.group_by("kind").agg(pl.col("est_saving_ns").sum().alias("a_saving_ns"), pl.col("title").first().alias("a_title"))
-    fb = b.findings.group_by("kind").agg(pl.col("est_saving_ns").sum().alias("b_saving_ns"), pl.col("title").first().alias("b_title"))
-    fd = fa.join(fb, on="kind", how="full", coalesce=True).with_columns(
-        pl.when(pl.col("a_saving_ns").is_null()).then(pl.lit("new"))
-        .when(pl.col("b_saving_ns").is_null()).then(pl.lit("resolved"))
-        .otherwise(_change((pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64), pl.col("a_saving_ns").cast(pl.Float64), tolerance))
-        .alias("status"),
-        pl.coalesce("b_title", "a_title").alias("title"),
-    ).select("kind", "title", "a_saving_ns", "b_saving_ns", "status").sort("kind")
+    rk = a.ranks.select("rank", *cols).join(
+        b.ranks.select("rank", *cols), on="rank", how="full", coalesce=True, suffix="_b"
+    )
+    rk = rk.select(
+        "rank",
+        *[
+            e
+            for c in cols
+            for e in (
+                pl.col(c).alias(f"a_{c}"),
+                pl.col(f"{c}_b").alias(f"b_{c}"),
+                (pl.col(f"{c}_b") - pl.col(c)).alias(f"delta_{c}"),
+            )
+        ],
+    ).sort("rank")
+    fa = a.findings.group_by("kind").agg(
+        pl.col("est_saving_ns").sum().alias("a_saving_ns"), pl.col("title").first().alias("a_title")
+    )
+    fb = b.findings.group_by("kind").agg(
+        pl.col("est_saving_ns").sum().alias("b_saving_ns"), pl.col("title").first().alias("b_title")
+    )
+    fd = (
+        fa.join(fb, on="kind", how="full", coalesce=True)
+        .with_columns(
+            pl.when(pl.col("a_saving_ns").is_null())
+            .then(pl.lit("new"))
+            .when(pl.col("b_saving_ns").is_null())
+            .then(pl.lit("resolved"))
+            .otherwise(
+                _change(
+                    (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64),
+                    pl.col("a_saving_ns").cast(pl.Float64),
+                    tolerance,
+                )
+            )
+            .alias("status"),
+            pl.coalesce("b_title", "a_title").alias("title"),
+        )
+        .select("kind", "title", "a_saving_ns", "b_saving_ns", "status")
+        .sort("kind")
+    )
     stat = "mean" if a.step_stat == b.step_stat == "mean" else "P50"
     sa, sb = a.step_time_ns(stat), b.step_time_ns(stat)
     delta = None if sa is None or sb is None else sb - sa
@@ -197,15 +275,20 @@ def _clean(x: Any) -> Any:
 
 def comparison_to_dict(c: Comparison) -> dict[str, Any]:
     """JSON-ready dict of the comparison (ns integers rounded; null for unknown)."""
+
     def recs(df: pl.DataFrame) -> list[dict[str, Any]]:
         return [{k: _clean(v) for k, v in r.items()} for r in df.to_dicts()]
 
     return {
-        "schema_version": 1, "a": c.a.label, "b": c.b.label,
+        "schema_version": 1,
+        "a": c.a.label,
+        "b": c.b.label,
         "step_time_ns": {"a": c.a_step_ns, "b": c.b_step_ns, "delta": c.step_delta_ns, "statistic": c.step_stat},
         "explained_by_stages_ns": c.explained_ns,
         "unexplained_ns": None if c.step_delta_ns is None else c.step_delta_ns - c.explained_ns,
-        "stages": recs(c.stages), "ranks": recs(c.ranks), "findings": recs(c.findings),
+        "stages": recs(c.stages),
+        "ranks": recs(c.ranks),
+        "findings": recs(c.findings),
     }
 
 
@@ -215,8 +298,10 @@ def headline(c: Comparison) -> str:
         return "Step time not comparable (one run has no steps)."
     word = "faster" if c.step_delta_ns < 0 else "slower"
     stat = c.step_stat
-    s = (f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A ({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
-         f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank).")
+    s = (
+        f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A ({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
+        f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank)."
+    )
     if c.stages.height:
         top = c.stages.sort(pl.col("delta_ns").abs(), descending=True).row(0, named=True)
         s += f" Largest stage change: {top['stage']} {fmt_ns(top['delta_ns'], signed=True)}."
@@ -224,25 +309,46 @@ def headline(c: Comparison) -> str:
     s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}"
     if abs(c.explained_ns) > abs(c.step_delta_ns) and rest * c.explained_ns < 0:
         # pipelined (chunked) stages run concurrently: their windows overlap, so the sum over-counts
-        s += (f", more than the step-time change: stage windows overlap each other (pipelined stages), "
-              f"so {fmt_ns(-rest)} of the stage change is concurrent rather than serial")
+        s += (
+            f", more than the step-time change: stage windows overlap each other (pipelined stages), "
+            f"so {fmt_ns(-rest)} of the stage change is concurrent rather than serial"
+        )
     else:
         s += f"; the remaining {fmt_ns(rest, signed=True)} is outside the EP stages"
-    s += "." if stat == "mean" else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
+    s += (
+        "."
+        if stat == "mean"
+        else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
+    )
     return s
-
 
 
 def stage_delta_figure(c: Comparison) -> go.Figure | None:
     """Per stage: A and B window per step (ms), grouped bars."""
     if c.stages.height == 0:
         return None
-    fig = go.Figure([
-        go.Bar(name=f"A: {c.a.label}", x=c.stages["stage"].to_list(), y=(c.stages["a_window_ns"] / 1e6).round(4).to_numpy()),
-        go.Bar(name=f"B: {c.b.label}", x=c.stages["stage"].to_list(), y=(c.stages["b_window_ns"] / 1e6).round(4).to_numpy()),
-    ])
-    fig.update_layout(barmode="group", template="plotly_white", height=360, title={"text": "Stage window per step (mean over ranks)", "x": 0.01},
-                      yaxis_title="ms per step", legend={"orientation": "h", "y": -0.2})
+    fig = go.Figure(
+        [
+            go.Bar(
+                name=f"A: {c.a.label}",
+                x=c.stages["stage"].to_list(),
+                y=(c.stages["a_window_ns"] / 1e6).round(4).to_numpy(),
+            ),
+            go.Bar(
+                name=f"B: {c.b.label}",
+                x=c.stages["stage"].to_list(),
+                y=(c.stages["b_window_ns"] / 1e6).round(4).to_numpy(),
+            ),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=360,
+        title={"text": "Stage window per step (mean over ranks)", "x": 0.01},
+        yaxis_title="ms per step",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return fig
 
 
@@ -251,55 +357,64 @@ def rank_delta_figure(c: Comparison) -> go.Figure | None:
     if c.ranks.height == 0:
         return None
     x = [f"r{r}" for r in c.ranks["rank"].to_list()]
-    fig = go.Figure([
-        go.Bar(name="Δ step time", x=x, y=(c.ranks["delta_step_time_ns"] / 1e6).round(4).to_numpy()),
-        go.Bar(name="Δ barrier wait", x=x, y=(c.ranks["delta_barrier_wait_ns"] / 1e6).round(4).to_numpy()),
-    ])
-    fig.update_layout(barmode="group", template="plotly_white", height=340, title={"text": "Per-rank change (B − A; negative = better)", "x": 0.01},
-                      yaxis_title="ms per step", legend={"orientation": "h", "y": -0.2})
+    fig = go.Figure(
+        [
+            go.Bar(name="Δ step time", x=x, y=(c.ranks["delta_step_time_ns"] / 1e6).round(4).to_numpy()),
+            go.Bar(name="Δ barrier wait", x=x, y=(c.ranks["delta_barrier_wait_ns"] / 1e6).round(4).to_numpy()),
+        ]
+    )
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=340,
+        title={"text": "Per-rank change (B − A; negative = better)", "x": 0.01},
+        yaxis_title="ms per step",
+        legend={"orientation": "h", "y": -0.2},
+    )
     fig.update_xaxes(type="category")
     return fig
-
 
 
 def render_compare_html(c: Comparison) -> str:
     """The comparison as one self-contained HTML page (plotly.js embedded once)."""
     from ep_trace.reports.html import figure_html, page, table_html
 
-    st_rows = [[r["stage"], fmt_ns(r["a_window_ns"]), fmt_ns(r["b_window_ns"]), fmt_ns(r["delta_ns"], signed=True),
-                fmt_ns(r["busy_delta_ns"], signed=True), r["change"]] for r in c.stages.iter_rows(named=True)]
-    rk_rows = [[r["rank"], fmt_ns(r["a_step_time_ns"]), fmt_ns(r["b_step_time_ns"]), fmt_ns(r["delta_step_time_ns"], signed=True),
-                fmt_ns(r["delta_exposed_comm_ns"], signed=True), fmt_ns(r["delta_barrier_wait_ns"], signed=True)]
-               for r in c.ranks.iter_rows(named=True)]
-    fd_rows = [[r["kind"], r["title"], fmt_ns(r["a_saving_ns"]), fmt_ns(r["b_saving_ns"]), r["status"]] for r in c.findings.iter_rows(named=True)]
+    st_rows = [
+        [
+            r["stage"],
+            fmt_ns(r["a_window_ns"]),
+            fmt_ns(r["b_window_ns"]),
+            fmt_ns(r["delta_ns"], signed=True),
+            fmt_ns(r["busy_delta_ns"], signed=True),
+            r["change"],
+        ]
+        for r in c.stages.iter_rows(named=True)
+    ]
+    rk_rows = [
+        [
+            r["rank"],
+            fmt_ns(r["a_step_time_ns"]),
+            fmt_ns(r["b_step_time_ns"]),
+            fmt_ns(r["delta_step_time_ns"], signed=True),
+            fmt_ns(r["delta_exposed_comm_ns"], signed=True),
+            fmt_ns(r["delta_barrier_wait_ns"], signed=True),
+        ]
+        for r in c.ranks.iter_rows(named=True)
+    ]
+    fd_rows = [
+        [r["kind"], r["title"], fmt_ns(r["a_saving_ns"]), fmt_ns(r["b_saving_ns"]), r["status"]]
+        for r in c.findings.iter_rows(named=True)
+    ]
     body = (
         f'<div class="verdict none"><div class="headline">{html.escape(headline(c))}</div>'
         f'<div class="context">A = {html.escape(c.a.label)}; B = {html.escape(c.b.label)}. Deltas are B − A; negative is better.</div></div>'
-        "<h2>Per stage</h2>" + figure_html(stage_delta_figure(c), "fig-cmp-stages", "No stages in either run.")
+        "<h2>Per stage</h2>"
+        + figure_html(stage_delta_figure(c), "fig-cmp-stages", "No stages in either run.")
         + table_html(["stage", "A window", "B window", "Δ window", "Δ busy", "change"], st_rows, left=(0, 5))
-        + "<h2>Per rank</h2>" + figure_html(rank_delta_figure(c), "fig-cmp-ranks", "No ranks.")
+        + "<h2>Per rank</h2>"
+        + figure_html(rank_delta_figure(c), "fig-cmp-ranks", "No ranks.")
         + table_html(["rank", "A step P50", "B step P50", "Δ step", "Δ exposed comm", "Δ barrier wait"], rk_rows)
-        + "<h2>Findings</h2>" + table_html(["kind", "finding", "A saving", "B saving", "status"], fd_rows, left=(0, 1, 4))
+        + "<h2>Findings</h2>"
+        + table_html(["kind", "finding", "A saving", "B saving", "status"], fd_rows, left=(0, 1, 4))
     )
     return page("ep-trace comparison", body, f"A: {c.a.label} · B: {c.b.label}")
-
-
-def load_run(path: str | Path, fmt: str = "auto", on_error: str = "raise") -> RunDigest:
-    """A run from a trace directory / file (ingest + analyze) or from a saved ``*.json`` summary.
-
-    Raises:
-        BadInputError: unreadable JSON or not an ep-trace summary (naming the file).
-    """
-    import orjson
-
-    from ep_trace.errors import BadInputError
-    from ep_trace.reports.pipeline import load_analysis
-
-    p = Path(path)
-    if p.is_file() and p.suffix == ".json":
-        try:
-            data = orjson.loads(p.read_bytes())
-        except orjson.JSONDecodeError as exc:
-            raise BadInputError(f"{p}: not valid JSON ({exc}); pass a summary written by 'ep-trace analyze --json' or a trace directory") from None
-        return digest_summary(data, str(p))
-    return digest_analysis(load_analysis([p], fmt=fmt, on_error=on_error), str(p))  # type: ignore[arg-type]

@@ -71,16 +71,22 @@ def ranked_findings(analysis: Analysis) -> list[Finding]:
 def verdict(analysis: Analysis) -> Verdict:
     """The verdict: main bottleneck, its saving as a share of the mean step, and the run's size."""
     ss = step_stats(analysis)
-    context = f"{ss.n_ranks} rank{'s' if ss.n_ranks != 1 else ''}, {ss.n_steps} step{'s' if ss.n_steps != 1 else ''} analysed"
+    context = (
+        f"{ss.n_ranks} rank{'s' if ss.n_ranks != 1 else ''}, {ss.n_steps} step{'s' if ss.n_steps != 1 else ''} analysed"
+    )
     if ss.p50_ns is not None:
-        context += (f"; step time (slowest rank) mean {fmt_ns(ss.mean_ns)}, P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, "
-                    f"max {fmt_ns(ss.max_ns)}")
+        context += (
+            f"; step time (slowest rank) mean {fmt_ns(ss.mean_ns)}, P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, "
+            f"max {fmt_ns(ss.max_ns)}"
+        )
     found = ranked_findings(analysis)
     if not found:
         return Verdict(
             "No EP bottleneck found.",
             "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
-            context, "none")
+            context,
+            "none",
+        )
     top = found[0]
     share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
     detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
@@ -99,13 +105,22 @@ def rank_table(analysis: Analysis) -> pl.DataFrame:
     base = rs.select([c for c in cols if c in rs.columns])
     st = analysis.steps
     if st.height:
-        q = st.group_by("rank").agg(
-            *[pl.col("step_time_ns").cast(pl.Float64).quantile(x, interpolation="linear").alias(f"step_{n}_ns")
-              for n, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))],
-            pl.col("step_time_ns").max().cast(pl.Float64).alias("step_max_ns"),
-            pl.col("exposed_comm_ns").cast(pl.Float64).quantile(0.99, interpolation="linear").alias("exposed_p99_ns"),
-            pl.col("barrier_wait_ns").cast(pl.Float64).quantile(0.99, interpolation="linear").alias("wait_p99_ns"),
-        ).with_columns(pl.col("rank").cast(base.schema.get("rank", pl.Int32)))
+        q = (
+            st.group_by("rank")
+            .agg(
+                *[
+                    pl.col("step_time_ns").cast(pl.Float64).quantile(x, interpolation="linear").alias(f"step_{n}_ns")
+                    for n, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+                ],
+                pl.col("step_time_ns").max().cast(pl.Float64).alias("step_max_ns"),
+                pl.col("exposed_comm_ns")
+                .cast(pl.Float64)
+                .quantile(0.99, interpolation="linear")
+                .alias("exposed_p99_ns"),
+                pl.col("barrier_wait_ns").cast(pl.Float64).quantile(0.99, interpolation="linear").alias("wait_p99_ns"),
+            )
+            .with_columns(pl.col("rank").cast(base.schema.get("rank", pl.Int32)))
+        )
         base = base.join(q, on="rank", how="full", coalesce=True) if base.height else q
     quantiles = ("step_p50_ns", "step_p95_ns", "step_p99_ns", "step_max_ns")
     for c in ("host", *quantiles, *cols[2:], "exposed_p99_ns", "wait_p99_ns"):

@@ -37,16 +37,32 @@ __all__ = [
 MS = 1e6
 _TEMPLATE = "plotly_white"
 _STAGE_COLORS = {
-    "route": "#8c6bb1", "permute": "#6baed6", "dispatch": "#fd8d3c", "expert": "#41ab5d",
-    "combine": "#e6550d", "unpermute": "#9ecae1", "shared_expert": "#a1d99b", "attn": "#737373",
+    "route": "#8c6bb1",
+    "permute": "#6baed6",
+    "dispatch": "#fd8d3c",
+    "expert": "#41ab5d",
+    "combine": "#e6550d",
+    "unpermute": "#9ecae1",
+    "shared_expert": "#a1d99b",
+    "attn": "#737373",
 }
-_TRACK_COLORS = {"comm": "#bdbdbd", "wait": "#d62728", "exposed_comm": "#8c564b", "transfer": "#3182bd", "compute": "#74c476"}
+_TRACK_COLORS = {
+    "comm": "#bdbdbd",
+    "wait": "#d62728",
+    "exposed_comm": "#8c564b",
+    "transfer": "#3182bd",
+    "compute": "#74c476",
+}
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
     fig.update_layout(
-        title={"text": title, "x": 0.01, "font": {"size": 15}}, template=_TEMPLATE, height=height,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"orientation": "h", "y": -0.18, "traceorder": "normal"}, **kw,
+        title={"text": title, "x": 0.01, "font": {"size": 15}},
+        template=_TEMPLATE,
+        height=height,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},
+        **kw,
     )
     return fig
 
@@ -94,19 +110,37 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
     fig = go.Figure()
     if len(ranks) > max_bar_ranks:
         rows = [(f"{s} {w}", column(s, f"{w}_ns")) for s in stages for w in ("busy", "window")]
-        fig.add_trace(go.Heatmap(z=np.round(np.vstack([r for _, r in rows]), 4), x=[f"r{r}" for r in ranks], y=[n for n, _ in rows],
-                                 colorscale="YlOrRd", colorbar={"title": "ms"},
-                                 hovertemplate="%{y} on %{x}: %{z:.3f} ms<extra></extra>"))
+        fig.add_trace(
+            go.Heatmap(
+                z=np.round(np.vstack([r for _, r in rows]), 4),
+                x=[f"r{r}" for r in ranks],
+                y=[n for n, _ in rows],
+                colorscale="YlOrRd",
+                colorbar={"title": "ms"},
+                hovertemplate="%{y} on %{x}: %{z:.3f} ms<extra></extra>",
+            )
+        )
         fig.update_yaxes(autorange="reversed", type="category")
         fig.update_xaxes(type="category", title_text="rank")
-        return _layout(fig, f"Stage time per rank, ms per step (P50 over steps; {len(ranks)} ranks as a heatmap)",
-                       height=160 + 22 * len(rows))
+        return _layout(
+            fig,
+            f"Stage time per rank, ms per step (P50 over steps; {len(ranks)} ranks as a heatmap)",
+            height=160 + 22 * len(rows),
+        )
     labels = [f"r{r}" for r in ranks]
     x = [labels * 2, ["busy"] * len(ranks) + ["window"] * len(ranks)]
     for stage in stages:
         y = np.concatenate([column(stage, "busy_ns"), column(stage, "window_ns")])
-        fig.add_trace(go.Bar(name=stage, x=x, y=np.round(y, 4), marker_color=_STAGE_COLORS.get(stage), showlegend=True,
-                             hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                name=stage,
+                x=x,
+                y=np.round(y, 4),
+                marker_color=_STAGE_COLORS.get(stage),
+                showlegend=True,
+                hovertemplate=f"{stage}: %{{y:.3f}} ms<extra></extra>",
+            )
+        )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms per step (P50 over steps)")
     return _layout(fig, "Stage time per rank: busy vs window", height=420)
@@ -180,7 +214,9 @@ def _segments(x0: np.ndarray, x1: np.ndarray, yc: np.ndarray) -> tuple[np.ndarra
     return np.round(np.column_stack([x0, x1, nan]).ravel(), 4), np.column_stack([yc, yc, nan]).ravel()
 
 
-def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None, hover_limit: int = 1500) -> go.Figure | None:
+def step_timeline(
+    analysis: Analysis, selection: TimelineSelection | None = None, hover_limit: int = 1500
+) -> go.Figure | None:
     """Per-rank timeline of one step: stage ranges, comm (with barrier wait on top) and exposed comm.
 
     Time is ms since the start of the step on the earliest drawn rank. Three rows per rank:
@@ -202,8 +238,11 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
     order = [f"r{r} {k}" for r in sel.ranks for k in ("stages", "comm", "exposed")]
     ypos = {label: float(len(order) - 1 - i) for i, label in enumerate(order)}
     iv = iv.with_columns(
-        ((pl.col("start_ns") - t0) / MS).alias("x0"), ((pl.col("end_ns") - t0) / MS).alias("x1"),
-        (pl.lit("r") + pl.col("rank").cast(pl.Utf8) + pl.lit(" ") + pl.col("track").replace_strict(row_of)).alias("row"),
+        ((pl.col("start_ns") - t0) / MS).alias("x0"),
+        ((pl.col("end_ns") - t0) / MS).alias("x1"),
+        (pl.lit("r") + pl.col("rank").cast(pl.Utf8) + pl.lit(" ") + pl.col("track").replace_strict(row_of)).alias(
+            "row"
+        ),
     ).with_columns(pl.col("row").replace_strict(ypos, return_dtype=pl.Float64).alias("y"))
     hover = iv.height <= hover_limit
     fig = go.Figure()
@@ -216,22 +255,53 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
             return
         xs, ys = _segments(sub["x0"].to_numpy(), sub["x1"].to_numpy(), sub["y"].to_numpy())
         # a segment stroked as wide as the bar: far cheaper for the browser than filled polygons
-        fig.add_trace(go.Scatter(name=name, x=xs, y=ys, mode="lines", line={"width": max(2.0 * half * row_px, 1.0), "color": color},
-                                 hoverinfo="name", legendgroup=name))
+        fig.add_trace(
+            go.Scatter(
+                name=name,
+                x=xs,
+                y=ys,
+                mode="lines",
+                line={"width": max(2.0 * half * row_px, 1.0), "color": color},
+                hoverinfo="name",
+                legendgroup=name,
+            )
+        )
         if hover:
             mid = ((sub["x0"] + sub["x1"]) / 2).round(4).to_numpy()
-            text = sub.select(pl.format("{}: {} µs", "name", ((pl.col("x1") - pl.col("x0")) * 1000).round(1))).to_series().to_list()
-            fig.add_trace(go.Scatter(x=mid, y=sub["y"].to_numpy(), mode="markers", marker={"size": 6, "opacity": 0},
-                                     hovertext=text, hoverinfo="text", showlegend=False, legendgroup=name, name=f"{name} (hover)"))
+            text = (
+                sub.select(pl.format("{}: {} µs", "name", ((pl.col("x1") - pl.col("x0")) * 1000).round(1)))
+                .to_series()
+                .to_list()
+            )
+            fig.add_trace(
+                go.Scatter(
+                    x=mid,
+                    y=sub["y"].to_numpy(),
+                    mode="markers",
+                    marker={"size": 6, "opacity": 0},
+                    hovertext=text,
+                    hoverinfo="text",
+                    showlegend=False,
+                    legendgroup=name,
+                    name=f"{name} (hover)",
+                )
+            )
 
     stages = iv.filter(pl.col("track") == "stage").with_columns(
-        pl.col("name").str.extract(r"^(?:ep:)?([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage"))
+        pl.col("name").str.extract(r"^(?:ep:)?([a-z_]+)", 1).fill_null(pl.col("name")).alias("stage")
+    )
     for stage in _stage_order(stages["stage"].unique().to_list()):
         add(stages.filter(pl.col("stage") == stage), stage, _STAGE_COLORS.get(stage, "#999999"), 0.4)
     add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.4)
     add(iv.filter(pl.col("track") == "wait"), "barrier wait", _TRACK_COLORS["wait"], 0.22)
     add(iv.filter(pl.col("track") == "exposed_comm"), "exposed comm", _TRACK_COLORS["exposed_comm"], 0.4)
-    fig.update_yaxes(tickvals=list(ypos.values()), ticktext=list(ypos), range=[-0.6, len(order) - 0.4], showgrid=False, zeroline=False)
+    fig.update_yaxes(
+        tickvals=list(ypos.values()),
+        ticktext=list(ypos),
+        range=[-0.6, len(order) - 0.4],
+        showgrid=False,
+        zeroline=False,
+    )
     fig.update_xaxes(title_text="ms since step start")
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
@@ -240,7 +310,9 @@ def step_timeline(analysis: Analysis, selection: TimelineSelection | None = None
     return fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"})
 
 
-def _binned_matrix(df: pl.DataFrame, row: str, col: str, val: str, n: int, max_cells: int) -> tuple[np.ndarray, list[str], int]:
+def _binned_matrix(
+    df: pl.DataFrame, row: str, col: str, val: str, n: int, max_cells: int
+) -> tuple[np.ndarray, list[str], int]:
     """Sum ``val`` into an n×n matrix indexed by rank, binning ranks in groups beyond ``max_cells``."""
     size = max(int(np.ceil(n / max_cells)), 1)
     nb = int(np.ceil(n / size))
@@ -273,8 +345,16 @@ def count_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure |
     z, labels, size = _binned_matrix(agg, "src", "dst", "rows", n, max_cells)
     z = z / max(int(cm["step"].n_unique()), 1)
     local = float(np.trace(z) / z.sum()) if z.sum() and size == 1 else float("nan")
-    fig = go.Figure(go.Heatmap(z=np.round(z, 2), x=labels, y=labels, colorscale="Blues", colorbar={"title": "rows"},
-                               hovertemplate="src %{y} → dst %{x}: %{z:.1f} rows/step<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.round(z, 2),
+            x=labels,
+            y=labels,
+            colorscale="Blues",
+            colorbar={"title": "rows"},
+            hovertemplate="src %{y} → dst %{x}: %{z:.1f} rows/step<extra></extra>",
+        )
+    )
     fig.update_xaxes(title_text="destination rank", type="category")
     fig.update_yaxes(title_text="source rank", autorange="reversed", type="category")
     title = "Dispatch count matrix (rows per step)"
@@ -293,8 +373,12 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
     el = analysis.expert_load
     if el.height == 0:
         return None
-    per = el.group_by("layer", "expert").agg(pl.col("count").sum()).with_columns(
-        (pl.col("count") / max(int(el["step"].n_unique()), 1)).alias("n_e")).sort("layer", "expert")
+    per = (
+        el.group_by("layer", "expert")
+        .agg(pl.col("count").sum())
+        .with_columns((pl.col("count") / max(int(el["step"].n_unique()), 1)).alias("n_e"))
+        .sort("layer", "expert")
+    )
     layers = per["layer"].unique().sort().to_list()
     ie = _per_layer(analysis, "I_e")
     fig = go.Figure()
@@ -302,8 +386,14 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
         for layer in layers:
             sub = per.filter(pl.col("layer") == layer)
             tag = f"layer {layer}" + (f" (I_e {ie[layer]:.2f})" if layer in ie else "")
-            fig.add_trace(go.Bar(name=tag, x=sub["expert"].to_numpy(), y=np.round(sub["n_e"].to_numpy(), 2),
-                                 hovertemplate=f"{tag}<br>expert %{{x}}: %{{y:.1f}} assignments/step<extra></extra>"))
+            fig.add_trace(
+                go.Bar(
+                    name=tag,
+                    x=sub["expert"].to_numpy(),
+                    y=np.round(sub["n_e"].to_numpy(), 2),
+                    hovertemplate=f"{tag}<br>expert %{{x}}: %{{y:.1f}} assignments/step<extra></extra>",
+                )
+            )
         mean = float(per["n_e"].mean())  # type: ignore[arg-type]
         fig.add_hline(y=mean, line_dash="dot", line_color="#555", annotation_text=f"mean {mean:.1f}")
         fig.update_layout(barmode="group")
@@ -313,8 +403,15 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
         experts = per["expert"].unique().sort().to_list()
         piv = per.pivot(on="expert", index="layer", values="n_e").sort("layer").fill_null(0)
         z = piv.select([str(e) for e in experts]).to_numpy()
-        fig.add_trace(go.Heatmap(z=np.round(z, 2), x=experts, y=[f"l{x}" for x in piv["layer"].to_list()],
-                                 colorscale="Oranges", colorbar={"title": "n_e"}))
+        fig.add_trace(
+            go.Heatmap(
+                z=np.round(z, 2),
+                x=experts,
+                y=[f"l{x}" for x in piv["layer"].to_list()],
+                colorscale="Oranges",
+                colorbar={"title": "n_e"},
+            )
+        )
         fig.update_xaxes(title_text="expert")
     return _layout(fig, "Expert load n_e (assignments per step)", height=400)
 
@@ -332,18 +429,34 @@ def imbalance_per_layer(analysis: Analysis) -> go.Figure | None:
     imb = analysis.imbalance
     if imb.height == 0:
         return None
-    agg = imb.group_by("layer").agg(
-        *[pl.col(c).median().alias(f"{c}_p50") for c in ("I_e", "I_r")],
-        *[pl.col(c).max().alias(f"{c}_max") for c in ("I_e", "I_r")],
-    ).sort("layer")
+    agg = (
+        imb.group_by("layer")
+        .agg(
+            *[pl.col(c).median().alias(f"{c}_p50") for c in ("I_e", "I_r")],
+            *[pl.col(c).max().alias(f"{c}_max") for c in ("I_e", "I_r")],
+        )
+        .sort("layer")
+    )
     x = [f"l{v}" for v in agg["layer"].to_list()]
     fig = go.Figure()
     for c, color in (("I_e", "#e6550d"), ("I_r", "#3182bd")):
         p50 = agg[f"{c}_p50"].to_numpy()
         mx = agg[f"{c}_max"].to_numpy()
-        fig.add_trace(go.Bar(name=f"{c} (P50 over steps)", x=x, y=np.round(p50, 4), marker_color=color,
-                             error_y={"type": "data", "symmetric": False, "array": np.round(mx - p50, 4), "arrayminus": np.zeros(len(x))},
-                             hovertemplate=f"{c} %{{x}}: %{{y:.2f}}×<extra></extra>"))
+        fig.add_trace(
+            go.Bar(
+                name=f"{c} (P50 over steps)",
+                x=x,
+                y=np.round(p50, 4),
+                marker_color=color,
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": np.round(mx - p50, 4),
+                    "arrayminus": np.zeros(len(x)),
+                },
+                hovertemplate=f"{c} %{{x}}: %{{y:.2f}}×<extra></extra>",
+            )
+        )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="balanced = 1")
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text="max / mean")
@@ -358,10 +471,14 @@ def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
     x = [f"r{r}" for r in rs["rank"].to_list()]
     comm = rs["comm_ns"].fill_null(0).to_numpy().astype(float)
     exposed = rs["exposed_comm_ns"].fill_null(0).to_numpy().astype(float)
-    fig = go.Figure([
-        go.Bar(name="overlapped |C ∩ K|", x=x, y=np.round((comm - exposed) / MS, 4), marker_color="#74c476"),
-        go.Bar(name="exposed |C \\ K|", x=x, y=np.round(exposed / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"]),
-    ])
+    fig = go.Figure(
+        [
+            go.Bar(name="overlapped |C ∩ K|", x=x, y=np.round((comm - exposed) / MS, 4), marker_color="#74c476"),
+            go.Bar(
+                name="exposed |C \\ K|", x=x, y=np.round(exposed / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"]
+            ),
+        ]
+    )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(type="category")
     fig.update_yaxes(title_text="ms per step")
@@ -374,20 +491,30 @@ def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
     if st.height == 0 or not {"comm_ns", "exposed_comm_ns"} <= set(st.columns) or st["comm_ns"].fill_null(0).sum() == 0:
         return None
     n_steps = _n_steps(analysis)
-    per_rank = st.group_by("stage", "rank").agg(pl.col("comm_ns").sum() / n_steps, pl.col("exposed_comm_ns").sum() / n_steps)
+    per_rank = st.group_by("stage", "rank").agg(
+        pl.col("comm_ns").sum() / n_steps, pl.col("exposed_comm_ns").sum() / n_steps
+    )
     agg = per_rank.group_by("stage").agg(
-        pl.col("comm_ns").mean(), pl.col("exposed_comm_ns").mean(), pl.col("exposed_comm_ns").max().alias("exposed_max"))
+        pl.col("comm_ns").mean(), pl.col("exposed_comm_ns").mean(), pl.col("exposed_comm_ns").max().alias("exposed_max")
+    )
     agg = agg.filter(pl.col("comm_ns") > 0)
     order = _stage_order(agg["stage"].to_list())
     agg = pl.DataFrame({"stage": order}).join(agg, on="stage", how="left")
     comm = agg["comm_ns"].to_numpy()
     exp_ = agg["exposed_comm_ns"].to_numpy()
-    fig = go.Figure([
-        go.Bar(name="overlapped", x=order, y=np.round((comm - exp_) / MS, 4), marker_color="#74c476"),
-        go.Bar(name="exposed", x=order, y=np.round(exp_ / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"],
-               customdata=np.round(agg["exposed_max"].to_numpy() / MS, 4),
-               hovertemplate="%{x}: exposed %{y:.3f} ms (max rank %{customdata:.3f} ms)<extra></extra>"),
-    ])
+    fig = go.Figure(
+        [
+            go.Bar(name="overlapped", x=order, y=np.round((comm - exp_) / MS, 4), marker_color="#74c476"),
+            go.Bar(
+                name="exposed",
+                x=order,
+                y=np.round(exp_ / MS, 4),
+                marker_color=_TRACK_COLORS["exposed_comm"],
+                customdata=np.round(agg["exposed_max"].to_numpy() / MS, 4),
+                hovertemplate="%{x}: exposed %{y:.3f} ms (max rank %{customdata:.3f} ms)<extra></extra>",
+            ),
+        ]
+    )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms per step (mean over ranks)")
     return _layout(fig, "Communication per stage: overlapped vs exposed", height=340)
@@ -399,10 +526,22 @@ def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
     if rs.height == 0 or (rs["barrier_wait_ns"].fill_null(0).sum() + rs["transfer_ns"].fill_null(0).sum()) == 0:
         return None
     x = [f"r{r}" for r in rs["rank"].to_list()]
-    fig = go.Figure([
-        go.Bar(name="barrier wait", x=x, y=np.round(rs["barrier_wait_ns"].fill_null(0).to_numpy() / MS, 4), marker_color=_TRACK_COLORS["wait"]),
-        go.Bar(name="transfer", x=x, y=np.round(rs["transfer_ns"].fill_null(0).to_numpy() / MS, 4), marker_color=_TRACK_COLORS["transfer"]),
-    ])
+    fig = go.Figure(
+        [
+            go.Bar(
+                name="barrier wait",
+                x=x,
+                y=np.round(rs["barrier_wait_ns"].fill_null(0).to_numpy() / MS, 4),
+                marker_color=_TRACK_COLORS["wait"],
+            ),
+            go.Bar(
+                name="transfer",
+                x=x,
+                y=np.round(rs["transfer_ns"].fill_null(0).to_numpy() / MS, 4),
+                marker_color=_TRACK_COLORS["transfer"],
+            ),
+        ]
+    )
     fig.update_layout(barmode="stack")
     fig.update_xaxes(type="category")
     fig.update_yaxes(title_text="ms per step")
@@ -416,8 +555,16 @@ def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | 
         return None
     n = max(n_ranks(analysis), int(wm["waiter"].max()) + 1, int(wm["waited_for"].max()) + 1)  # type: ignore[arg-type]
     z, labels, size = _binned_matrix(wm, "waiter", "waited_for", "wait_ns", n, max_cells)
-    fig = go.Figure(go.Heatmap(z=np.round(z / MS, 4), x=labels, y=labels, colorscale="Reds", colorbar={"title": "ms"},
-                               hovertemplate="rank %{y} waited %{z:.3f} ms for rank %{x}<extra></extra>"))
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.round(z / MS, 4),
+            x=labels,
+            y=labels,
+            colorscale="Reds",
+            colorbar={"title": "ms"},
+            hovertemplate="rank %{y} waited %{z:.3f} ms for rank %{x}<extra></extra>",
+        )
+    )
     fig.update_xaxes(title_text="waited for (last arriver)", type="category")
     fig.update_yaxes(title_text="waiting rank", autorange="reversed", type="category")
     title = "Wait matrix (ms, total over calls)" + (f", ranks binned by {size}" if size > 1 else "")
@@ -429,7 +576,9 @@ def alpha_beta_scatter(analysis: Analysis, max_points: int = 4000) -> go.Figure 
     calls = analysis.calls
     if calls.height == 0:
         return None
-    pts = calls.filter(pl.col("bytes_max").is_not_null() & (pl.col("bytes_max") > 0) & pl.col("transfer_ns").is_not_null())
+    pts = calls.filter(
+        pl.col("bytes_max").is_not_null() & (pl.col("bytes_max") > 0) & pl.col("transfer_ns").is_not_null()
+    )
     if pts.height == 0:
         return None
     fig = go.Figure()
@@ -438,15 +587,28 @@ def alpha_beta_scatter(analysis: Analysis, max_points: int = 4000) -> go.Figure 
         sub = pts.filter(pl.col("link_class").fill_null("unknown") == cls)
         if sub.height > max_points:  # thin deterministically to bound the page size
             sub = sub.gather_every(int(np.ceil(sub.height / max_points)))
-        fig.add_trace(go.Scatter(name=f"{cls} calls", x=sub["bytes_max"].to_numpy(), y=np.round(sub["transfer_ns"].to_numpy() / 1e3, 3),
-                                 mode="markers", marker={"size": 5, "opacity": 0.6},
-                                 hovertemplate="%{x} B in %{y:.1f} µs<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                name=f"{cls} calls",
+                x=sub["bytes_max"].to_numpy(),
+                y=np.round(sub["transfer_ns"].to_numpy() / 1e3, 3),
+                mode="markers",
+                marker={"size": 5, "opacity": 0.6},
+                hovertemplate="%{x} B in %{y:.1f} µs<extra></extra>",
+            )
+        )
         fit = fits.get(cls)
         if fit and fit.get("alpha_us") is not None and fit.get("beta_gbps"):
             bx = np.linspace(0, float(sub["bytes_max"].max()), 50)  # type: ignore[arg-type]
             by = fit["alpha_us"] + bx / (fit["beta_gbps"] * 1e9) * 1e6
-            fig.add_trace(go.Scatter(name=f"{cls} fit: α={fit['alpha_us']:.1f} µs, β={fit['beta_gbps']:.2f} GB/s",
-                                     x=np.round(bx, 1), y=np.round(by, 3), mode="lines"))
+            fig.add_trace(
+                go.Scatter(
+                    name=f"{cls} fit: α={fit['alpha_us']:.1f} µs, β={fit['beta_gbps']:.2f} GB/s",
+                    x=np.round(bx, 1),
+                    y=np.round(by, 3),
+                    mode="lines",
+                )
+            )
     fig.update_xaxes(title_text="bytes per rank (max of sent, received)")
     fig.update_yaxes(title_text="wait-free transfer time (µs)")
     return _layout(fig, "α–β fit: transfer time vs message size", height=380)

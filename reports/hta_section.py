@@ -53,7 +53,9 @@ def hta_breakdown(analysis: Analysis) -> HtaBreakdown:
     trace_analysis = _import_hta()
     rk = analysis.tables.ranks.filter(pl.col("format") == "kineto")
     if rk.height == 0:
-        raise NothingToAnalyzeError("--with-hta: HTA reads Kineto traces only and none of the inputs is a Kineto trace; drop --with-hta")
+        raise NothingToAnalyzeError(
+            "--with-hta: HTA reads Kineto traces only and none of the inputs is a Kineto trace; drop --with-hta"
+        )
     # HTA joins relative paths onto its default trace_dir, so hand it absolute ones.
     files = {int(r): str(Path(f).resolve()) for r, f in rk.select("rank", "source_file").iter_rows()}
     hta_log = logging.getLogger("hta")
@@ -89,8 +91,11 @@ def hta_section(analysis: Analysis, progress: Callable[[str, int, int], None] | 
         return Section("hta", "HTA cross-check (HolisticTraceAnalysis)", body)
     if progress:
         progress("hta", 1, 1)
-    parts = ['<p class="note">Computed by HolisticTraceAnalysis on the same Kineto files (its own GPU-kernel '
-             "classification; times in µs as HTA reports them).</p>", "<h3>Temporal breakdown per rank</h3>"]
+    parts = [
+        '<p class="note">Computed by HolisticTraceAnalysis on the same Kineto files (its own GPU-kernel '
+        "classification; times in µs as HTA reports them).</p>",
+        "<h3>Temporal breakdown per rank</h3>",
+    ]
     parts.append(table_html(temporal.columns, [list(r) for r in temporal.iter_rows()]))
     if idle.height:
         idle_tot = idle.group_by("rank", "idle_category").agg(pl.col("idle_time").sum()).sort("rank", "idle_category")

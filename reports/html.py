@@ -39,34 +39,70 @@ class Section:
 
 #: (metric, definition) pairs shown at the end of the page; they follow DESIGN.md §5 / docs/metrics.md.
 METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
-    ("Step time", "Length of a profiler step (ProfilerStep#N) on one rank. The job's step time is that of its slowest rank; "
-     "P50/P95/P99/max are taken over steps."),
-    ("Stage window / busy", "For rank r, step s, layer l, stage k: window = first start → last end of the device work "
-     "attributed to the stage (launched inside its CPU range); busy = |union of those device intervals|. "
-     "On CPU-only traces the 'device' is the compute thread plus the communication worker threads."),
-    ("Overlap, exposed comm", "C = union of a rank's communication intervals, K = union of its compute intervals. "
-     "overlapped = |C ∩ K|, exposed comm = |C \\ K|, overlap efficiency = |C ∩ K| / |C|. Only measured concurrent intervals count."),
-    ("Barrier wait, transfer", "Collectives are matched across ranks (process group + sequence number, or ordinal). "
-     "For a call with per-rank start s_r and end e_r, the last arrival is a = max_r s_r; rank r waits for a_r = a, or, in an "
-     "all-to-allv, for the last of the peers it exchanges rows with; wait_r = a_r − s_r; "
-     "transfer_r = e_r − max(s_r, a_r). A collective's duration includes this wait, so the straggler is the rank with the shortest comm time."),
-    ("Wait matrix, straggler ranking", "M[i][j] = total time rank i waited for rank j (the last of the peers i exchanges with). "
-     "Stragglers are ranked by their median lateness per step (how much later than the second-last rank they arrive); "
-     "times last = calls where the rank arrived last, induced wait = the others' total wait for it."),
-    ("Clock uncertainty", "Ranks on one host share a clock; across hosts a per-host offset is estimated from matched collective end "
-     "times and applied. The residual spread is the uncertainty of every wait figure."),
-    ("I_e (expert imbalance)", "n_e = assignments routed to expert e (top-k counted k times); I_e = max_e n_e / mean_e n_e, "
-     "mean over all experts, empty ones included. 1 = perfectly balanced."),
-    ("I_r (rank imbalance)", "L_r = rows received by rank r in dispatch (column sums of the count matrix); I_r = max_r L_r / mean_r L_r. "
-     "The slowest rank's expert GEMM sets the pace, so I_r bounds the time lost to routing."),
-    ("Count matrix, local ratio", "C[i][j] = rows sent from rank i to rank j per (step, layer, direction); local ratio = trace(C) / sum(C). "
-     "Rank i's send split to j must equal rank j's receive split from i; violations are listed, never hidden."),
-    ("Bytes, bandwidth, α–β fit", "bytes = rows × row bytes. Achieved bandwidth uses the wait-free transfer time. "
-     "T = α + B/β is fitted per link class (intra-host, inter-host): a large α share means latency-bound, else bandwidth-bound."),
-    ("Host stall", "Device idle on the critical path while the host blocks (e.g. cudaStreamSynchronize, a D2H copy of the counts "
-     "before the token all-to-all)."),
-    ("Estimated saving", "Step time saved per step by the remedy of a finding: imbalance → max replaced by mean; full overlap → exposed "
-     "comm removed; straggler fixed → induced wait removed; FP8 dispatch → dispatch bytes halved."),
+    (
+        "Step time",
+        "Length of a profiler step (ProfilerStep#N) on one rank. The job's step time is that of its slowest rank; "
+        "P50/P95/P99/max are taken over steps.",
+    ),
+    (
+        "Stage window / busy",
+        "For rank r, step s, layer l, stage k: window = first start → last end of the device work "
+        "attributed to the stage (launched inside its CPU range); busy = |union of those device intervals|. "
+        "On CPU-only traces the 'device' is the compute thread plus the communication worker threads.",
+    ),
+    (
+        "Overlap, exposed comm",
+        "C = union of a rank's communication intervals, K = union of its compute intervals. "
+        "overlapped = |C ∩ K|, exposed comm = |C \\ K|, overlap efficiency = |C ∩ K| / |C|. Only measured concurrent intervals count.",
+    ),
+    (
+        "Barrier wait, transfer",
+        "Collectives are matched across ranks (process group + sequence number, or ordinal). "
+        "For a call with per-rank start s_r and end e_r, the last arrival is a = max_r s_r; rank r waits for a_r = a, or, in an "
+        "all-to-allv, for the last of the peers it exchanges rows with; wait_r = a_r − s_r; "
+        "transfer_r = e_r − max(s_r, a_r). A collective's duration includes this wait, so the straggler is the rank with the shortest comm time.",
+    ),
+    (
+        "Wait matrix, straggler ranking",
+        "M[i][j] = total time rank i waited for rank j (the last of the peers i exchanges with). "
+        "Stragglers are ranked by their median lateness per step (how much later than the second-last rank they arrive); "
+        "times last = calls where the rank arrived last, induced wait = the others' total wait for it.",
+    ),
+    (
+        "Clock uncertainty",
+        "Ranks on one host share a clock; across hosts a per-host offset is estimated from matched collective end "
+        "times and applied. The residual spread is the uncertainty of every wait figure.",
+    ),
+    (
+        "I_e (expert imbalance)",
+        "n_e = assignments routed to expert e (top-k counted k times); I_e = max_e n_e / mean_e n_e, "
+        "mean over all experts, empty ones included. 1 = perfectly balanced.",
+    ),
+    (
+        "I_r (rank imbalance)",
+        "L_r = rows received by rank r in dispatch (column sums of the count matrix); I_r = max_r L_r / mean_r L_r. "
+        "The slowest rank's expert GEMM sets the pace, so I_r bounds the time lost to routing.",
+    ),
+    (
+        "Count matrix, local ratio",
+        "C[i][j] = rows sent from rank i to rank j per (step, layer, direction); local ratio = trace(C) / sum(C). "
+        "Rank i's send split to j must equal rank j's receive split from i; violations are listed, never hidden.",
+    ),
+    (
+        "Bytes, bandwidth, α–β fit",
+        "bytes = rows × row bytes. Achieved bandwidth uses the wait-free transfer time. "
+        "T = α + B/β is fitted per link class (intra-host, inter-host): a large α share means latency-bound, else bandwidth-bound.",
+    ),
+    (
+        "Host stall",
+        "Device idle on the critical path while the host blocks (e.g. cudaStreamSynchronize, a D2H copy of the counts "
+        "before the token all-to-all).",
+    ),
+    (
+        "Estimated saving",
+        "Step time saved per step by the remedy of a finding: imbalance → max replaced by mean; full overlap → exposed "
+        "comm removed; straggler fixed → induced wait removed; FP8 dispatch → dispatch bytes halved.",
+    ),
 )
 
 _CSS = """
@@ -91,7 +127,9 @@ def _e(x: object) -> str:
     return "–" if x is None else html.escape(str(x))
 
 
-def table_html(headers: Sequence[str], rows: Sequence[Sequence[object]], left: int | Sequence[int] = 1, cls: str = "") -> str:
+def table_html(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], left: int | Sequence[int] = 1, cls: str = ""
+) -> str:
     """A plain HTML table. Cells are escaped.
 
     Args:
@@ -101,11 +139,11 @@ def table_html(headers: Sequence[str], rows: Sequence[Sequence[object]], left: i
         cls: CSS class of the table.
     """
     lefts = set(range(left)) if isinstance(left, int) else set(left)
-    th = "".join(f'<th{_L if i in lefts else ""}>{_e(h)}</th>' for i, h in enumerate(headers))
+    th = "".join(f"<th{_L if i in lefts else ''}>{_e(h)}</th>" for i, h in enumerate(headers))
     body = "".join(
-        "<tr>" + "".join(f'<td{_L if i in lefts else ""}>{_e(c)}</td>' for i, c in enumerate(r)) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td{_L if i in lefts else ''}>{_e(c)}</td>" for i, c in enumerate(r)) + "</tr>" for r in rows
     )
-    return f'<table{f" class={cls!r}" if cls else ""}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return f"<table{f' class={cls!r}' if cls else ''}><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def figure_html(fig: go.Figure | None, div_id: str, missing: str) -> str:
@@ -119,8 +157,10 @@ def figure_html(fig: go.Figure | None, div_id: str, missing: str) -> str:
     height = fig.layout.height or 400
     # "</" inside a <script> block would end it early; JSON allows the escaped form "<\/".
     spec = fig.to_json().replace("</", "<\\/")
-    return (f'<div class="fig"><div id="{div_id}" class="plotly-graph-div ep-fig" style="height:{height}px;width:100%"></div>'
-            f'<script type="application/json" id="{div_id}-spec">{spec}</script></div>')
+    return (
+        f'<div class="fig"><div id="{div_id}" class="plotly-graph-div ep-fig" style="height:{height}px;width:100%"></div>'
+        f'<script type="application/json" id="{div_id}-spec">{spec}</script></div>'
+    )
 
 
 #: Draws every ``div.ep-fig`` in document order, one per task (setTimeout) so the browser paints in
@@ -155,9 +195,20 @@ def _findings_html(analysis: Analysis, mean_step: float | None) -> str:
     rows = []
     for f in found:
         share = fmt_pct(f.est_saving_ns / mean_step) if mean_step else "–"
-        rows.append([f.severity, f.title, fmt_ns(f.est_saving_ns), share, f.remedy,
-                     ", ".join(map(str, f.ranks)) or "all", ", ".join(map(str, f.layers)) or "all"])
-    t = table_html(["severity", "finding", "saving / step", "of mean step", "remedy", "ranks", "layers"], rows, left=(0, 1, 4))
+        rows.append(
+            [
+                f.severity,
+                f.title,
+                fmt_ns(f.est_saving_ns),
+                share,
+                f.remedy,
+                ", ".join(map(str, f.ranks)) or "all",
+                ", ".join(map(str, f.layers)) or "all",
+            ]
+        )
+    t = table_html(
+        ["severity", "finding", "saving / step", "of mean step", "remedy", "ranks", "layers"], rows, left=(0, 1, 4)
+    )
     for sev in ("high", "medium"):
         t = t.replace(f'<td class="l">{sev}</td>', f'<td class="l sev-{sev}">{sev}</td>')
     return t
@@ -170,26 +221,74 @@ def _rank_table_html(analysis: Analysis, max_rows: int = 64) -> str:
     note = ""
     if rt.height > max_rows:
         rt = rt.sort("step_max_ns", descending=True, nulls_last=True).head(max_rows)
-        note = f'<p class="note">The {max_rows} ranks with the longest max step are shown; the JSON summary has all.</p>'
-    rows = [[r["rank"], r["host"] or "–", fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p95_ns"]), fmt_ns(r["step_p99_ns"]),
-             fmt_ns(r["step_max_ns"]), fmt_ns(r["comm_ns"]), fmt_ns(r["exposed_comm_ns"]), fmt_ns(r["exposed_p99_ns"]),
-             fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]), fmt_ns(r["wait_p99_ns"]), fmt_ns(r["transfer_ns"])]
-            for r in rt.iter_rows(named=True)]
-    return note + table_html(["rank", "host", "step P50", "P95", "P99", "max", "comm / step", "exposed / step", "exposed P99",
-                              "overlap eff.", "wait / step", "wait P99", "transfer / step"], rows, left=2)
+        note = (
+            f'<p class="note">The {max_rows} ranks with the longest max step are shown; the JSON summary has all.</p>'
+        )
+    rows = [
+        [
+            r["rank"],
+            r["host"] or "–",
+            fmt_ns(r["step_p50_ns"]),
+            fmt_ns(r["step_p95_ns"]),
+            fmt_ns(r["step_p99_ns"]),
+            fmt_ns(r["step_max_ns"]),
+            fmt_ns(r["comm_ns"]),
+            fmt_ns(r["exposed_comm_ns"]),
+            fmt_ns(r["exposed_p99_ns"]),
+            fmt_pct(r["overlap_efficiency"]),
+            fmt_ns(r["barrier_wait_ns"]),
+            fmt_ns(r["wait_p99_ns"]),
+            fmt_ns(r["transfer_ns"]),
+        ]
+        for r in rt.iter_rows(named=True)
+    ]
+    return note + table_html(
+        [
+            "rank",
+            "host",
+            "step P50",
+            "P95",
+            "P99",
+            "max",
+            "comm / step",
+            "exposed / step",
+            "exposed P99",
+            "overlap eff.",
+            "wait / step",
+            "wait P99",
+            "transfer / step",
+        ],
+        rows,
+        left=2,
+    )
 
 
 def _imbalance_table(analysis: Analysis) -> str:
     imb = analysis.imbalance
     if imb.height == 0:
         return ""
-    agg = imb.group_by("layer").agg(
-        pl.col("I_e").median().alias("ie50"), pl.col("I_e").max().alias("iemax"),
-        pl.col("I_r").median().alias("ir50"), pl.col("I_r").max().alias("irmax"),
-        pl.col("local_ratio").median().alias("local"),
-    ).sort("layer")
-    rows = [[r["layer"], fmt_ratio(r["ie50"]), fmt_ratio(r["iemax"]), fmt_ratio(r["ir50"]), fmt_ratio(r["irmax"]), fmt_pct(r["local"])]
-            for r in agg.iter_rows(named=True)]
+    agg = (
+        imb.group_by("layer")
+        .agg(
+            pl.col("I_e").median().alias("ie50"),
+            pl.col("I_e").max().alias("iemax"),
+            pl.col("I_r").median().alias("ir50"),
+            pl.col("I_r").max().alias("irmax"),
+            pl.col("local_ratio").median().alias("local"),
+        )
+        .sort("layer")
+    )
+    rows = [
+        [
+            r["layer"],
+            fmt_ratio(r["ie50"]),
+            fmt_ratio(r["iemax"]),
+            fmt_ratio(r["ir50"]),
+            fmt_ratio(r["irmax"]),
+            fmt_pct(r["local"]),
+        ]
+        for r in agg.iter_rows(named=True)
+    ]
     return table_html(["layer", "I_e P50", "I_e max", "I_r P50", "I_r max", "local ratio"], rows)
 
 
@@ -208,7 +307,10 @@ def _host_stalls_html(analysis: Analysis, top: int = 15) -> str:
         return '<p class="note">No host stalls found (no device idle while the host blocks inside a stage).</p>'
     tot = hs.group_by("rank").agg(pl.col("stall_ns").sum()).sort("stall_ns", descending=True)
     worst = hs.sort("stall_ns", descending=True).head(top)
-    rows = [[r["rank"], r["step"], r["layer"], r["stage"], r["name"], fmt_ns(r["stall_ns"])] for r in worst.iter_rows(named=True)]
+    rows = [
+        [r["rank"], r["step"], r["layer"], r["stage"], r["name"], fmt_ns(r["stall_ns"])]
+        for r in worst.iter_rows(named=True)
+    ]
     head = f'<p class="note">{hs.height} stalls; most on rank {tot["rank"][0]} ({fmt_ns(tot["stall_ns"][0])} total). Longest {min(top, hs.height)}:</p>'
     return head + table_html(["rank", "step", "layer", "stage", "blocking call", "device idle"], rows, left=5)
 
@@ -217,10 +319,17 @@ def _alpha_beta_table(analysis: Analysis) -> str:
     ab = analysis.alpha_beta
     if ab.height == 0:
         return ""
-    rows = [[r["link_class"], "–" if is_missing(r["alpha_us"]) else f"{r['alpha_us']:.1f} µs",
-             "–" if is_missing(r["beta_gbps"]) else f"{r['beta_gbps']:.2f} GB/s",
-             "–" if is_missing(r["r2"]) else f"{r['r2']:.3f}", r["n"], str(r["verdict"]).replace("_", " ")]
-            for r in ab.iter_rows(named=True)]
+    rows = [
+        [
+            r["link_class"],
+            "–" if is_missing(r["alpha_us"]) else f"{r['alpha_us']:.1f} µs",
+            "–" if is_missing(r["beta_gbps"]) else f"{r['beta_gbps']:.2f} GB/s",
+            "–" if is_missing(r["r2"]) else f"{r['r2']:.3f}",
+            r["n"],
+            str(r["verdict"]).replace("_", " "),
+        ]
+        for r in ab.iter_rows(named=True)
+    ]
     return table_html(["link class", "α (latency)", "β (bandwidth)", "r²", "calls", "verdict"], rows, left=1)
 
 
@@ -230,55 +339,92 @@ def _hta_overlap_html(analysis: Analysis) -> str:
     if ho is None or ho.height == 0:
         return ""
     ours = dict(analysis.rank_summary.select("rank", "overlap_efficiency").iter_rows())
-    rows = [[r["rank"], f"{r['comp_comm_overlap_pctg']:.1f}%" if r.get("comp_comm_overlap_pctg") is not None else "–",
-             fmt_pct(ours.get(r["rank"]))] for r in ho.sort("rank").iter_rows(named=True)]
-    return ("<h3>HTA-compatible overlap (--hta-compatible)</h3>"
-            '<p class="note">HTA counts the share of communication kernel time overlapped by compute kernels, with its own '
-            "name-based classification and step filter; ep-trace's overlap efficiency is |C ∩ K| / |C|.</p>"
-            + table_html(["rank", "HTA comp/comm overlap", "ep-trace overlap efficiency"], rows))
+    rows = [
+        [
+            r["rank"],
+            f"{r['comp_comm_overlap_pctg']:.1f}%" if r.get("comp_comm_overlap_pctg") is not None else "–",
+            fmt_pct(ours.get(r["rank"])),
+        ]
+        for r in ho.sort("rank").iter_rows(named=True)
+    ]
+    return (
+        "<h3>HTA-compatible overlap (--hta-compatible)</h3>"
+        '<p class="note">HTA counts the share of communication kernel time overlapped by compute kernels, with its own '
+        "name-based classification and step filter; ep-trace's overlap efficiency is |C ∩ K| / |C|.</p>"
+        + table_html(["rank", "HTA comp/comm overlap", "ep-trace overlap efficiency"], rows)
+    )
 
 
 def _misaligned_html(analysis: Analysis) -> str:
     mis = analysis.misaligned
     if mis is None or mis.height == 0:
         return ""
-    rows = [[r.get("pg_name"), r.get("step"), r.get("calls_per_rank"), r.get("reason")] for r in mis.head(30).iter_rows(named=True)]
-    return ("<h3>Collectives not matched across ranks</h3>"
-            '<p class="note">These calls are left out of every wait figure rather than paired wrongly.</p>'
-            + table_html(["process group", "step", "calls per rank", "reason"], rows, left=4))
+    rows = [
+        [r.get("pg_name"), r.get("step"), r.get("calls_per_rank"), r.get("reason")]
+        for r in mis.head(30).iter_rows(named=True)
+    ]
+    return (
+        "<h3>Collectives not matched across ranks</h3>"
+        '<p class="note">These calls are left out of every wait figure rather than paired wrongly.</p>'
+        + table_html(["process group", "step", "calls per rank", "reason"], rows, left=4)
+    )
 
 
 def _load_report_html(analysis: Analysis, notes: Sequence[str]) -> str:
-    parts = [f'<p>Stage detection method: <b>{_e(analysis.detection_method)}</b>.</p>']
+    parts = [f"<p>Stage detection method: <b>{_e(analysis.detection_method)}</b>.</p>"]
     issues = list(analysis.load_report) or list(analysis.tables.load_report)
     if issues:
         rows = [[i.level, i.rank if i.rank is not None else "–", i.file, i.message] for i in issues]
-        parts.append("<h3>Skipped or flagged inputs</h3>" + table_html(["level", "rank", "file", "what happened"], rows, left=4))
+        parts.append(
+            "<h3>Skipped or flagged inputs</h3>" + table_html(["level", "rank", "file", "what happened"], rows, left=4)
+        )
     else:
         parts.append('<p class="note">Every input file was read without caveats.</p>')
     rk = analysis.tables.ranks
     if rk.height:
         shown = rk.sort("rank").head(64)
-        rows = [[r["rank"], r["host"] or "–", r["format"], r["rank_source"], "yes" if r["has_sidecar"] else "no", r["source_file"]]
-                for r in shown.iter_rows(named=True)]
+        rows = [
+            [
+                r["rank"],
+                r["host"] or "–",
+                r["format"],
+                r["rank_source"],
+                "yes" if r["has_sidecar"] else "no",
+                r["source_file"],
+            ]
+            for r in shown.iter_rows(named=True)
+        ]
         more = f'<p class="note">{rk.height - 64} more ranks not listed.</p>' if rk.height > 64 else ""
-        parts.append("<h3>Ranks read</h3>" + table_html(["rank", "host", "format", "rank from", "sidecar", "file"], rows, left=6) + more)
+        parts.append(
+            "<h3>Ranks read</h3>"
+            + table_html(["rank", "host", "format", "rank from", "sidecar", "file"], rows, left=6)
+            + more
+        )
     coll = analysis.tables.collectives
     if coll.height and "splits_truncated" in coll.columns:
         n_tr = int(coll["splits_truncated"].sum())
         if n_tr:
-            parts.append(f"<p>{n_tr} collective calls have split lists truncated by Kineto (beyond 30 ranks) and no sidecar: "
-                         "their count-matrix rows are missing.</p>")
+            parts.append(
+                f"<p>{n_tr} collective calls have split lists truncated by Kineto (beyond 30 ranks) and no sidecar: "
+                "their count-matrix rows are missing.</p>"
+            )
     if analysis.split_violations.height:
-        parts.append(f"<p><b>{analysis.split_violations.height} split inconsistencies</b>: a rank's send split differs from its "
-                     "peer's receive split.</p>")
+        parts.append(
+            f"<p><b>{analysis.split_violations.height} split inconsistencies</b>: a rank's send split differs from its "
+            "peer's receive split.</p>"
+        )
         sv = analysis.split_violations.head(20)
         parts.append(table_html(["step", "call", "src", "dst", "sent", "received"], [list(r) for r in sv.iter_rows()]))
     ck = analysis.clock
     if ck.height:
         worst = ck["residual_ns"].max()
-        parts.append(f"<p>Clock alignment: {ck.height} host(s); residual uncertainty of wait figures up to {fmt_ns(worst)}.</p>")
-        rows = [[r["host"], fmt_ns(r["offset_ns"], signed=True), fmt_ns(r["residual_ns"])] for r in ck.head(64).iter_rows(named=True)]
+        parts.append(
+            f"<p>Clock alignment: {ck.height} host(s); residual uncertainty of wait figures up to {fmt_ns(worst)}.</p>"
+        )
+        rows = [
+            [r["host"], fmt_ns(r["offset_ns"], signed=True), fmt_ns(r["residual_ns"])]
+            for r in ck.head(64).iter_rows(named=True)
+        ]
         parts.append(table_html(["host", "offset applied", "residual"], rows))
     parts.append(_misaligned_html(analysis))
     all_notes = list(analysis.notes) + list(notes)
@@ -303,7 +449,7 @@ def page(title: str, body: str, subtitle: str = "") -> str:
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
-        f'<body><main><h1>{_e(title)}</h1>{sub}{body}</main>'
+        f"<body><main><h1>{_e(title)}</h1>{sub}{body}</main>"
         f'<script type="text/javascript">{get_plotlyjs()}</script><script type="text/javascript">{_RENDERER}</script></body></html>'
     )
 
@@ -339,52 +485,108 @@ def render_report(
     tick = (lambda i: progress("render", i, steps_total)) if progress else (lambda i: None)
 
     sections: list[tuple[str, str, str]] = []
-    verdict_html = (f'<div class="verdict {_e(v.severity)}"><div class="headline">{_e(v.headline)}</div>'
-                    f'<div class="detail">{_e(v.detail)}</div><div class="context">{_e(v.context)}</div></div>')
+    verdict_html = (
+        f'<div class="verdict {_e(v.severity)}"><div class="headline">{_e(v.headline)}</div>'
+        f'<div class="detail">{_e(v.detail)}</div><div class="context">{_e(v.context)}</div></div>'
+    )
     sections.append(("verdict", "Verdict and findings", verdict_html + _findings_html(analysis, ss.mean_ns)))
     tick(1)
-    sections.append(("stages", "Where the time goes: stages per rank",
-                     '<p class="note">Busy = device time of the stage; window = first start to last end. A window much longer than busy time is idle or waiting.</p>'
-                     + figure_html(figures.stage_breakdown(analysis), "fig-stages", "No stages detected: the trace has no ep-trace stage ranges and no preset matched.")))
+    sections.append(
+        (
+            "stages",
+            "Where the time goes: stages per rank",
+            '<p class="note">Busy = device time of the stage; window = first start to last end. A window much longer than busy time is idle or waiting.</p>'
+            + figure_html(
+                figures.stage_breakdown(analysis),
+                "fig-stages",
+                "No stages detected: the trace has no ep-trace stage ranges and no preset matched.",
+            ),
+        )
+    )
     tick(2)
     tl_note = ""
     if sel.sampled:
-        tl_note = (f'<p class="note">{len(sel.ranks)} of {sel.n_ranks_total} ranks drawn (the stragglers, the rank that waits most, '
-                   "and evenly spaced ranks) to keep the page light.</p>")
+        tl_note = (
+            f'<p class="note">{len(sel.ranks)} of {sel.n_ranks_total} ranks drawn (the stragglers, the rank that waits most, '
+            "and evenly spaced ranks) to keep the page light.</p>"
+        )
         notes.append(f"Timeline: {len(sel.ranks)} of {sel.n_ranks_total} ranks drawn.")
     if sel.min_interval_ns:
         tl_note += f'<p class="note">Intervals shorter than {fmt_ns(sel.min_interval_ns)} are not drawn.</p>'
         notes.append(f"Timeline: intervals shorter than {fmt_ns(sel.min_interval_ns)} left out.")
-    sections.append(("timeline", "Timeline of a representative step",
-                     '<p class="note">The step whose slowest-rank length is the median. Grey = communication; red = waiting for the last arriver inside a collective; brown = communication not hidden under compute (exposed).</p>'
-                     + tl_note + figure_html(figures.step_timeline(analysis, sel), "fig-timeline", "No intervals to draw for this step.")))
+    sections.append(
+        (
+            "timeline",
+            "Timeline of a representative step",
+            '<p class="note">The step whose slowest-rank length is the median. Grey = communication; red = waiting for the last arriver inside a collective; brown = communication not hidden under compute (exposed).</p>'
+            + tl_note
+            + figure_html(figures.step_timeline(analysis, sel), "fig-timeline", "No intervals to draw for this step."),
+        )
+    )
     tick(3)
     no_routing = "No routing data: the traces carry neither an ep-trace sidecar nor all-to-all split sizes, so expert load and the count matrix are unknown."
     if analysis.count_matrix.height or analysis.expert_load.height:
         n_r = figures.n_ranks(analysis)
         if n_r > 64:
             notes.append(f"Count matrix: {n_r} ranks binned into groups of {-(-n_r // 64)}.")
-        routing = (figure_html(figures.count_matrix_heatmap(analysis), "fig-count-matrix", "No count matrix (no split sizes recorded).")
-                   + figure_html(figures.expert_load_bars(analysis), "fig-expert-load", "No per-expert counts (no ep-trace sidecar routing records).")
-                   + figure_html(figures.imbalance_per_layer(analysis), "fig-imbalance", "No imbalance figures.")
-                   + _imbalance_table(analysis))
+        routing = (
+            figure_html(
+                figures.count_matrix_heatmap(analysis), "fig-count-matrix", "No count matrix (no split sizes recorded)."
+            )
+            + figure_html(
+                figures.expert_load_bars(analysis),
+                "fig-expert-load",
+                "No per-expert counts (no ep-trace sidecar routing records).",
+            )
+            + figure_html(figures.imbalance_per_layer(analysis), "fig-imbalance", "No imbalance figures.")
+            + _imbalance_table(analysis)
+        )
     else:
         routing = f'<p class="note">{_e(no_routing)}</p>'
     sections.append(("routing", "Routing: count matrix and expert load", routing))
     tick(4)
-    sections.append(("overlap", "Overlap: how much communication is hidden",
-                     figure_html(figures.overlap_per_rank(analysis), "fig-overlap-rank", "No communication intervals found.")
-                     + figure_html(figures.overlap_per_stage(analysis), "fig-overlap-stage", "No per-stage communication (no stages with comm).")
-                     + _hta_overlap_html(analysis)))
+    sections.append(
+        (
+            "overlap",
+            "Overlap: how much communication is hidden",
+            figure_html(figures.overlap_per_rank(analysis), "fig-overlap-rank", "No communication intervals found.")
+            + figure_html(
+                figures.overlap_per_stage(analysis),
+                "fig-overlap-stage",
+                "No per-stage communication (no stages with comm).",
+            )
+            + _hta_overlap_html(analysis),
+        )
+    )
     tick(5)
-    sections.append(("wait", "Barrier wait and stragglers",
-                     figure_html(figures.barrier_wait_per_rank(analysis), "fig-wait-rank", "No matched collectives, so no barrier wait.")
-                     + figure_html(figures.wait_matrix_heatmap(analysis), "fig-wait-matrix", "Nobody waited: the wait matrix is all zero.")
-                     + _stragglers_html(analysis) + "<h3>Per-rank step time and communication</h3>" + _rank_table_html(analysis)))
+    sections.append(
+        (
+            "wait",
+            "Barrier wait and stragglers",
+            figure_html(
+                figures.barrier_wait_per_rank(analysis), "fig-wait-rank", "No matched collectives, so no barrier wait."
+            )
+            + figure_html(
+                figures.wait_matrix_heatmap(analysis), "fig-wait-matrix", "Nobody waited: the wait matrix is all zero."
+            )
+            + _stragglers_html(analysis)
+            + "<h3>Per-rank step time and communication</h3>"
+            + _rank_table_html(analysis),
+        )
+    )
     tick(6)
-    sections.append(("alphabeta", "Message size and bandwidth (α–β fit)",
-                     figure_html(figures.alpha_beta_scatter(analysis), "fig-alpha-beta", "No matched calls with known bytes, so no α–β fit.")
-                     + _alpha_beta_table(analysis)))
+    sections.append(
+        (
+            "alphabeta",
+            "Message size and bandwidth (α–β fit)",
+            figure_html(
+                figures.alpha_beta_scatter(analysis),
+                "fig-alpha-beta",
+                "No matched calls with known bytes, so no α–β fit.",
+            )
+            + _alpha_beta_table(analysis),
+        )
+    )
     sections.append(("stalls", "Host stalls", _host_stalls_html(analysis)))
     tick(7)
     sections.append(("load", "Load report: what was read, skipped, guessed", _load_report_html(analysis, notes)))
@@ -399,4 +601,3 @@ def render_report(
     out = page(title, body, subtitle)
     tick(9)
     return out
-

@@ -30,7 +30,9 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
     v = digest.verdict(analysis)
     ss = digest.step_stats(analysis)
     head = Group(Text(v.headline, style=_STYLE.get(v.severity, "")), Text(v.detail), Text(v.context, style="dim"))
-    out: list[RenderableType] = [Panel(head, title="verdict", title_align="left", border_style=_STYLE.get(v.severity, ""))]
+    out: list[RenderableType] = [
+        Panel(head, title="verdict", title_align="left", border_style=_STYLE.get(v.severity, ""))
+    ]
     found = digest.ranked_findings(analysis)
     if found:
         t = Table(title="top findings", title_justify="left", show_edge=False)
@@ -39,8 +41,12 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         t.add_column("saving/step", justify="right")
         t.add_column("of mean step", justify="right")
         for f in found[:max_findings]:
-            t.add_row(Text(f.severity, style=_STYLE.get(f.severity, "")), f.title, fmt_ns(f.est_saving_ns),
-                      fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–")
+            t.add_row(
+                Text(f.severity, style=_STYLE.get(f.severity, "")),
+                f.title,
+                fmt_ns(f.est_saving_ns),
+                fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–",
+            )
         out.append(t)
     rt = digest.rank_table(analysis)
     if rt.height:
@@ -52,7 +58,14 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         for c in ("rank", "step P50", "P99", "max", "exposed comm", "overlap", "wait"):
             t.add_column(c, justify="right")
         for r in rt.iter_rows(named=True):
-            t.add_row(str(r["rank"]), fmt_ns(r["step_p50_ns"]), fmt_ns(r["step_p99_ns"]), fmt_ns(r["step_max_ns"]),
-                      fmt_ns(r["exposed_comm_ns"]), fmt_pct(r["overlap_efficiency"]), fmt_ns(r["barrier_wait_ns"]))
+            t.add_row(
+                str(r["rank"]),
+                fmt_ns(r["step_p50_ns"]),
+                fmt_ns(r["step_p99_ns"]),
+                fmt_ns(r["step_max_ns"]),
+                fmt_ns(r["exposed_comm_ns"]),
+                fmt_pct(r["overlap_efficiency"]),
+                fmt_ns(r["barrier_wait_ns"]),
+            )
         out.append(t)
     return out

@@ -1,4 +1,4 @@
-"""ep_trace.allocator: polars' jemalloc options set at ``import ep_trace`` (before polars loads),
+"""ep_trace.parsers.allocator: polars' jemalloc options set at ``import ep_trace`` (before polars loads),
 never over the user's own, and never after polars is loaded; glibc heap trim is harmless."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import os
 import subprocess
 import sys
 
-from ep_trace import allocator
+from ep_trace.parsers import allocator
 
 _PROBE = (
     "import json, os\n"
     "{pre}"
     "import ep_trace, polars\n"
-    "from ep_trace import allocator\n"
+    "from ep_trace.parsers import allocator\n"
     "print(json.dumps([os.environ.get('_RJEM_MALLOC_CONF'), allocator.jemalloc_configured()]))\n"
 )
 
@@ -23,7 +23,9 @@ def _probe(pre: str = "", env_value: str | None = None) -> tuple[str | None, boo
     env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
     if env_value is not None:
         env["_RJEM_MALLOC_CONF"] = env_value
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(pre=pre)], env=env, capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(pre=pre)], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
     value, configured = json.loads(out.stdout.strip().splitlines()[-1])
     return value, configured
 
@@ -58,7 +60,7 @@ def test_spawned_workers_inherit_the_options(tmp_path) -> None:
     script.write_text(
         "import json, multiprocessing as mp\n"
         "import ep_trace\n"
-        "from ep_trace import allocator\n"
+        "from ep_trace.parsers import allocator\n"
         "def child(_):\n"
         "    import polars\n"
         "    return allocator.jemalloc_configured()\n"
@@ -67,7 +69,9 @@ def test_spawned_workers_inherit_the_options(tmp_path) -> None:
         "        print(json.dumps(p.map(child, [0])))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True]
 
 

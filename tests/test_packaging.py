@@ -40,7 +40,8 @@ def test_wheel_installs_namespace_packages(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(dist.glob("ep_trace-*.whl"))
@@ -51,8 +52,11 @@ def test_wheel_installs_namespace_packages(tmp_path: Path) -> None:
     assert "ep_trace/reports/__init__.py" in names
     assert "ep_trace/py.typed" in names
     target = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     code = f"import sys; sys.path.insert(0, {str(target)!r}); import ep_trace.parsers, ep_trace.reports; print(ep_trace.parsers.__file__)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")

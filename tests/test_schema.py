@@ -21,7 +21,9 @@ def test_kind_is_an_enum_of_event_kinds() -> None:
 def test_category_is_categorical() -> None:
     ev = schema.conform("events", pl.DataFrame({**ROW, "category": ["kernel"]}))
     assert ev.schema["category"] == pl.Categorical() and ev["category"].to_physical().dtype == pl.UInt32
-    assert ev.filter(pl.col("category") == "kernel").height == 1 and ev.filter(pl.col("category") == "cpu_op").height == 0
+    assert (
+        ev.filter(pl.col("category") == "kernel").height == 1 and ev.filter(pl.col("category") == "cpu_op").height == 0
+    )
 
 
 def test_unknown_kind_is_a_one_line_error() -> None:
@@ -34,4 +36,7 @@ def test_negative_interval_names_the_row() -> None:
     df = schema.conform("events", pl.DataFrame({**ROW, "start_ns": [9]}))
     with pytest.raises(TraceFormatError) as exc:
         schema.validate("events", df, "rank0.json")
-    assert str(exc.value) == "rank0.json: events[0]: negative duration in table 'events' (start_ns=9, end_ns=7); the trace is corrupt; re-export it"
+    assert (
+        str(exc.value)
+        == "rank0.json: events[0]: negative duration in table 'events' (start_ns=9, end_ns=7); the trace is corrupt; re-export it"
+    )

@@ -49,7 +49,6 @@ def _free_port() -> int:
 def run_job(job: Any, timeout_s: float) -> list[dict[str, Any]]:
     """Spawn ``job.world`` ranks of ``workload.worker``; returns their timing records."""
     import torch.multiprocessing as mp
-
     import workload
 
     Path(job.job_dir).mkdir(parents=True, exist_ok=True)
@@ -63,7 +62,11 @@ def run_job(job: Any, timeout_s: float) -> list[dict[str, Any]]:
     out = []
     for r in range(job.world):
         f = Path(job.job_dir) / f"timing_rank{r}.json"
-        out.append(json.loads(f.read_text()) if f.exists() else {"rank": r, "error": f"no result (timeout {timeout_s:.0f} s or crash)"})
+        out.append(
+            json.loads(f.read_text())
+            if f.exists()
+            else {"rank": r, "error": f"no result (timeout {timeout_s:.0f} s or crash)"}
+        )
     return out
 
 
@@ -104,7 +107,11 @@ def _analysis_summary(job_dir: Path) -> str:
 
         a = analyze(read_trace_dir(job_dir))
         steps = a.steps.filter(pl.col("rank") == 0)
-        cols = [c for c in ("step_time_ns", "comm_ns", "compute_ns", "overlapped_ns", "exposed_comm_ns") if c in steps.columns]
+        cols = [
+            c
+            for c in ("step_time_ns", "comm_ns", "compute_ns", "overlapped_ns", "exposed_comm_ns")
+            if c in steps.columns
+        ]
         med = {c: int(steps[c].median()) for c in cols} if steps.height else {}
         return f"ok: {steps.height} steps, {a.stages.height} stage rows, rank-0 medians {med}"[:400]
     except Exception as exc:  # the check reports what is missing instead of dying
@@ -144,11 +151,20 @@ def capture_test_data(base: Any, work: Path, out: Path, timeout_s: float) -> dic
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for mode in ("kineto", "cupti"):
-            job = replace(base, world=1, mode=mode, job_dir=str(work / f"testdata_{mode}"), port=_free_port(),
-                          keep_raw=(mode == "cupti"), **small)
+            job = replace(
+                base,
+                world=1,
+                mode=mode,
+                job_dir=str(work / f"testdata_{mode}"),
+                port=_free_port(),
+                keep_raw=(mode == "cupti"),
+                **small,
+            )
             r = run_job(job, timeout_s)[0]
             info[mode] = r.get("error") or "ok"
-            files = sorted((Path(job.job_dir) / "trace").glob("rank0.*")) + sorted(Path(job.job_dir).glob("cupti_records*"))
+            files = sorted((Path(job.job_dir) / "trace").glob("rank0.*")) + sorted(
+                Path(job.job_dir).glob("cupti_records*")
+            )
             for f in files:
                 tar.add(f, arcname=f"{mode}/{f.name}")
         cmd = (
@@ -230,12 +246,21 @@ def results_block(res: dict[str, Any]) -> str:
                 f"- gpu_user_annotation vs stage ranges: {g['spans']} ep: spans, {g['envelopes']} expected envelopes, "
                 f"{g['matched']} matched; span - envelope start {g['start_dev_ns']} ns, end {g['end_dev_ns']} ns"
             )
-        lines.append(f"- comm kernels (comm_classifier): Kineto {c.get('kineto_comm_kernels')}, CUPTI {c.get('cupti_comm_kernels')}")
-        kin_st, cup_st = dict((n, v) for n, _, v in c.get("kineto_stage_ns", [])), dict((n, v) for n, _, v in c.get("cupti_stage_ns", []))
+        lines.append(
+            f"- comm kernels (comm_classifier): Kineto {c.get('kineto_comm_kernels')}, CUPTI {c.get('cupti_comm_kernels')}"
+        )
+        kin_st, cup_st = (
+            dict((n, v) for n, _, v in c.get("kineto_stage_ns", [])),
+            dict((n, v) for n, _, v in c.get("cupti_stage_ns", [])),
+        )
         if kin_st or cup_st:
-            lines.append("- stage envelope median us (Kineto / CUPTI): " + ", ".join(
-                f"{n} {kin_st.get(n, 0) / 1e3:.1f} / {cup_st.get(n, 0) / 1e3:.1f}" for n in sorted(set(kin_st) | set(cup_st))
-            ))
+            lines.append(
+                "- stage envelope median us (Kineto / CUPTI): "
+                + ", ".join(
+                    f"{n} {kin_st.get(n, 0) / 1e3:.1f} / {cup_st.get(n, 0) / 1e3:.1f}"
+                    for n in sorted(set(kin_st) | set(cup_st))
+                )
+            )
         for key in ("kineto_error", "cupti_error", "analysis_kineto", "analysis_cupti"):
             if c.get(key):
                 lines.append(f"- {key}: {c[key]}")
@@ -254,15 +279,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="CPU + gloo, tiny sizes; checks the script without a GPU")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--workload", choices=("auto", "reference", "builtin"), default="auto",
-                    help="auto: ep_trace.workloads.moe, else the built-in layer if it fails on the device")
+    ap.add_argument(
+        "--workload",
+        choices=("auto", "reference", "builtin"),
+        default="auto",
+        help="auto: ep_trace.workloads.moe, else the built-in layer if it fails on the device",
+    )
     ap.add_argument("--budget", type=float, default=420.0, help="seconds; later jobs are skipped (and listed) past it")
     ap.add_argument("--no-test-data", action="store_true", help="skip the small capture for tests/data")
     ap.add_argument("--job-timeout", type=float, default=120.0, help="seconds per (world, mode) job")
     args = ap.parse_args(argv)
 
     import torch
-
     from workload import Job
 
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
@@ -294,24 +322,54 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() - t_all > args.budget:
                 res["skipped"].append(f"world {world} {mode}: over the {args.budget:.0f} s budget")
                 continue
-            job = Job(world=world, mode=mode, job_dir=str(args.work / f"{mode}_w{world}"), port=_free_port(), device=device,
-                      steps=args.steps, warmup=args.warmup, workload=args.workload, **sizes)
+            job = Job(
+                world=world,
+                mode=mode,
+                job_dir=str(args.work / f"{mode}_w{world}"),
+                port=_free_port(),
+                device=device,
+                steps=args.steps,
+                warmup=args.warmup,
+                workload=args.workload,
+                **sizes,
+            )
             t0 = time.monotonic()
             ranks = run_job(job, args.job_timeout)
             r0 = ranks[0]
-            m = {k: r0.get(k) for k in ("backend", "device", "staged_comm", "workload", "reference_error", "clock_offset_ns",
-                                         "export_ns", "stage_hook_installed_by_check", "error")}
-            m.update(median_ms=_median_ms(r0.get("times_ns", [])), p95_ms=_p95_ms(r0.get("times_ns", [])),
-                     flush_median_ms=_median_ms(r0.get("flush_ns", [])), wall_s=round(time.monotonic() - t0, 1),
-                     rank_errors=[r.get("error") for r in ranks if r.get("error")])
+            m = {
+                k: r0.get(k)
+                for k in (
+                    "backend",
+                    "device",
+                    "staged_comm",
+                    "workload",
+                    "reference_error",
+                    "clock_offset_ns",
+                    "export_ns",
+                    "stage_hook_installed_by_check",
+                    "error",
+                )
+            }
+            m.update(
+                median_ms=_median_ms(r0.get("times_ns", [])),
+                p95_ms=_p95_ms(r0.get("times_ns", [])),
+                flush_median_ms=_median_ms(r0.get("flush_ns", [])),
+                wall_s=round(time.monotonic() - t0, 1),
+                rank_errors=[r.get("error") for r in ranks if r.get("error")],
+            )
             res["jobs"][world][mode] = m
-            print(f"[gpu-check] world {world} {mode}: {m['median_ms']} ms/step, wall {m['wall_s']} s, error {m['error']}", flush=True)
+            print(
+                f"[gpu-check] world {world} {mode}: {m['median_ms']} ms/step, wall {m['wall_s']} s, error {m['error']}",
+                flush=True,
+            )
             _save(args.out, res, t_all)  # partial results survive a kill by the outer timeout
         res["compare"][world] = compare_world(args.work, world)
         _save(args.out, res, t_all)
     if not args.no_test_data and time.monotonic() - t_all < args.budget:
         res["test_data"] = capture_test_data(
-            Job(world=1, mode="kineto", job_dir="", port=0, device=device, workload=args.workload), args.work, args.out,
+            Job(world=1, mode="kineto", job_dir="", port=0, device=device, workload=args.workload),
+            args.work,
+            args.out,
             args.job_timeout,
         )
     elif not args.no_test_data:

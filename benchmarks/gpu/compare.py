@@ -87,7 +87,8 @@ def compare_kernel_lists(a: pl.DataFrame, b: pl.DataFrame) -> dict[str, Any]:
     seq_b = b.group_by("ord").agg(pl.col("name").sort_by("idx").alias("names_b"))
     same_seq = seq_a.join(seq_b, on="ord").filter(pl.col("names") == pl.col("names_b"))["ord"]
     paired = a.filter(pl.col("ord").is_in(same_seq.implode())).join(
-        b.select("ord", "idx", pl.col("dur_ns").alias("dur_b"), pl.col("rel_start_ns").alias("rel_b")), on=["ord", "idx"]
+        b.select("ord", "idx", pl.col("dur_ns").alias("dur_b"), pl.col("rel_start_ns").alias("rel_b")),
+        on=["ord", "idx"],
     )
     d = paired.select(
         (pl.col("dur_b") - pl.col("dur_ns")).abs().alias("dd"),
@@ -122,8 +123,11 @@ def expected_envelopes(events: pl.DataFrame, pattern: str = r"^ep:") -> pl.DataF
         Columns ``range_id``, ``name``, ``stream``, ``exp_start_ns``, ``exp_end_ns``, ``n_kernels``.
     """
     ranges = events.filter((pl.col("kind") == "cpu_annotation") & pl.col("name").str.contains(pattern)).select(
-        pl.col("event_id").alias("range_id"), "name", pl.col("tid").alias("r_tid"),
-        pl.col("start_ns").alias("r0"), pl.col("end_ns").alias("r1"),
+        pl.col("event_id").alias("range_id"),
+        "name",
+        pl.col("tid").alias("r_tid"),
+        pl.col("start_ns").alias("r0"),
+        pl.col("end_ns").alias("r1"),
     )
     k = _launch_start(events).select("stream", "start_ns", "end_ns", "launch_ns", "launch_tid")
     hits = k.join_where(
@@ -155,8 +159,10 @@ def check_gpu_annotations(events: pl.DataFrame, pattern: str = r"^ep:") -> dict[
     """
     env = expected_envelopes(events, pattern)
     spans = events.filter((pl.col("kind") == "gpu_annotation") & pl.col("name").str.contains(pattern)).select(
-        pl.col("name").alias("s_name"), pl.col("stream").alias("s_stream"),
-        pl.col("start_ns").alias("s0"), pl.col("end_ns").alias("s1"),
+        pl.col("name").alias("s_name"),
+        pl.col("stream").alias("s_stream"),
+        pl.col("start_ns").alias("s0"),
+        pl.col("end_ns").alias("s1"),
     )
     m = env.with_columns(((pl.col("exp_start_ns") + pl.col("exp_end_ns")) // 2).alias("mid")).join_where(
         spans,
@@ -190,6 +196,9 @@ def stage_durations(events: pl.DataFrame, pattern: str = r"^ep:") -> pl.DataFram
     env = expected_envelopes(events, pattern)
     return (
         env.group_by("name")
-        .agg(pl.len().alias("n"), (pl.col("exp_end_ns") - pl.col("exp_start_ns")).median().cast(pl.Int64).alias("median_ns"))
+        .agg(
+            pl.len().alias("n"),
+            (pl.col("exp_end_ns") - pl.col("exp_start_ns")).median().cast(pl.Int64).alias("median_ns"),
+        )
         .sort("name")
     )

@@ -1,7 +1,7 @@
 """Per-rank worker of the GPU check: one MoE EP workload, timed under one capture mode.
 
 Modes: ``none`` (no capture), ``kineto`` (:class:`ep_trace.Tracer`), ``cupti``
-(:class:`ep_trace.cupti.collector.CuptiCollector`). The workload is the reference EP layer of
+(:class:`ep_trace.capture.cupti.collector.CuptiCollector`). The workload is the reference EP layer of
 ``ep_trace.workloads.moe`` (route -> ep_moe_forward per layer) when it runs on the device; if it
 raises there (it was written and tested on gloo/CPU), a built-in EP layer with the same stages and
 the same ``stage()`` names is used instead and the result says so. With more ranks than GPUs, NCCL
@@ -19,9 +19,10 @@ import json
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,9 @@ def _backend(job: Job) -> str:
     return "gloo"
 
 
-def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None, in_splits: list[int] | None, staged: bool) -> None:
+def _a2a(
+    out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None, in_splits: list[int] | None, staged: bool
+) -> None:
     """all_to_all_single; with ``staged`` (gloo + CUDA tensors) through host copies."""
     if not staged:
         dist.all_to_all_single(out, inp, out_splits, in_splits)
@@ -66,7 +69,7 @@ def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int] | None, in_
 
 def builtin_step(job: Job, dev: torch.device, staged: bool) -> Callable[[], torch.Tensor]:
     """A self-contained EP MoE forward (route, permute, dispatch, expert, combine, unpermute)."""
-    from ep_trace.stages import stage
+    from ep_trace.capture.stages import stage
 
     W, E, k, H, F, T = job.world, job.experts, job.top_k, job.hidden, job.ffn, job.tokens
     L = E // W
@@ -126,7 +129,7 @@ def builtin_step(job: Job, dev: torch.device, staged: bool) -> Callable[[], torc
 
 def reference_step(job: Job, dev: torch.device) -> Callable[[], torch.Tensor]:
     """The project's reference EP layer (``ep_trace.workloads.moe``) on ``dev``."""
-    from ep_trace.stages import stage
+    from ep_trace.capture.stages import stage
     from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
 
     W, me = job.world, dist.get_rank()
@@ -151,13 +154,13 @@ def reference_step(job: Job, dev: torch.device) -> Callable[[], torch.Tensor]:
 def _install_cupti_stage_hook() -> bool:
     """Make ``stage()`` push/pop CUPTI external-correlation ranges, unless ep_trace already does.
 
-    ``ep_trace.stages`` has the ``_CUPTI`` slot since the integration; this shim only matters when the
+    ``ep_trace.capture.stages`` has the ``_CUPTI`` slot since the integration; this shim only matters when the
     check runs against an older checkout without it.
     """
     import inspect
 
-    from ep_trace import stages
-    from ep_trace.cupti.collector import active
+    from ep_trace.capture import stages
+    from ep_trace.capture.cupti.collector import active
 
     if "cupti" in inspect.getsource(stages):
         return False
@@ -229,7 +232,7 @@ def worker(rank: int, job: Job) -> None:
                 _sync(dev)
                 times.append(time.perf_counter_ns() - t0)
         elif job.mode == "kineto":
-            from ep_trace.capture import Tracer
+            from ep_trace.capture.tracer import Tracer
 
             tracer = Tracer(out, job_id=f"gpu-check-{job.world}")
             for _ in range(job.steps):
@@ -242,10 +245,12 @@ def worker(rank: int, job: Job) -> None:
             tracer.close()
             res["export_ns"] = time.perf_counter_ns() - t0
         elif job.mode == "cupti":
-            from ep_trace.cupti.collector import CuptiCollector, CuptiConfig
+            from ep_trace.capture.cupti.collector import CuptiCollector, CuptiConfig
 
             res["stage_hook_installed_by_check"] = _install_cupti_stage_hook()
-            c = CuptiCollector(out, rank, CuptiConfig(keep_raw=job.keep_raw), world_size=job.world, job_id=f"gpu-check-{job.world}")
+            c = CuptiCollector(
+                out, rank, CuptiConfig(keep_raw=job.keep_raw), world_size=job.world, job_id=f"gpu-check-{job.world}"
+            )
             c.start()
             try:
                 for s in range(job.steps):

@@ -34,9 +34,14 @@ ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "anchor_ti
 
 
 def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
-    dev = ev.filter(pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"]))
+    dev = ev.filter(
+        pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"])
+    )
     launches = ev.filter(pl.col("kind") == "runtime").select(
-        "rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_launch_ns"), pl.col("tid").alias("anchor_tid")
+        "rank",
+        pl.col("event_id").alias("launch_id"),
+        pl.col("start_ns").alias("_launch_ns"),
+        pl.col("tid").alias("anchor_tid"),
     )
     dev = dev.join(launches, on=["rank", "launch_id"], how="left")
     # classify each distinct kernel name once (a trace repeats a few hundred names millions of times)
@@ -94,11 +99,19 @@ def _without_collective_wrappers(ops: pl.DataFrame, callers: pl.DataFrame) -> pl
         return ops
     ops = ops.with_row_index("_row").with_columns(pl.col("end_ns").alias("_end"))
     before = ops.sort("start_ns").join_asof(
-        starts.rename({"_n": "_n0"}), left_on="start_ns", right_on="_cs", by=["rank", "tid"], strategy="backward",
+        starts.rename({"_n": "_n0"}),
+        left_on="start_ns",
+        right_on="_cs",
+        by=["rank", "tid"],
+        strategy="backward",
         check_sortedness=False,
     )
     upto = before.sort("_end").join_asof(
-        starts.rename({"_n": "_n1", "_cs": "_ce"}), left_on="_end", right_on="_ce", by=["rank", "tid"], strategy="backward",
+        starts.rename({"_n": "_n1", "_cs": "_ce"}),
+        left_on="_end",
+        right_on="_ce",
+        by=["rank", "tid"],
+        strategy="backward",
         check_sortedness=False,
     )
     # collectives starting in [start, end]: those counted by `end` minus those before `start`
@@ -118,14 +131,26 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
         coll.select("rank", "coll_id", pl.col("cpu_start_ns").alias("_cs"), "_otid"), on=["rank", "coll_id"], how="left"
     )
     w = workers.select(
-        "rank", pl.lit("comm").alias("cls"), "name", "start_ns", "end_ns",
-        pl.coalesce("_cs", "start_ns").alias("anchor_ns"), pl.col("_otid").alias("anchor_tid"), "coll_id",
+        "rank",
+        pl.lit("comm").alias("cls"),
+        "name",
+        "start_ns",
+        "end_ns",
+        pl.coalesce("_cs", "start_ns").alias("anchor_ns"),
+        pl.col("_otid").alias("anchor_tid"),
+        "coll_id",
         pl.lit(None, pl.Int64).alias("stream"),
     )
     callers = coll.filter(pl.col("cpu_start_ns").is_not_null() & pl.col("cpu_end_ns").is_not_null()).select(
-        "rank", pl.lit("comm").alias("cls"), pl.col("op_name").alias("name"),
-        pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"),
-        pl.col("cpu_start_ns").alias("anchor_ns"), pl.col("_otid").alias("anchor_tid"), "coll_id", pl.lit(None, pl.Int64).alias("stream"),
+        "rank",
+        pl.lit("comm").alias("cls"),
+        pl.col("op_name").alias("name"),
+        pl.col("cpu_start_ns").alias("start_ns"),
+        pl.col("cpu_end_ns").alias("end_ns"),
+        pl.col("cpu_start_ns").alias("anchor_ns"),
+        pl.col("_otid").alias("anchor_tid"),
+        "coll_id",
+        pl.lit(None, pl.Int64).alias("stream"),
     )
     tids = compute_threads(ev, windows)
     ops = _without_collective_wrappers(
@@ -133,14 +158,22 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
     )
     pieces = subtract(ops.select("rank", "start_ns", "end_ns"), callers.select("rank", "start_ns", "end_ns"), ["rank"])
     k = pieces.join(tids, on="rank", how="left").select(
-        "rank", pl.lit("compute").alias("cls"), pl.lit("cpu compute").alias("name"), "start_ns", "end_ns",
-        pl.col("start_ns").alias("anchor_ns"), pl.col("tid").alias("anchor_tid"), pl.lit(None, pl.Int64).alias("coll_id"),
+        "rank",
+        pl.lit("compute").alias("cls"),
+        pl.lit("cpu compute").alias("name"),
+        "start_ns",
+        "end_ns",
+        pl.col("start_ns").alias("anchor_ns"),
+        pl.col("tid").alias("anchor_tid"),
+        pl.lit(None, pl.Int64).alias("coll_id"),
         pl.lit(None, pl.Int64).alias("stream"),
     )
     return pl.concat([w, callers, k], how="vertical_relaxed")
 
 
-def device_activity(events: pl.DataFrame, collectives: pl.DataFrame, windows: pl.DataFrame) -> tuple[pl.DataFrame, dict[int, str]]:
+def device_activity(
+    events: pl.DataFrame, collectives: pl.DataFrame, windows: pl.DataFrame
+) -> tuple[pl.DataFrame, dict[int, str]]:
     """Classified device intervals of every rank.
 
     Args:
@@ -162,7 +195,18 @@ def device_activity(events: pl.DataFrame, collectives: pl.DataFrame, windows: pl
         parts.append(_cpu(events, collectives, cpu_ranks, windows))
     mode = {int(r): "gpu" for r in gpu_ranks} | {int(r): "cpu" for r in cpu_ranks}
     if not parts:
-        return pl.DataFrame(schema={"rank": pl.Int32, "cls": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
-                                    "anchor_ns": pl.Int64, "anchor_tid": pl.Int64, "coll_id": pl.Int64, "stream": pl.Int64}), mode
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int32,
+                "cls": pl.Utf8,
+                "name": pl.Utf8,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+                "anchor_ns": pl.Int64,
+                "anchor_tid": pl.Int64,
+                "coll_id": pl.Int64,
+                "stream": pl.Int64,
+            }
+        ), mode
     act = pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("rank").cast(pl.Int32))
     return act.filter(pl.col("end_ns") > pl.col("start_ns")), mode

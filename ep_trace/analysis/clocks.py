@@ -36,9 +36,13 @@ def estimate_offsets(call_ranks: pl.DataFrame, ranks: pl.DataFrame, enabled: boo
     per = rel.join(rh, on="rank").group_by(["match_id", "host"]).agg(pl.col("end_ns").median().alias("m"))
     refm = per.filter(pl.col("host") == ref).select("match_id", pl.col("m").alias("m_ref"))
     d = per.join(refm, on="match_id").with_columns((pl.col("m") - pl.col("m_ref")).alias("d"))
-    est = d.group_by("host").agg((-pl.col("d").median()).round(0).cast(pl.Int64).alias("offset_ns"), pl.len().cast(pl.Int64).alias("n_calls"))
-    return zero.select("host").join(est, on="host", how="left").with_columns(
-        pl.col("offset_ns").fill_null(0), pl.col("n_calls").fill_null(0)
+    est = d.group_by("host").agg(
+        (-pl.col("d").median()).round(0).cast(pl.Int64).alias("offset_ns"), pl.len().cast(pl.Int64).alias("n_calls")
+    )
+    return (
+        zero.select("host")
+        .join(est, on="host", how="left")
+        .with_columns(pl.col("offset_ns").fill_null(0), pl.col("n_calls").fill_null(0))
     )
 
 

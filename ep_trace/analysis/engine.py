@@ -49,11 +49,15 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     say = progress or (lambda stage, done, tot: None)
     ev, coll, ranks = tables.events, tables.collectives, tables.ranks
     if ev.is_empty():
-        raise NothingToAnalyzeError("the trace set holds no events; profile at least one step (check the profiler schedule)")
+        raise NothingToAnalyzeError(
+            "the trace set holds no events; profile at least one step (check the profiler schedule)"
+        )
     say("steps", 0, total)
     windows = step_windows(ev, config.steps)
     if windows.is_empty():
-        raise NothingToAnalyzeError(f"--steps {config.steps}: no profiler step in that range; choose steps present in the trace")
+        raise NothingToAnalyzeError(
+            f"--steps {config.steps}: no profiler step in that range; choose steps present in the trace"
+        )
     notes: list[str] = []
     if (windows["method"] == "whole_trace").any():
         notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
@@ -82,41 +86,74 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
     cr0 = cr0.filter(pl.col("match_id").is_in(ok0.implode()))
     host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks)
-    rank_off = ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns").join(host_off, on="host", how="left").select(
-        "rank", (pl.col("clock_offset_ns") + pl.col("offset_ns").fill_null(0)).alias("offset_ns"))
+    rank_off = (
+        ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
+        .join(host_off, on="host", how="left")
+        .select("rank", (pl.col("clock_offset_ns") + pl.col("offset_ns").fill_null(0)).alias("offset_ns"))
+    )
     # cr0 times carry the parsers' offsets only; move them to the aligned clock
-    cr0a = cr0.join(base.rename({"offset_ns": "_b"}), on="rank").join(rank_off.rename({"offset_ns": "_o"}), on="rank").with_columns(
-        pl.col("end_ns") - pl.col("_b") + pl.col("_o"))
+    cr0a = (
+        cr0.join(base.rename({"offset_ns": "_b"}), on="rank")
+        .join(rank_off.rename({"offset_ns": "_o"}), on="rank")
+        .with_columns(pl.col("end_ns") - pl.col("_b") + pl.col("_o"))
+    )
     resid = clocks.residuals(cr0a, ranks)
     tol = _TOL_FLOOR_NS + int(resid["residual_ns"].max() or 0) if resid.height else _TOL_FLOOR_NS
     calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
     clock = host_off.join(resid, on="host", how="left").with_columns(pl.col("residual_ns").fill_null(0))
     # every wait figure carries the clock uncertainty of its rank's host
-    unc = ranks.select("rank", pl.col("host").fill_null("<unknown>")).join(clock.select("host", "residual_ns"), on="host", how="left").select(
-        "rank", pl.col("residual_ns").fill_null(0).alias("uncertainty_ns"))
+    unc = (
+        ranks.select("rank", pl.col("host").fill_null("<unknown>"))
+        .join(clock.select("host", "residual_ns"), on="host", how="left")
+        .select("rank", pl.col("residual_ns").fill_null(0).alias("uncertainty_ns"))
+    )
     call_ranks = call_ranks.join(unc, on="rank", how="left")
     valid_ids = calls.filter(pl.col("valid"))["match_id"]
-    vcr = call_ranks.filter(pl.col("match_id").is_in(valid_ids.implode())).join(calls.select("match_id", "last_rank"), on="match_id")
+    vcr = call_ranks.filter(pl.col("match_id").is_in(valid_ids.implode())).join(
+        calls.select("match_id", "last_rank"), on="match_id"
+    )
     if calls.height and not calls["complete"].all():
-        notes.append(f"{int((~calls['complete']).sum())} matched calls miss ranks of their group (not in the trace set): "
-                     "left out of wait figures")
+        notes.append(
+            f"{int((~calls['complete']).sum())} matched calls miss ranks of their group (not in the trace set): "
+            "left out of wait figures"
+        )
     if calls.height and not calls["causal"].all():
-        notes.append(f"{int((~calls['causal']).sum())} matched calls end on some rank before the last rank arrived "
-                     f"(beyond the {tol} ns clock uncertainty): likely mis-paired, left out of wait figures")
+        notes.append(
+            f"{int((~calls['causal']).sum())} matched calls end on some rank before the last rank arrived "
+            f"(beyond the {tol} ns clock uncertainty): likely mis-paired, left out of wait figures"
+        )
 
     say("waits", 4, total)
-    wait_matrix = vcr.filter(pl.col("rank") != pl.col("waited_for")).group_by(["rank", "waited_for"]).agg(pl.col("wait_ns").sum()).select(
-        pl.col("rank").alias("waiter"), "waited_for", "wait_ns").sort(["waiter", "waited_for"])
+    wait_matrix = (
+        vcr.filter(pl.col("rank") != pl.col("waited_for"))
+        .group_by(["rank", "waited_for"])
+        .agg(pl.col("wait_ns").sum())
+        .select(pl.col("rank").alias("waiter"), "waited_for", "wait_ns")
+        .sort(["waiter", "waited_for"])
+    )
     stragglers = _stragglers(ranks, calls.filter(pl.col("valid")), vcr, windows["step"])
-    per_step_wait = vcr.group_by(["rank", "step"]).agg(pl.col("wait_ns").sum().alias("barrier_wait_ns"), pl.col("transfer_ns").sum())
+    per_step_wait = vcr.group_by(["rank", "step"]).agg(
+        pl.col("wait_ns").sum().alias("barrier_wait_ns"), pl.col("transfer_ns").sum()
+    )
     steps_df = (
-        windows.select("rank", "step", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns"))
+        windows.select(
+            "rank", "step", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns")
+        )
         .join(ov, on=["rank", "step"], how="left")
         .join(per_step_wait, on=["rank", "step"], how="left", nulls_equal=True)
-        .select("rank", "step", "start_ns", "end_ns", "step_time_ns",
-                pl.col("a_ns").fill_null(0).alias("comm_ns"), pl.col("b_ns").fill_null(0).alias("compute_ns"),
-                pl.col("both_ns").fill_null(0).alias("overlapped_ns"), pl.col("a_only_ns").fill_null(0).alias("exposed_comm_ns"),
-                pl.col("barrier_wait_ns").fill_null(0), pl.col("transfer_ns").fill_null(0))
+        .select(
+            "rank",
+            "step",
+            "start_ns",
+            "end_ns",
+            "step_time_ns",
+            pl.col("a_ns").fill_null(0).alias("comm_ns"),
+            pl.col("b_ns").fill_null(0).alias("compute_ns"),
+            pl.col("both_ns").fill_null(0).alias("overlapped_ns"),
+            pl.col("a_only_ns").fill_null(0).alias("exposed_comm_ns"),
+            pl.col("barrier_wait_ns").fill_null(0),
+            pl.col("transfer_ns").fill_null(0),
+        )
         .sort(["rank", "step"])
     )
     rank_summary = _with_uncertainty(_rank_summary(steps_df, ranks, mode), call_ranks)
@@ -131,9 +168,13 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("bandwidth", 6, total)
     ab = bandwidth.alpha_beta_fit(calls)
-    arrivals = matched.filter(pl.col("match_id").is_not_null()).select("rank", "coll_id", "match_id").join(
-        calls.select("match_id", "arrival_ns"), on="match_id").join(rank_off, on="rank").select(
-        "rank", "coll_id", (pl.col("arrival_ns") - pl.col("offset_ns")).alias("arrival_ns"))
+    arrivals = (
+        matched.filter(pl.col("match_id").is_not_null())
+        .select("rank", "coll_id", "match_id")
+        .join(calls.select("match_id", "arrival_ns"), on="match_id")
+        .join(rank_off, on="rank")
+        .select("rank", "coll_id", (pl.col("arrival_ns") - pl.col("offset_ns")).alias("arrival_ns"))
+    )
     stalls = host_stalls(ev, matched, act, mode, arrivals)
     stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
 
@@ -145,17 +186,44 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         hta = hta_overlap(ev)
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
     # every step's exposed comm, as steps.exposed_comm_ns measures it (compute of the same step)
-    exposed_comm = union(seg.filter(pl.col("state") == 1), ["rank", "step"]).join(rank_off, on="rank", how="left").select(
-        pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64),
-        (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"), (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
-    ).sort("rank", "start_ns")
+    exposed_comm = (
+        union(seg.filter(pl.col("state") == 1), ["rank", "step"])
+        .join(rank_off, on="rank", how="left")
+        .select(
+            pl.col("rank").cast(pl.Int32),
+            pl.col("step").cast(pl.Int64),
+            (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("start_ns"),
+            (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("end_ns"),
+        )
+        .sort("rank", "start_ns")
+    )
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(dict(STAGES_SCHEMA)))
     partial = Analysis(
-        config=config, tables=filled, rank_summary=rank_summary, steps=steps_df, stages=stage_df.drop("sid"), calls=calls,
-        call_ranks=call_ranks, wait_matrix=wait_matrix, stragglers=stragglers, expert_load=el, rank_load=rl, imbalance=imb,
-        count_matrix=cm, split_violations=viol, alpha_beta=ab, host_stalls=stalls, clock=clock, intervals=intervals, exposed_comm=exposed_comm,
-        findings=(), detection_method=detection, hta_overlap=hta, load_report=tables.load_report,
-        notes=tuple(notes), misaligned=misaligned,
+        config=config,
+        tables=filled,
+        rank_summary=rank_summary,
+        steps=steps_df,
+        stages=stage_df.drop("sid"),
+        calls=calls,
+        call_ranks=call_ranks,
+        wait_matrix=wait_matrix,
+        stragglers=stragglers,
+        expert_load=el,
+        rank_load=rl,
+        imbalance=imb,
+        count_matrix=cm,
+        split_violations=viol,
+        alpha_beta=ab,
+        host_stalls=stalls,
+        clock=clock,
+        intervals=intervals,
+        exposed_comm=exposed_comm,
+        findings=(),
+        detection_method=detection,
+        hta_overlap=hta,
+        load_report=tables.load_report,
+        notes=tuple(notes),
+        misaligned=misaligned,
     )
     out = findings.with_findings(partial)
     log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))
@@ -164,7 +232,12 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
 
 def _stages(
-    ev: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str], windows: pl.DataFrame, exposed_iv: pl.DataFrame, config: AnalysisConfig
+    ev: pl.DataFrame,
+    act: pl.DataFrame,
+    mode: dict[int, str],
+    windows: pl.DataFrame,
+    exposed_iv: pl.DataFrame,
+    config: AnalysisConfig,
 ) -> tuple[pl.DataFrame, str]:
     """Stage rows of every rank (ranges by presets, kernel families where a rank has none) and the method."""
     presets = stages.load_presets(config.stage_presets)
@@ -193,20 +266,31 @@ def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, st
     """
     own = vcr.group_by("rank").agg(pl.col("wait_ns").sum().alias("total_wait_ns"))
     last = vcalls.group_by("last_rank").agg(pl.len().cast(pl.Int64).alias("times_last"), pl.col("lateness_ns").sum())
-    induced = vcr.filter(pl.col("rank") != pl.col("waited_for")).group_by(pl.col("waited_for").alias("last_rank")).agg(
-        pl.col("wait_ns").sum().alias("induced_wait_ns"))
+    induced = (
+        vcr.filter(pl.col("rank") != pl.col("waited_for"))
+        .group_by(pl.col("waited_for").alias("last_rank"))
+        .agg(pl.col("wait_ns").sum().alias("induced_wait_ns"))
+    )
     per_step = vcalls.group_by(["last_rank", "step"]).agg(pl.col("lateness_ns").sum().alias("_l"))
     grid = ranks.select("rank").join(pl.DataFrame({"step": steps.unique()}), how="cross")
     p50 = (
         grid.join(per_step.rename({"last_rank": "rank"}), on=["rank", "step"], how="left", nulls_equal=True)
-        .group_by("rank").agg(pl.col("_l").fill_null(0).median().round(0).cast(pl.Int64).alias("lateness_p50_ns"))
+        .group_by("rank")
+        .agg(pl.col("_l").fill_null(0).median().round(0).cast(pl.Int64).alias("lateness_p50_ns"))
     )
     return (
-        ranks.select("rank").join(last.rename({"last_rank": "rank"}), on="rank", how="left")
-        .join(induced.rename({"last_rank": "rank"}), on="rank", how="left").join(own, on="rank", how="left")
+        ranks.select("rank")
+        .join(last.rename({"last_rank": "rank"}), on="rank", how="left")
+        .join(induced.rename({"last_rank": "rank"}), on="rank", how="left")
+        .join(own, on="rank", how="left")
         .join(p50, on="rank", how="left")
-        .with_columns(pl.col("times_last").fill_null(0), pl.col("induced_wait_ns").fill_null(0), pl.col("lateness_ns").fill_null(0),
-                      pl.col("total_wait_ns").fill_null(0), pl.col("lateness_p50_ns").fill_null(0))
+        .with_columns(
+            pl.col("times_last").fill_null(0),
+            pl.col("induced_wait_ns").fill_null(0),
+            pl.col("lateness_ns").fill_null(0),
+            pl.col("total_wait_ns").fill_null(0),
+            pl.col("lateness_p50_ns").fill_null(0),
+        )
         .sort(["lateness_p50_ns", "lateness_ns", "rank"], descending=[True, True, False])
     )
 
@@ -214,14 +298,23 @@ def _stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, st
 def _rank_summary(steps_df: pl.DataFrame, ranks: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
     q = lambda c, p: pl.col(c).quantile(p, "linear")  # noqa: E731
     s = steps_df.group_by("rank").agg(
-        q("step_time_ns", 0.5).alias("step_time_ns"), pl.col("step_time_ns").max().alias("step_time_max_ns"),
-        q("step_time_ns", 0.95).alias("step_time_p95_ns"), q("step_time_ns", 0.99).alias("step_time_p99_ns"),
-        pl.col("comm_ns").mean(), pl.col("compute_ns").mean(), pl.col("exposed_comm_ns").mean(),
+        q("step_time_ns", 0.5).alias("step_time_ns"),
+        pl.col("step_time_ns").max().alias("step_time_max_ns"),
+        q("step_time_ns", 0.95).alias("step_time_p95_ns"),
+        q("step_time_ns", 0.99).alias("step_time_p99_ns"),
+        pl.col("comm_ns").mean(),
+        pl.col("compute_ns").mean(),
+        pl.col("exposed_comm_ns").mean(),
         q("exposed_comm_ns", 0.5).alias("exposed_comm_p50_ns"),
         q("exposed_comm_ns", 0.95).alias("exposed_comm_p95_ns"),
-        pl.when(pl.col("comm_ns").sum() > 0).then(pl.col("overlapped_ns").sum() / pl.col("comm_ns").sum()).otherwise(float("nan")).alias("overlap_efficiency"),
-        pl.col("barrier_wait_ns").mean(), q("barrier_wait_ns", 0.95).alias("barrier_wait_p95_ns"),
-        pl.col("transfer_ns").mean(), pl.len().alias("n_steps"),
+        pl.when(pl.col("comm_ns").sum() > 0)
+        .then(pl.col("overlapped_ns").sum() / pl.col("comm_ns").sum())
+        .otherwise(float("nan"))
+        .alias("overlap_efficiency"),
+        pl.col("barrier_wait_ns").mean(),
+        q("barrier_wait_ns", 0.95).alias("barrier_wait_p95_ns"),
+        pl.col("transfer_ns").mean(),
+        pl.len().alias("n_steps"),
     )
     s = s.with_columns(pl.col(c).round(0).cast(pl.Int64) for c in s.columns if c.endswith("_ns"))
     md = pl.DataFrame({"rank": list(mode), "mode": list(mode.values())}, schema={"rank": pl.Int32, "mode": pl.Utf8})
@@ -237,22 +330,49 @@ def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:
     """Attach the innermost stage whose host range contains the stall start."""
     cols = ["rank", "step", "layer", "stage", "name", "start_ns", "end_ns", "stall_ns"]
     if stalls.is_empty():
-        return stalls.with_columns(pl.lit(None, pl.Int32).alias("layer"), pl.lit(None, pl.Utf8).alias("stage")).select(cols)
+        return stalls.with_columns(pl.lit(None, pl.Int32).alias("layer"), pl.lit(None, pl.Utf8).alias("stage")).select(
+            cols
+        )
     s = stalls.with_row_index("_i")
-    j = range_join(s, stage_df.select("rank", "cpu_start_ns", "cpu_end_ns", "layer", "stage"), ("start_ns", "start_ns"), ("cpu_start_ns", "cpu_end_ns"))
+    j = range_join(
+        s,
+        stage_df.select("rank", "cpu_start_ns", "cpu_end_ns", "layer", "stage"),
+        ("start_ns", "start_ns"),
+        ("cpu_start_ns", "cpu_end_ns"),
+    )
     j = j.sort("cpu_start_ns", descending=True).unique("_i", keep="first").select("_i", "layer", "stage")
     return s.join(j, on="_i", how="left").sort(["rank", "start_ns"]).select(cols)
 
 
 def _intervals(
-    steps_df: pl.DataFrame, act: pl.DataFrame, exposed_iv: pl.DataFrame, stage_df: pl.DataFrame, call_ranks: pl.DataFrame,
-    calls: pl.DataFrame, rank_off: pl.DataFrame, config: AnalysisConfig, stragglers: pl.DataFrame,
+    steps_df: pl.DataFrame,
+    act: pl.DataFrame,
+    exposed_iv: pl.DataFrame,
+    stage_df: pl.DataFrame,
+    call_ranks: pl.DataFrame,
+    calls: pl.DataFrame,
+    rank_off: pl.DataFrame,
+    config: AnalysisConfig,
+    stragglers: pl.DataFrame,
 ) -> pl.DataFrame:
     """Timeline rows of the representative step (clock-aligned), for at most ``max_timeline_ranks`` ranks."""
     if steps_df.is_empty():
-        return pl.DataFrame(schema={"rank": pl.Int32, "step": pl.Int64, "track": pl.Utf8, "name": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64})
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int32,
+                "step": pl.Int64,
+                "track": pl.Utf8,
+                "name": pl.Utf8,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+            }
+        )
     med = steps_df.group_by("step").agg(pl.col("step_time_ns").median().alias("m")).sort("m")
-    rep = config.representative_step if config.representative_step is not None else int(med["step"][(med.height - 1) // 2])
+    rep = (
+        config.representative_step
+        if config.representative_step is not None
+        else int(med["step"][(med.height - 1) // 2])
+    )
     ranks = sorted(steps_df["rank"].unique().to_list())
     n = config.max_timeline_ranks
     if len(ranks) > n:
@@ -264,20 +384,52 @@ def _intervals(
         union(a.filter(pl.col("cls") == c), ["rank"]).with_columns(pl.lit(c).alias("track"), pl.lit(c).alias("name"))
         for c in ("comm", "compute")
     ]
-    w = steps_df.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).select("rank", pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end"))
+    w = steps_df.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).select(
+        "rank", pl.col("start_ns").alias("w_start"), pl.col("end_ns").alias("w_end")
+    )
     dev_w = a.group_by("rank").agg(pl.col("start_ns").min().alias("_s"), pl.col("end_ns").max().alias("_e"))
-    w = w.join(dev_w, on="rank", how="left").select("rank", pl.min_horizontal("w_start", "_s").alias("w_start"), pl.max_horizontal("w_end", "_e").alias("w_end"))
-    x = exposed_iv.join(w, on="rank").filter((pl.col("end_ns") > pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end"))).select("rank", "start_ns", "end_ns")
+    w = w.join(dev_w, on="rank", how="left").select(
+        "rank", pl.min_horizontal("w_start", "_s").alias("w_start"), pl.max_horizontal("w_end", "_e").alias("w_end")
+    )
+    x = (
+        exposed_iv.join(w, on="rank")
+        .filter((pl.col("end_ns") > pl.col("w_start")) & (pl.col("start_ns") < pl.col("w_end")))
+        .select("rank", "start_ns", "end_ns")
+    )
     parts.append(x.with_columns(pl.lit("exposed_comm").alias("track"), pl.lit("exposed comm").alias("name")))
     st = stage_df.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).select(
-        "rank", pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"), pl.lit("stage").alias("track"),
-        pl.concat_str([pl.col("stage"), pl.col("layer").cast(pl.Utf8).fill_null("-")], separator=":l").alias("name"))
+        "rank",
+        pl.col("cpu_start_ns").alias("start_ns"),
+        pl.col("cpu_end_ns").alias("end_ns"),
+        pl.lit("stage").alias("track"),
+        pl.concat_str([pl.col("stage"), pl.col("layer").cast(pl.Utf8).fill_null("-")], separator=":l").alias("name"),
+    )
     parts.append(st)
     out = pl.concat([p.select("rank", "track", "name", "start_ns", "end_ns") for p in parts], how="vertical_relaxed")
-    out = out.join(rank_off, on="rank", how="left").with_columns(pl.col("start_ns") + pl.col("offset_ns"), pl.col("end_ns") + pl.col("offset_ns")).drop("offset_ns")
-    cr = call_ranks.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).join(calls.select("match_id", "arrival_ns", "collective"), on="match_id")
-    waits = cr.select("rank", pl.lit("wait").alias("track"), "collective", pl.col("start_ns"), pl.col("arrival_ns").alias("end_ns"))
-    trans = cr.select("rank", pl.lit("transfer").alias("track"), "collective", pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"), "end_ns")
-    out = pl.concat([out, waits.rename({"collective": "name"}), trans.rename({"collective": "name"})], how="vertical_relaxed")
-    return out.filter(pl.col("end_ns") > pl.col("start_ns")).with_columns(pl.lit(rep, pl.Int64).alias("step")).select(
-        pl.col("rank").cast(pl.Int32), "step", "track", "name", "start_ns", "end_ns").sort(["rank", "track", "start_ns"])
+    out = (
+        out.join(rank_off, on="rank", how="left")
+        .with_columns(pl.col("start_ns") + pl.col("offset_ns"), pl.col("end_ns") + pl.col("offset_ns"))
+        .drop("offset_ns")
+    )
+    cr = call_ranks.filter((pl.col("step") == rep) & pl.col("rank").is_in(ranks)).join(
+        calls.select("match_id", "arrival_ns", "collective"), on="match_id"
+    )
+    waits = cr.select(
+        "rank", pl.lit("wait").alias("track"), "collective", pl.col("start_ns"), pl.col("arrival_ns").alias("end_ns")
+    )
+    trans = cr.select(
+        "rank",
+        pl.lit("transfer").alias("track"),
+        "collective",
+        pl.max_horizontal("start_ns", "arrival_ns").alias("start_ns"),
+        "end_ns",
+    )
+    out = pl.concat(
+        [out, waits.rename({"collective": "name"}), trans.rename({"collective": "name"})], how="vertical_relaxed"
+    )
+    return (
+        out.filter(pl.col("end_ns") > pl.col("start_ns"))
+        .with_columns(pl.lit(rep, pl.Int64).alias("step"))
+        .select(pl.col("rank").cast(pl.Int32), "step", "track", "name", "start_ns", "end_ns")
+        .sort(["rank", "track", "start_ns"])
+    )

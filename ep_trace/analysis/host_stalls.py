@@ -25,7 +25,11 @@ BLOCKING_RE = r"^(?:cuda(?:Stream|Device|Event)Synchronize|cudaMemcpy(?:_v\d+)?$
 
 
 def host_stalls(
-    events: pl.DataFrame, coll: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str], arrivals: pl.DataFrame | None = None
+    events: pl.DataFrame,
+    coll: pl.DataFrame,
+    act: pl.DataFrame,
+    mode: dict[int, str],
+    arrivals: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """Blocking host calls and the device idle time under each.
 
@@ -44,25 +48,47 @@ def host_stalls(
     gpu = [r for r, m in mode.items() if m == "gpu"]
     cpu = [r for r, m in mode.items() if m == "cpu"]
     blk_gpu = events.filter(
-        pl.col("rank").is_in(gpu) & pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE)
+        pl.col("rank").is_in(gpu)
+        & pl.col("kind").is_in(["runtime", "cpu_op"])
+        & pl.col("name").str.contains(BLOCKING_RE)
     ).select("rank", "name", "start_ns", "end_ns")
     busy_gpu = act.filter(pl.col("rank").is_in(gpu))
     # gloo: the caller op returns once the work is queued; the caller then waits for the worker, so
     # the blocking span runs from the op start to the end of the worker's transfer
-    cc = coll.filter(pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null())
+    cc = coll.filter(
+        pl.col("rank").is_in(cpu) & (pl.col("direction") == "count") & pl.col("cpu_start_ns").is_not_null()
+    )
     if arrivals is not None:
         cc = cc.join(arrivals, on=["rank", "coll_id"], how="left")
     else:
         cc = cc.with_columns(pl.lit(None, pl.Int64).alias("arrival_ns"))
     blk_cpu = cc.select(
-        "rank", pl.col("op_name").alias("name"), pl.max_horizontal("cpu_start_ns", "arrival_ns").alias("start_ns"),
-        pl.max_horizontal("cpu_end_ns", "end_ns").alias("end_ns"))
+        "rank",
+        pl.col("op_name").alias("name"),
+        pl.max_horizontal("cpu_start_ns", "arrival_ns").alias("start_ns"),
+        pl.max_horizontal("cpu_end_ns", "end_ns").alias("end_ns"),
+    )
     busy_cpu = act.filter(pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute"))
     blk = pl.concat([blk_gpu, blk_cpu]).filter(pl.col("end_ns") > pl.col("start_ns")).with_row_index("bid")
-    busy = union(pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), busy_cpu.select("rank", "start_ns", "end_ns")]), ["rank"])
-    cov = range_join(blk, busy.rename({"start_ns": "b_s", "end_ns": "b_e"}), ("start_ns", "end_ns"), ("b_s", "b_e")).select(
-        "bid", (pl.min_horizontal("end_ns", "b_e") - pl.max_horizontal("start_ns", "b_s")).clip(0).alias("_c")
-    ).group_by("bid").agg(pl.col("_c").sum())
-    return blk.join(cov, on="bid", how="left").select(
-        "rank", "name", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns") - pl.col("_c").fill_null(0)).alias("stall_ns")
-    ).filter(pl.col("stall_ns") > 0).sort(["rank", "start_ns"])
+    busy = union(
+        pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), busy_cpu.select("rank", "start_ns", "end_ns")]),
+        ["rank"],
+    )
+    cov = (
+        range_join(blk, busy.rename({"start_ns": "b_s", "end_ns": "b_e"}), ("start_ns", "end_ns"), ("b_s", "b_e"))
+        .select("bid", (pl.min_horizontal("end_ns", "b_e") - pl.max_horizontal("start_ns", "b_s")).clip(0).alias("_c"))
+        .group_by("bid")
+        .agg(pl.col("_c").sum())
+    )
+    return (
+        blk.join(cov, on="bid", how="left")
+        .select(
+            "rank",
+            "name",
+            "start_ns",
+            "end_ns",
+            (pl.col("end_ns") - pl.col("start_ns") - pl.col("_c").fill_null(0)).alias("stall_ns"),
+        )
+        .filter(pl.col("stall_ns") > 0)
+        .sort(["rank", "start_ns"])
+    )

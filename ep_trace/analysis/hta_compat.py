@@ -36,18 +36,31 @@ def hta_overlap(events: pl.DataFrame) -> pl.DataFrame:
     steps = events.filter(pl.col("seq").is_not_null())
     if steps["seq"].n_unique() > 1:
         rt = events.filter(pl.col("kind") == "runtime")
-        by_id = dev.join(rt.select("rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_l")), on=["rank", "launch_id"], how="left")
-        by_corr = rt.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", pl.col("start_ns").alias("_lc")).unique(["rank", "correlation"])
-        dev = by_id.join(by_corr, on=["rank", "correlation"], how="left").with_columns(pl.coalesce("_l", "_lc").alias("_launch"))
+        by_id = dev.join(
+            rt.select("rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_l")),
+            on=["rank", "launch_id"],
+            how="left",
+        )
+        by_corr = (
+            rt.filter(pl.col("correlation").is_not_null())
+            .select("rank", "correlation", pl.col("start_ns").alias("_lc"))
+            .unique(["rank", "correlation"])
+        )
+        dev = by_id.join(by_corr, on=["rank", "correlation"], how="left").with_columns(
+            pl.coalesce("_l", "_lc").alias("_launch")
+        )
         last = steps.group_by("rank").agg(((pl.col("start_ns") + 999) // 1000).max().alias("_last_us"))
         dev = dev.join(last, on="rank", how="left").filter(((pl.col("_launch") + 999) // 1000) < pl.col("_last_us"))
     d = dev.select(
-        "rank", "name",
+        "rank",
+        "name",
         ((pl.col("start_ns") + 999) // 1000).alias("start_ns"),  # ceil to µs (kept in µs units)
-        (pl.col("end_ns") // 1000).alias("end_ns"),              # floor to µs
+        (pl.col("end_ns") // 1000).alias("end_ns"),  # floor to µs
     )
     names = d.select(pl.col("name").unique()).with_columns(
-        pl.col("name").str.contains(HTA_COMM_RE).alias("_comm"), ~pl.col("name").str.contains(HTA_NOT_COMPUTE_RE).alias("_comp"))
+        pl.col("name").str.contains(HTA_COMM_RE).alias("_comm"),
+        ~pl.col("name").str.contains(HTA_NOT_COMPUTE_RE).alias("_comp"),
+    )
     d = d.join(names, on="name", how="left")
     comm = d.filter(pl.col("_comm"))
     comp = d.filter(pl.col("_comp"))
@@ -57,5 +70,7 @@ def hta_overlap(events: pl.DataFrame) -> pl.DataFrame:
         "rank",
         pl.col("a_ns").fill_null(0).alias("comm_us"),
         pl.col("both_ns").fill_null(0).alias("overlap_us"),
-        pl.when(pl.col("a_ns") > 0).then((100.0 * pl.col("both_ns") / pl.col("a_ns")).round(2)).alias("comp_comm_overlap_pctg"),
+        pl.when(pl.col("a_ns") > 0)
+        .then((100.0 * pl.col("both_ns") / pl.col("a_ns")).round(2))
+        .alias("comp_comm_overlap_pctg"),
     )

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["union", "union_length", "overlay", "overlap_lengths", "segment_lengths", "intersect", "subtract", "clip", "range_join"]
+__all__ = [
+    "union",
+    "union_length",
+    "overlay",
+    "overlap_lengths",
+    "segment_lengths",
+    "intersect",
+    "subtract",
+    "clip",
+    "range_join",
+]
 
 _S, _E = "start_ns", "end_ns"
 _G = "__g"
@@ -166,15 +176,22 @@ def range_join(
     by = list(by)
     if left.is_empty() or right.is_empty():
         return left.join(right.drop(by), how="cross").head(0)
-    keys = pl.concat([left.select(by), right.select(by)]).unique().with_row_index("__gid").with_columns(pl.col("__gid").cast(pl.Int64))
+    keys = (
+        pl.concat([left.select(by), right.select(by)])
+        .unique()
+        .with_row_index("__gid")
+        .with_columns(pl.col("__gid").cast(pl.Int64))
+    )
     a = left.join(keys, on=by, how="left", nulls_equal=True)
     b = right.join(keys, on=by, how="left", nulls_equal=True).drop(by)
     t0 = min(left[left_span[0]].min(), right[right_span[0]].min())
     t1 = max(left[left_span[1]].max(), right[right_span[1]].max())
     if t1 - t0 >= 1 << _SHIFT or keys.height >= 1 << (62 - _SHIFT):  # > 19.5 h or > 65k groups: slower join
         out = a.join_where(
-            b.rename({"__gid": "__gid_r"}), pl.col("__gid") == pl.col("__gid_r"),
-            pl.col(left_span[0]) <= pl.col(right_span[1]), pl.col(left_span[1]) >= pl.col(right_span[0]),
+            b.rename({"__gid": "__gid_r"}),
+            pl.col("__gid") == pl.col("__gid_r"),
+            pl.col(left_span[0]) <= pl.col(right_span[1]),
+            pl.col(left_span[1]) >= pl.col(right_span[0]),
         )
         return out.drop(["__gid", "__gid_r"])
 

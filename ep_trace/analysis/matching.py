@@ -27,7 +27,6 @@ from ep_trace.dtypes import itemsize_expr
 __all__ = ["match_collectives", "measure_calls", "splits_long"]
 
 
-
 def splits_long(coll: pl.DataFrame, which: str) -> pl.DataFrame:
     """One row per (call, peer) from a split list, group-local order mapped to global ranks.
 
@@ -40,7 +39,8 @@ def splits_long(coll: pl.DataFrame, which: str) -> pl.DataFrame:
         skipped; truncated lists are skipped).
     """
     c = coll.filter(
-        pl.col(which).is_not_null() & ~pl.col("splits_truncated")
+        pl.col(which).is_not_null()
+        & ~pl.col("splits_truncated")
         & (pl.col(which).list.len() == pl.col("_gr").list.len())
     ).select("rank", "coll_id", pl.col(which).alias("rows"), pl.col("_gr").alias("peer"))
     return c.explode(["rows", "peer"]).with_columns(pl.col("peer").cast(pl.Int32))
@@ -51,8 +51,12 @@ def _with_group(coll: pl.DataFrame, world: int) -> pl.DataFrame:
     n = pl.coalesce(pl.col("in_splits").list.len(), pl.col("out_splits").list.len())
     default = pl.int_ranges(0, n, dtype=pl.Int32)
     return coll.with_columns(
-        pl.when(pl.col("group_ranks").is_not_null()).then(pl.col("group_ranks"))
-        .when(n == world).then(default).otherwise(None).alias("_gr")
+        pl.when(pl.col("group_ranks").is_not_null())
+        .then(pl.col("group_ranks"))
+        .when(n == world)
+        .then(default)
+        .otherwise(None)
+        .alias("_gr")
     )
 
 
@@ -76,9 +80,25 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
         pl.int_range(pl.len()).over(["rank", "_pg", "step"]).alias("_ord"),
         pl.int_range(pl.len()).over(["rank", "comms_id", "step"]).alias("_ord_c"),
     )
-    key = pl.when(pl.col("seq").is_not_null()).then(pl.lit("seq")).when(pl.col("comms_id").is_not_null()).then(pl.lit("comms_id")).otherwise(pl.lit("ordinal"))
-    kv = pl.when(pl.col("seq").is_not_null()).then(pl.col("seq")).when(pl.col("comms_id").is_not_null()).then(pl.col("_ord_c")).otherwise(pl.col("_ord"))
-    kg = pl.when(pl.col("comms_id").is_not_null() & pl.col("seq").is_null()).then(pl.col("comms_id").cast(pl.Utf8)).otherwise(pl.col("_pg"))
+    key = (
+        pl.when(pl.col("seq").is_not_null())
+        .then(pl.lit("seq"))
+        .when(pl.col("comms_id").is_not_null())
+        .then(pl.lit("comms_id"))
+        .otherwise(pl.lit("ordinal"))
+    )
+    kv = (
+        pl.when(pl.col("seq").is_not_null())
+        .then(pl.col("seq"))
+        .when(pl.col("comms_id").is_not_null())
+        .then(pl.col("_ord_c"))
+        .otherwise(pl.col("_ord"))
+    )
+    kg = (
+        pl.when(pl.col("comms_id").is_not_null() & pl.col("seq").is_null())
+        .then(pl.col("comms_id").cast(pl.Utf8))
+        .otherwise(pl.col("_pg"))
+    )
     ks = pl.when(pl.col("seq").is_not_null()).then(None).otherwise(pl.col("step"))
     c = c.with_columns(key.alias("key"), kv.alias("_kv"), kg.alias("_kg"), ks.alias("_ks"))
     # ordinal-style keys: every rank of the (group, step) must have made the same number of calls
@@ -88,24 +108,50 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
         (pl.col("n").n_unique() > 1).alias("_bad"),
         pl.format("{}:{}", "rank", "n").sort_by("rank").str.join(",").alias("calls_per_rank"),
     )
-    c = c.join(bad.select("_kg", "_ks", "_bad"), on=["_kg", "_ks"], how="left", nulls_equal=True).with_columns(pl.col("_bad").fill_null(False))
+    c = c.join(bad.select("_kg", "_ks", "_bad"), on=["_kg", "_ks"], how="left", nulls_equal=True).with_columns(
+        pl.col("_bad").fill_null(False)
+    )
     mids = (
-        c.filter(~pl.col("_bad")).select("key", "_kg", "_ks", "_kv").unique(maintain_order=True)
-        .sort(["_ks", "_kg", "_kv"], nulls_last=True).with_row_index("match_id").with_columns(pl.col("match_id").cast(pl.Int64))
+        c.filter(~pl.col("_bad"))
+        .select("key", "_kg", "_ks", "_kv")
+        .unique(maintain_order=True)
+        .sort(["_ks", "_kg", "_kv"], nulls_last=True)
+        .with_row_index("match_id")
+        .with_columns(pl.col("match_id").cast(pl.Int64))
     )
     c = c.join(mids, on=["key", "_kg", "_ks", "_kv"], how="left", nulls_equal=True)
     # a match mixing collective types is a misalignment too
-    mixed = c.filter(pl.col("match_id").is_not_null()).group_by("match_id").agg((pl.col("collective").n_unique() > 1).alias("_mx"))
+    mixed = (
+        c.filter(pl.col("match_id").is_not_null())
+        .group_by("match_id")
+        .agg((pl.col("collective").n_unique() > 1).alias("_mx"))
+    )
     mixed_ids = mixed.filter(pl.col("_mx"))["match_id"]
-    misaligned = pl.concat([
-        bad.filter(pl.col("_bad")).select(pl.col("_kg").alias("pg_name"), pl.col("_ks").alias("step"), "calls_per_rank",
-                                          pl.lit("ranks made different numbers of calls").alias("reason")),
-        c.filter(pl.col("match_id").is_in(mixed_ids.implode())).group_by(["_kg", "_ks"]).agg(
-            pl.format("{}:{}", "rank", "collective").str.join(",").alias("calls_per_rank")
-        ).select(pl.col("_kg").alias("pg_name"), pl.col("_ks").alias("step"), "calls_per_rank",
-                 pl.lit("matched calls have different collective types").alias("reason")),
-    ])
-    c = c.with_columns(pl.when(pl.col("match_id").is_in(mixed_ids.implode())).then(None).otherwise(pl.col("match_id")).alias("match_id"))
+    misaligned = pl.concat(
+        [
+            bad.filter(pl.col("_bad")).select(
+                pl.col("_kg").alias("pg_name"),
+                pl.col("_ks").alias("step"),
+                "calls_per_rank",
+                pl.lit("ranks made different numbers of calls").alias("reason"),
+            ),
+            c.filter(pl.col("match_id").is_in(mixed_ids.implode()))
+            .group_by(["_kg", "_ks"])
+            .agg(pl.format("{}:{}", "rank", "collective").str.join(",").alias("calls_per_rank"))
+            .select(
+                pl.col("_kg").alias("pg_name"),
+                pl.col("_ks").alias("step"),
+                "calls_per_rank",
+                pl.lit("matched calls have different collective types").alias("reason"),
+            ),
+        ]
+    )
+    c = c.with_columns(
+        pl.when(pl.col("match_id").is_in(mixed_ids.implode()))
+        .then(None)
+        .otherwise(pl.col("match_id"))
+        .alias("match_id")
+    )
     return c.drop(["_ord", "_ord_c", "_kv", "_ks", "_bad", "_t"]), misaligned
 
 
@@ -136,12 +182,24 @@ def _peer_arrival(m: pl.DataFrame) -> pl.DataFrame:
     )
     own = pl.col("_ap").is_null() | (pl.col("s") >= pl.col("_ap"))
     return m.with_columns(
-        pl.when(pl.col("_known").is_null()).then(pl.col("_a")).when(own).then(pl.col("s")).otherwise(pl.col("_ap")).alias("_ar"),
-        pl.when(pl.col("_known").is_null()).then(last).when(own).then(pl.col("rank")).otherwise(pl.col("_apr")).alias("_wf"),
+        pl.when(pl.col("_known").is_null())
+        .then(pl.col("_a"))
+        .when(own)
+        .then(pl.col("s"))
+        .otherwise(pl.col("_ap"))
+        .alias("_ar"),
+        pl.when(pl.col("_known").is_null())
+        .then(last)
+        .when(own)
+        .then(pl.col("rank"))
+        .otherwise(pl.col("_apr"))
+        .alias("_wf"),
     ).drop("_known", "_ap", "_apr")
 
 
-def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, tol_ns: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+def measure_calls(
+    c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, tol_ns: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Per matched call and per (call, rank): arrival, wait, transfer, skews, bytes, link class.
 
     Args:
@@ -154,15 +212,21 @@ def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, t
     Returns:
         ``(calls, call_ranks)`` as documented in :data:`ep_trace.analysis.result.FRAME_DOCS`.
     """
-    m = c.filter(pl.col("match_id").is_not_null()).join(offsets, on="rank", how="left").with_columns(
-        (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("s"),
-        (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("e"),
+    m = (
+        c.filter(pl.col("match_id").is_not_null())
+        .join(offsets, on="rank", how="left")
+        .with_columns(
+            (pl.col("start_ns") + pl.col("offset_ns").fill_null(0)).alias("s"),
+            (pl.col("end_ns") + pl.col("offset_ns").fill_null(0)).alias("e"),
+        )
     )
     isz = itemsize_expr(pl.col("dtype"))
     rb = pl.coalesce("row_bytes", isz)
     sent_l = splits_long(m, "in_splits").join(m.select("rank", "coll_id", "row_bytes"), on=["rank", "coll_id"])
     self_rows = sent_l.filter(pl.col("peer") == pl.col("rank")).select("rank", "coll_id", pl.col("rows").alias("_self"))
-    m = m.join(self_rows, on=["rank", "coll_id"], how="left").join(ranks.select("rank", "host", "world_size"), on="rank", how="left")
+    m = m.join(self_rows, on=["rank", "coll_id"], how="left").join(
+        ranks.select("rank", "host", "world_size"), on="rank", how="left"
+    )
     m = m.with_columns(
         pl.coalesce(pl.col("in_splits").list.sum() * rb, pl.col("in_nelems") * isz).alias("bytes_sent"),
         pl.coalesce(pl.col("out_splits").list.sum() * rb, pl.col("out_nelems") * isz).alias("bytes_recv"),
@@ -175,32 +239,61 @@ def measure_calls(c: pl.DataFrame, ranks: pl.DataFrame, offsets: pl.DataFrame, t
         (pl.col("e") - pl.max_horizontal("s", "_ar")).alias("_tr"),
     )
     call_ranks = m.select(
-        "match_id", "rank", "step", pl.col("s").alias("start_ns"), pl.col("e").alias("end_ns"),
-        pl.col("_ar").alias("arrival_ns"), pl.col("_wf").alias("waited_for"), "wait_ns",
-        pl.col("_tr").clip(0).alias("transfer_ns"), "bytes_sent", "bytes_recv", "cross_rank_bytes_sent",
+        "match_id",
+        "rank",
+        "step",
+        pl.col("s").alias("start_ns"),
+        pl.col("e").alias("end_ns"),
+        pl.col("_ar").alias("arrival_ns"),
+        pl.col("_wf").alias("waited_for"),
+        "wait_ns",
+        pl.col("_tr").clip(0).alias("transfer_ns"),
+        "bytes_sent",
+        "bytes_recv",
+        "cross_rank_bytes_sent",
     ).sort(["match_id", "rank"])
     expected = pl.coalesce(pl.col("group_size").max(), pl.col("world_size").max(), pl.len()).cast(pl.Int64)
-    calls = m.sort(["match_id", "s", "rank"]).group_by("match_id", maintain_order=True).agg(
-        pl.col("collective").first(), pl.col("_pg").first().alias("pg_name"), pl.col("key").first(),
-        pl.col("step").min(), pl.col("layer").drop_nulls().first(), pl.col("direction").drop_nulls().first(),
-        pl.len().cast(pl.Int32).alias("n_ranks"), expected.alias("expected_ranks"),
-        pl.col("rank").last().alias("last_rank"),
-        pl.col("_a").first().alias("arrival_ns"),
-        (pl.col("s").max() - pl.col("s").min()).alias("arrival_skew_ns"),
-        (pl.col("e").max() - pl.col("e").min()).alias("end_skew_ns"),
-        pl.col("_tr").min().clip(0).alias("transfer_ns"),
-        (pl.col("_a").first() - pl.col("s").sort().reverse().get(1, null_on_oob=True)).fill_null(0).alias("lateness_ns"),
-        pl.max_horizontal(pl.col("bytes_sent").max(), pl.col("bytes_recv").max()).alias("bytes_max"),
-        pl.col("cross_rank_bytes_sent").sum().alias("cross_rank_bytes"),
-        pl.col("bytes_sent").sum().alias("logical_bytes"),
-        (pl.col("e") >= pl.col("_ar") - tol_ns).all().alias("causal"),
-        pl.col("host").n_unique().alias("_nh"), pl.col("host").null_count().alias("_hn"),
-    ).with_columns(
-        (pl.col("n_ranks") >= pl.col("expected_ranks")).alias("complete"),
-        pl.when(pl.col("_hn") > 0).then(pl.lit("unknown")).when(pl.col("_nh") > 1).then(pl.lit("inter_host"))
-        .otherwise(pl.lit("intra_host")).alias("link_class"),
-        pl.when(pl.col("transfer_ns") > 0).then(pl.col("bytes_max") / pl.col("transfer_ns")).otherwise(None).alias("bandwidth_gbps"),
-    ).with_columns(
-        (pl.col("complete") & pl.col("causal") & (pl.col("n_ranks") > 1)).alias("valid")
-    ).drop(["_nh", "_hn"])
+    calls = (
+        m.sort(["match_id", "s", "rank"])
+        .group_by("match_id", maintain_order=True)
+        .agg(
+            pl.col("collective").first(),
+            pl.col("_pg").first().alias("pg_name"),
+            pl.col("key").first(),
+            pl.col("step").min(),
+            pl.col("layer").drop_nulls().first(),
+            pl.col("direction").drop_nulls().first(),
+            pl.len().cast(pl.Int32).alias("n_ranks"),
+            expected.alias("expected_ranks"),
+            pl.col("rank").last().alias("last_rank"),
+            pl.col("_a").first().alias("arrival_ns"),
+            (pl.col("s").max() - pl.col("s").min()).alias("arrival_skew_ns"),
+            (pl.col("e").max() - pl.col("e").min()).alias("end_skew_ns"),
+            pl.col("_tr").min().clip(0).alias("transfer_ns"),
+            (pl.col("_a").first() - pl.col("s").sort().reverse().get(1, null_on_oob=True))
+            .fill_null(0)
+            .alias("lateness_ns"),
+            pl.max_horizontal(pl.col("bytes_sent").max(), pl.col("bytes_recv").max()).alias("bytes_max"),
+            pl.col("cross_rank_bytes_sent").sum().alias("cross_rank_bytes"),
+            pl.col("bytes_sent").sum().alias("logical_bytes"),
+            (pl.col("e") >= pl.col("_ar") - tol_ns).all().alias("causal"),
+            pl.col("host").n_unique().alias("_nh"),
+            pl.col("host").null_count().alias("_hn"),
+        )
+        .with_columns(
+            (pl.col("n_ranks") >= pl.col("expected_ranks")).alias("complete"),
+            pl.when(pl.col("_hn") > 0)
+            .then(pl.lit("unknown"))
+            .when(pl.col("_nh") > 1)
+            .then(pl.lit("inter_host"))
+            .otherwise(pl.lit("intra_host"))
+            .alias("link_class"),
+            pl.when(pl.col("transfer_ns") > 0)
+            .then(pl.col("bytes_max") / pl.col("transfer_ns"))
+            .otherwise(None)
+            .alias("bandwidth_gbps"),
+        )
+        .with_columns((pl.col("complete") & pl.col("causal") & (pl.col("n_ranks") > 1)).alias("valid"))
+        .drop(["_nh", "_hn"])
+    )
     return calls, call_ranks

@@ -14,11 +14,11 @@ lie on the same thread as the ranges, so they are clipped to each range they ove
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
 
 import polars as pl
+import tomllib
 
 from ep_trace.analysis.intervals import range_join, union, union_length
 from ep_trace.analysis.steps import assign_step
@@ -29,7 +29,10 @@ __all__ = ["load_presets", "detect_ranges", "kernel_family_ranges", "attribute",
 
 #: (stage, regex) for the kernel-family fallback; first match wins.
 KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("dispatch", r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:notify_dispatch|cached_notify_dispatch|dispatch|get_dispatch_layout)"),
+    (
+        "dispatch",
+        r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:notify_dispatch|cached_notify_dispatch|dispatch|get_dispatch_layout)",
+    ),
     ("combine", r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:cached_notify_combine|combine)"),
     ("unpermute", r"(?i)unpermute"),
     ("expert", r"(?i)grouped_?gemm|group_gemm|moe_?gemm|fused_moe|cutlass\w*grouped"),
@@ -38,8 +41,16 @@ KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
 )
 
 _RANGE_SCHEMA = {
-    "rank": pl.Int32, "tid": pl.Int64, "stage": pl.Utf8, "layer": pl.Int32, "microbatch": pl.Int32,
-    "phase": pl.Utf8, "cpu_start_ns": pl.Int64, "cpu_end_ns": pl.Int64, "method": pl.Utf8, "tier": pl.Int32,
+    "rank": pl.Int32,
+    "tid": pl.Int64,
+    "stage": pl.Utf8,
+    "layer": pl.Int32,
+    "microbatch": pl.Int32,
+    "phase": pl.Utf8,
+    "cpu_start_ns": pl.Int64,
+    "cpu_end_ns": pl.Int64,
+    "method": pl.Utf8,
+    "tier": pl.Int32,
 }
 
 
@@ -55,15 +66,19 @@ def load_presets(user: Path | None = None) -> list[dict]:
         try:
             extra = tomllib.loads(Path(user).read_text())["preset"]
         except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
-            raise ConfigError(f"--stages: cannot read presets from {user}: {exc}; use [[preset]] tables with name and pattern") from exc
+            raise ConfigError(
+                f"--stages: cannot read presets from {user}: {exc}; use [[preset]] tables with name and pattern"
+            ) from exc
         for i, p in enumerate(extra):
             if "name" not in p or "pattern" not in p:
                 raise ConfigError(f"--stages: {user}: preset[{i}] needs 'name' and 'pattern'")
             try:  # polars' (Rust) regex dialect: no look-around, no back-references
                 pl.Series([""], dtype=pl.Utf8).str.contains(p["pattern"])
             except pl.exceptions.ComputeError as exc:
-                raise ConfigError(f"--stages: {user}: preset[{i}] pattern {p['pattern']!r} is not a valid regex; "
-                                  "use the Rust regex syntax (no look-around)") from exc
+                raise ConfigError(
+                    f"--stages: {user}: preset[{i}] pattern {p['pattern']!r} is not a valid regex; "
+                    "use the Rust regex syntax (no look-around)"
+                ) from exc
         names = {p["name"] for p in extra}
         presets = [p for p in presets if p["name"] not in names] + [{"tier": 1, **p} for p in extra]
     return presets
@@ -94,18 +109,23 @@ def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
         "rank", "tid", "name", "start_ns", "end_ns"
     )
     parts = []
-    ep = host.filter(pl.col("name").str.starts_with("ep:")).with_columns(
-        pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g")
-    ).filter(pl.col("_g").struct.field("stage").is_not_null())
+    ep = (
+        host.filter(pl.col("name").str.starts_with("ep:"))
+        .with_columns(pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g"))
+        .filter(pl.col("_g").struct.field("stage").is_not_null())
+    )
     parts.append(
         ep.select(
-            "rank", "tid",
+            "rank",
+            "tid",
             pl.col("_g").struct.field("stage").alias("stage"),
             pl.col("_g").struct.field("layer").cast(pl.Int32).alias("layer"),
             pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("microbatch"),
             pl.col("_g").struct.field("phase").alias("phase"),
-            pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
-            pl.lit("ep_trace").alias("method"), pl.lit(0, pl.Int32).alias("tier"),
+            pl.col("start_ns").alias("cpu_start_ns"),
+            pl.col("end_ns").alias("cpu_end_ns"),
+            pl.lit("ep_trace").alias("method"),
+            pl.lit(0, pl.Int32).alias("tier"),
         )
     )
     for p in presets:
@@ -114,16 +134,24 @@ def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
             continue
         g = pl.col("name").str.extract_groups(p["pattern"])
         fields = m.select(g.alias("_g"))["_g"].struct.fields
-        grp = lambda f: pl.col("_g").struct.field(f) if f in fields else pl.lit(None, pl.Utf8)  # noqa: E731
+
+        def grp(f: str, fields: list[str] = fields) -> pl.Expr:
+            return pl.col("_g").struct.field(f) if f in fields else pl.lit(None, pl.Utf8)
+
         stage = pl.lit(p["stage"]) if "stage" in p else grp("stage")
         phase = pl.lit(p["phase"]) if "phase" in p else _phase(grp("phase"))
         parts.append(
             m.with_columns(g.alias("_g")).select(
-                "rank", "tid", stage.alias("stage"),
-                grp("layer").cast(pl.Int32).alias("layer"), grp("microbatch").cast(pl.Int32).alias("microbatch"),
+                "rank",
+                "tid",
+                stage.alias("stage"),
+                grp("layer").cast(pl.Int32).alias("layer"),
+                grp("microbatch").cast(pl.Int32).alias("microbatch"),
                 phase.alias("phase"),
-                pl.col("start_ns").alias("cpu_start_ns"), pl.col("end_ns").alias("cpu_end_ns"),
-                pl.lit(f"preset:{p['name']}").alias("method"), pl.lit(int(p.get("tier", 1)), pl.Int32).alias("tier"),
+                pl.col("start_ns").alias("cpu_start_ns"),
+                pl.col("end_ns").alias("cpu_end_ns"),
+                pl.lit(f"preset:{p['name']}").alias("method"),
+                pl.lit(int(p.get("tier", 1)), pl.Int32).alias("tier"),
             )
         )
     out = pl.concat([x.cast(_RANGE_SCHEMA) for x in parts], how="vertical")
@@ -170,21 +198,52 @@ def attribute(
     threaded_ranks = rsel.filter(pl.col("tid").is_not_null())["rank"].unique().implode()
     same_thread = pl.col("anchor_tid").is_not_null() & pl.col("rank").is_in(threaded_ranks)
     pt = act.filter(~is_cpu_compute)
-    pts = pl.concat([
-        range_join(pt.filter(same_thread).rename({"anchor_tid": "tid"}), rsel, ("anchor_ns", "anchor_ns"),
-                   ("cpu_start_ns", "cpu_end_ns"), by=("rank", "tid")).drop("tid"),
-        range_join(pt.filter(~same_thread).drop("anchor_tid"), rsel.drop("tid"), ("anchor_ns", "anchor_ns"), ("cpu_start_ns", "cpu_end_ns")),
-    ], how="diagonal_relaxed")
+    pts = pl.concat(
+        [
+            range_join(
+                pt.filter(same_thread).rename({"anchor_tid": "tid"}),
+                rsel,
+                ("anchor_ns", "anchor_ns"),
+                ("cpu_start_ns", "cpu_end_ns"),
+                by=("rank", "tid"),
+            ).drop("tid"),
+            range_join(
+                pt.filter(~same_thread).drop("anchor_tid"),
+                rsel.drop("tid"),
+                ("anchor_ns", "anchor_ns"),
+                ("cpu_start_ns", "cpu_end_ns"),
+            ),
+        ],
+        how="diagonal_relaxed",
+    )
     # innermost range (latest start) wins for nested ranges
     pts = pts.sort("cpu_start_ns", descending=True).unique("aid", keep="first")
     cc = act.filter(is_cpu_compute)
-    clipped = pl.concat([
-        range_join(cc.filter(same_thread).rename({"anchor_tid": "tid"}), rsel, ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns"),
-                   by=("rank", "tid")).drop("tid"),
-        range_join(cc.filter(~same_thread).drop("anchor_tid"), rsel.drop("tid"), ("start_ns", "end_ns"), ("cpu_start_ns", "cpu_end_ns")),
-    ], how="diagonal_relaxed").with_columns(
-        pl.max_horizontal("start_ns", "cpu_start_ns").alias("start_ns"), pl.min_horizontal("end_ns", "cpu_end_ns").alias("end_ns")
-    ).filter(pl.col("end_ns") > pl.col("start_ns"))
+    clipped = (
+        pl.concat(
+            [
+                range_join(
+                    cc.filter(same_thread).rename({"anchor_tid": "tid"}),
+                    rsel,
+                    ("start_ns", "end_ns"),
+                    ("cpu_start_ns", "cpu_end_ns"),
+                    by=("rank", "tid"),
+                ).drop("tid"),
+                range_join(
+                    cc.filter(~same_thread).drop("anchor_tid"),
+                    rsel.drop("tid"),
+                    ("start_ns", "end_ns"),
+                    ("cpu_start_ns", "cpu_end_ns"),
+                ),
+            ],
+            how="diagonal_relaxed",
+        )
+        .with_columns(
+            pl.max_horizontal("start_ns", "cpu_start_ns").alias("start_ns"),
+            pl.min_horizontal("end_ns", "cpu_end_ns").alias("end_ns"),
+        )
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+    )
     att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
     return _measure(ranges, att, exposed), att
 
@@ -196,12 +255,16 @@ def family_stages(fam: pl.DataFrame, exposed: pl.DataFrame) -> tuple[pl.DataFram
         .agg(pl.col("anchor_ns").min().alias("cpu_start_ns"), pl.col("anchor_ns").max().alias("cpu_end_ns"))
         .sort(["rank", "cpu_start_ns"])
         .with_columns(
-            pl.lit(None, pl.Int32).alias("layer"), pl.lit(None, pl.Int32).alias("microbatch"), pl.lit(None, pl.Utf8).alias("phase"),
+            pl.lit(None, pl.Int32).alias("layer"),
+            pl.lit(None, pl.Int32).alias("microbatch"),
+            pl.lit(None, pl.Utf8).alias("phase"),
             pl.lit("kernel_family").alias("method"),
         )
         .with_row_index("sid")
     )
-    att = fam.join(ranges.select("rank", "step", "stage", "sid"), on=["rank", "step", "stage"], how="inner", nulls_equal=True)
+    att = fam.join(
+        ranges.select("rank", "step", "stage", "sid"), on=["rank", "step", "stage"], how="inner", nulls_equal=True
+    )
     return _measure(ranges, att, exposed), att
 
 
@@ -211,17 +274,43 @@ def _measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> 
     cu = union(att.filter(pl.col("cls") == "comm").select("sid", "rank", "start_ns", "end_ns"), ["sid", "rank"])
     comm = cu.group_by("sid").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("comm_ns"))
     xj = range_join(cu, exposed.rename({"start_ns": "x_s", "end_ns": "x_e"}), ("start_ns", "end_ns"), ("x_s", "x_e"))
-    xlen = xj.select(
-        "sid", (pl.min_horizontal("end_ns", "x_e") - pl.max_horizontal("start_ns", "x_s")).clip(0).alias("_x")
-    ).group_by("sid").agg(pl.col("_x").sum().alias("exposed_comm_ns"))
+    xlen = (
+        xj.select(
+            "sid", (pl.min_horizontal("end_ns", "x_e") - pl.max_horizontal("start_ns", "x_s")).clip(0).alias("_x")
+        )
+        .group_by("sid")
+        .agg(pl.col("_x").sum().alias("exposed_comm_ns"))
+    )
     st = (
-        ranges.join(win, on="sid", how="left").join(busy, on="sid", how="left").join(comm, on="sid", how="left").join(xlen, on="sid", how="left")
+        ranges.join(win, on="sid", how="left")
+        .join(busy, on="sid", how="left")
+        .join(comm, on="sid", how="left")
+        .join(xlen, on="sid", how="left")
         .with_columns(
             (pl.col("end_ns") - pl.col("start_ns")).fill_null(0).alias("window_ns"),
-            pl.col("busy_ns").fill_null(0), pl.col("comm_ns").fill_null(0), pl.col("exposed_comm_ns").fill_null(0),
+            pl.col("busy_ns").fill_null(0),
+            pl.col("comm_ns").fill_null(0),
+            pl.col("exposed_comm_ns").fill_null(0),
         )
         .with_columns((pl.col("comm_ns") - pl.col("exposed_comm_ns")).alias("overlapped_ns"))
     )
-    cols = ["rank", "step", "layer", "microbatch", "phase", "stage", "cpu_start_ns", "cpu_end_ns", "start_ns", "end_ns",
-            "window_ns", "busy_ns", "method", "comm_ns", "overlapped_ns", "exposed_comm_ns", "sid"]
+    cols = [
+        "rank",
+        "step",
+        "layer",
+        "microbatch",
+        "phase",
+        "stage",
+        "cpu_start_ns",
+        "cpu_end_ns",
+        "start_ns",
+        "end_ns",
+        "window_ns",
+        "busy_ns",
+        "method",
+        "comm_ns",
+        "overlapped_ns",
+        "exposed_comm_ns",
+        "sid",
+    ]
     return st.select(cols).sort(["rank", "cpu_start_ns"])

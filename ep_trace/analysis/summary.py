@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from ep_trace.analysis.imbalance import run_aggregate
-from ep_trace.analysis.result import SUMMARY_SCHEMA_VERSION, Analysis
 
-__all__ = ["build_summary"]
+if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
+    from ep_trace.analysis.result import Analysis
+
+__all__ = ["SUMMARY_SCHEMA_VERSION", "build_summary"]
+
+#: Version of the summary layout (docs/summary.md); bumped on any incompatible change.
+SUMMARY_SCHEMA_VERSION = 1
 
 
 def _clean(x: Any) -> Any:
@@ -45,43 +50,87 @@ def build_summary(a: Analysis) -> dict[str, Any]:
     straggler = None
     if st.height and valid.height and int(st["induced_wait_ns"][0]) > 0:
         r = st.row(0, named=True)
-        straggler = {"rank": r["rank"], "times_last": r["times_last"], "induced_wait_ns": r["induced_wait_ns"],
-                     "lateness_ns": r["lateness_ns"], "matched_calls": valid.height}
+        straggler = {
+            "rank": r["rank"],
+            "times_last": r["times_last"],
+            "induced_wait_ns": r["induced_wait_ns"],
+            "lateness_ns": r["lateness_ns"],
+            "matched_calls": valid.height,
+        }
     stages = (
-        a.stages.group_by(["rank", "stage"]).agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum(), pl.col("exposed_comm_ns").sum(),
-                                                 pl.col("step").n_unique().alias("n_steps"))
-        .with_columns((pl.col("busy_ns") / pl.col("n_steps")).round(0).cast(pl.Int64), (pl.col("window_ns") / pl.col("n_steps")).round(0).cast(pl.Int64),
-                      (pl.col("exposed_comm_ns") / pl.col("n_steps")).round(0).cast(pl.Int64))
-        .sort(["rank", "stage"])
-    ) if a.stages.height else a.stages
+        (
+            a.stages.group_by(["rank", "stage"])
+            .agg(
+                pl.col("busy_ns").sum(),
+                pl.col("window_ns").sum(),
+                pl.col("exposed_comm_ns").sum(),
+                pl.col("step").n_unique().alias("n_steps"),
+            )
+            .with_columns(
+                (pl.col("busy_ns") / pl.col("n_steps")).round(0).cast(pl.Int64),
+                (pl.col("window_ns") / pl.col("n_steps")).round(0).cast(pl.Int64),
+                (pl.col("exposed_comm_ns") / pl.col("n_steps")).round(0).cast(pl.Int64),
+            )
+            .sort(["rank", "stage"])
+        )
+        if a.stages.height
+        else a.stages
+    )
     imb = a.imbalance
     per_layer = (
-        imb.group_by("layer").agg(pl.col("I_e").max().alias("I_e_max"), pl.col("I_r").max().alias("I_r_max"),
-                                  pl.col("I_e").median().alias("I_e_p50"), pl.col("I_r").median().alias("I_r_p50"),
-                                  pl.col("I_r_send").max().alias("I_r_send_max"))
-        .sort("layer", nulls_last=True).to_dicts() if imb.height else []
+        imb.group_by("layer")
+        .agg(
+            pl.col("I_e").max().alias("I_e_max"),
+            pl.col("I_r").max().alias("I_r_max"),
+            pl.col("I_e").median().alias("I_e_p50"),
+            pl.col("I_r").median().alias("I_r_p50"),
+            pl.col("I_r_send").max().alias("I_r_send_max"),
+        )
+        .sort("layer", nulls_last=True)
+        .to_dicts()
+        if imb.height
+        else []
     )
     agg = run_aggregate(imb)
     cm = a.count_matrix
     if cm.height:
         tot = cm.group_by(["direction", "src", "dst"]).agg(pl.col("rows").sum()).sort(["direction", "src", "dst"])
-        count_matrix = {d: tot.filter(pl.col("direction") == d).select("src", "dst", "rows").to_dicts() for d in tot["direction"].unique().sort()}
+        count_matrix = {
+            d: tot.filter(pl.col("direction") == d).select("src", "dst", "rows").to_dicts()
+            for d in tot["direction"].unique().sort()
+        }
     else:
         count_matrix = {}
-    ab = {r["link_class"]: {k: r[k] for k in ("alpha_us", "beta_gbps", "r2", "n", "verdict")} for r in a.alpha_beta.to_dicts()}
+    ab = {
+        r["link_class"]: {k: r[k] for k in ("alpha_us", "beta_gbps", "r2", "n", "verdict")}
+        for r in a.alpha_beta.to_dicts()
+    }
     findings = [
-        {"kind": f.kind, "severity": f.severity, "title": f.title, "est_saving_ns": f.est_saving_ns, "evidence": f.evidence,
-         "remedy": f.remedy, "ranks": list(f.ranks), "layers": list(f.layers)}
+        {
+            "kind": f.kind,
+            "severity": f.severity,
+            "title": f.title,
+            "est_saving_ns": f.est_saving_ns,
+            "evidence": f.evidence,
+            "remedy": f.remedy,
+            "ranks": list(f.ranks),
+            "layers": list(f.layers),
+        }
         for f in a.findings
     ]
     load_report = [{"file": i.file, "rank": i.rank, "level": i.level, "message": i.message} for i in a.load_report]
     rs = a.rank_summary
     overall = {
-        "step_time_ns": _max(rs, "step_time_ns"), "step_time_p99_ns": _max(rs, "step_time_p99_ns"),
-        "exposed_comm_ns": _max(rs, "exposed_comm_ns"), "barrier_wait_ns": _max(rs, "barrier_wait_ns"),
-        "overlap_efficiency_min": float(rs["overlap_efficiency"].fill_nan(None).min()) if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len() else None,
+        "step_time_ns": _max(rs, "step_time_ns"),
+        "step_time_p99_ns": _max(rs, "step_time_p99_ns"),
+        "exposed_comm_ns": _max(rs, "exposed_comm_ns"),
+        "barrier_wait_ns": _max(rs, "barrier_wait_ns"),
+        "overlap_efficiency_min": float(rs["overlap_efficiency"].fill_nan(None).min())
+        if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len()
+        else None,
         "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),
-        "matched_calls": valid.height, "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
+        "matched_calls": valid.height,
+        "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
     }
     out = {
         "schema_version": SUMMARY_SCHEMA_VERSION,
@@ -89,14 +138,40 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "n_ranks": a.rank_summary.height,
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
         "overall": overall,
-        "ranks": _rows(a.rank_summary, ["rank", "host", "mode", "step_time_ns", "step_time_max_ns", "step_time_p95_ns", "step_time_p99_ns",
-                                        "comm_ns", "compute_ns", "exposed_comm_ns", "exposed_comm_p95_ns", "overlap_efficiency",
-                                        "barrier_wait_ns", "barrier_wait_p95_ns", "transfer_ns", "wait_uncertainty_ns"]),
-        "stages": _rows(stages, ["rank", "stage", "busy_ns", "window_ns", "exposed_comm_ns", "n_steps"]) if a.stages.height else [],
+        "ranks": _rows(
+            a.rank_summary,
+            [
+                "rank",
+                "host",
+                "mode",
+                "step_time_ns",
+                "step_time_max_ns",
+                "step_time_p95_ns",
+                "step_time_p99_ns",
+                "comm_ns",
+                "compute_ns",
+                "exposed_comm_ns",
+                "exposed_comm_p95_ns",
+                "overlap_efficiency",
+                "barrier_wait_ns",
+                "barrier_wait_p95_ns",
+                "transfer_ns",
+                "wait_uncertainty_ns",
+            ],
+        ),
+        "stages": _rows(stages, ["rank", "stage", "busy_ns", "window_ns", "exposed_comm_ns", "n_steps"])
+        if a.stages.height
+        else [],
         "straggler": straggler,
         "wait_matrix": a.wait_matrix.to_dicts(),
-        "imbalance": {"I_e": agg["I_e"], "I_r": agg["I_r"], "balancedness": agg["balancedness"], "per_layer": per_layer,
-                      "count_matrix": count_matrix, "split_violations": a.split_violations.height},
+        "imbalance": {
+            "I_e": agg["I_e"],
+            "I_r": agg["I_r"],
+            "balancedness": agg["balancedness"],
+            "per_layer": per_layer,
+            "count_matrix": count_matrix,
+            "split_violations": a.split_violations.height,
+        },
         "alpha_beta": ab,
         "clock": a.clock.to_dicts(),
         "findings": findings,

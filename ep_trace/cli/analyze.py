@@ -53,8 +53,14 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as bar:
         tasks: dict[str, int] = {}
 
         def update(stage: str, done: int, total: int) -> None:
@@ -67,15 +73,28 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
 
 @app.command("analyze")
 def analyze_cmd(
-    dirs: list[Path] = typer.Argument(..., help="Trace directories (or files) of one job: Kineto rank*.pt.trace.json.gz and/or Nsight *.sqlite, with optional rank*.ep.jsonl sidecars."),
+    dirs: list[Path] = typer.Argument(
+        ...,
+        help="Trace directories (or files) of one job: Kineto rank*.pt.trace.json.gz and/or Nsight *.sqlite, with optional rank*.ep.jsonl sidecars.",
+    ),
     out: Path = typer.Option(Path("report.html"), "-o", "--out", help="HTML report to write."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON summary (docs/summary.md) here."),
     fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
-    steps: Optional[str] = typer.Option(None, "--steps", help="Analyze only profiler steps FIRST:LAST (inclusive), e.g. 2:5."),
-    stages: Optional[Path] = typer.Option(None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks (named in the report) instead of stopping."),
-    hta_compatible: bool = typer.Option(False, "--hta-compatible", help="Also compute overlap exactly as HolisticTraceAnalysis does."),
-    with_hta: bool = typer.Option(False, "--with-hta", help="Add HTA's temporal and idle-time breakdowns (needs: pip install 'ep-trace\\[hta]')."),
+    steps: Optional[str] = typer.Option(
+        None, "--steps", help="Analyze only profiler steps FIRST:LAST (inclusive), e.g. 2:5."
+    ),
+    stages: Optional[Path] = typer.Option(
+        None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."
+    ),
+    keep_going: bool = typer.Option(
+        False, "--keep-going", help="Skip unreadable ranks (named in the report) instead of stopping."
+    ),
+    hta_compatible: bool = typer.Option(
+        False, "--hta-compatible", help="Also compute overlap exactly as HolisticTraceAnalysis does."
+    ),
+    with_hta: bool = typer.Option(
+        False, "--with-hta", help="Add HTA's temporal and idle-time breakdowns (needs: pip install 'ep-trace\\[hta]')."
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
 ) -> None:
     """Analyze EP MoE traces and write a self-contained HTML report.
@@ -89,15 +108,23 @@ def analyze_cmd(
       ep-trace analyze run.sqlite --format nsys -o nsys_report.html
     """
     from ep_trace.analysis.config import AnalysisConfig
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
     from ep_trace.reports.terminal import summary_renderables
 
     if stages is not None and not stages.is_file():
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
     with progress_bar() as progress:
-        analysis = build_report(dirs, out, json_path=json_out, config=config, fmt=check_format(fmt),  # type: ignore[arg-type]
-                                on_error="skip" if keep_going else "raise", progress=progress, with_hta=with_hta)
+        analysis = build_report(
+            dirs,
+            out,
+            json_path=json_out,
+            config=config,
+            fmt=check_format(fmt),  # type: ignore[arg-type]
+            on_error="skip" if keep_going else "raise",
+            progress=progress,
+            with_hta=with_hta,
+        )
     if not quiet:
         for r in summary_renderables(analysis):
             console.print(r)

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from ep_trace.cli.app import app, console
 
-__all__ = ["compare_cmd"]
+if TYPE_CHECKING:
+    from ep_trace.reports.compare import RunDigest
+
+__all__ = ["compare_cmd", "load_run"]
 
 
 @app.command("compare")
 def compare_cmd(
-    a: Path = typer.Argument(..., help="Run A (the baseline): a trace directory or a summary JSON from 'ep-trace analyze --json'."),
+    a: Path = typer.Argument(
+        ..., help="Run A (the baseline): a trace directory or a summary JSON from 'ep-trace analyze --json'."
+    ),
     b: Path = typer.Argument(..., help="Run B: a trace directory or a summary JSON."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the comparison as an HTML page here."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the comparison as JSON here."),
@@ -31,11 +36,11 @@ def compare_cmd(
 
       ep-trace compare main.json pr.json --json diff.json
     """
-    import orjson
     from rich.table import Table
 
     from ep_trace.cli.analyze import check_format
-    from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, load_run, render_compare_html
+    from ep_trace.cli.outputs import write_json
+    from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, render_compare_html
     from ep_trace.reports.units import fmt_ns
 
     check_format(fmt)
@@ -47,16 +52,48 @@ def compare_cmd(
         for c in ("stage", "A", "B", "Δ", "change"):
             t.add_column(c, justify="left" if c in ("stage", "change") else "right")
         for r in cmp.stages.iter_rows(named=True):
-            t.add_row(r["stage"], fmt_ns(r["a_window_ns"]), fmt_ns(r["b_window_ns"]), fmt_ns(r["delta_ns"], signed=True), r["change"])
+            t.add_row(
+                r["stage"],
+                fmt_ns(r["a_window_ns"]),
+                fmt_ns(r["b_window_ns"]),
+                fmt_ns(r["delta_ns"], signed=True),
+                r["change"],
+            )
         console.print(t)
     for r in cmp.findings.filter(cmp.findings["status"] != "same").iter_rows(named=True):
-        console.print(f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
-                      markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(render_compare_html(cmp), encoding="utf-8")
         console.print(f"comparison: {out}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_bytes(orjson.dumps(comparison_to_dict(cmp), option=orjson.OPT_INDENT_2))
+        write_json(comparison_to_dict(cmp), json_out)
         console.print(f"json: {json_out}", markup=False, highlight=False, soft_wrap=True)
+
+
+def load_run(path: Path, fmt: str = "auto", on_error: str = "raise") -> RunDigest:
+    """A run from a trace directory / file (:func:`ep_trace.load`) or from a saved ``*.json`` summary.
+
+    Raises:
+        BadInputError: unreadable JSON or not an ep-trace summary (naming the file).
+    """
+    import orjson
+
+    from ep_trace import load
+    from ep_trace.errors import BadInputError
+    from ep_trace.reports.compare import digest_analysis, digest_summary
+
+    if path.is_file() and path.suffix == ".json":
+        try:
+            data = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError as exc:
+            raise BadInputError(
+                f"{path}: not valid JSON ({exc}); pass a summary written by 'ep-trace analyze --json' or a trace directory"
+            ) from None
+        return digest_summary(data, str(path))
+    return digest_analysis(load(path, format=fmt, on_error=on_error), str(path))  # type: ignore[arg-type]

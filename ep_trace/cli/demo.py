@@ -23,11 +23,16 @@ def demo(
     layers: Annotated[int, typer.Option("--layers", help="MoE layers per step.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 3,
     skew: Annotated[str, typer.Option("--skew", help="uniform | zipf:EXP | hot:EXPERT:SHARE")] = "uniform",
-    straggler: Annotated[Optional[str], typer.Option("--straggler", help="RANK:MS: that rank is MS ms late in each of its expert stages.")] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    straggler: Annotated[
+        Optional[str],
+        typer.Option("--straggler", help="RANK:MS: that rank is MS ms late in each of its expert stages."),
+    ] = None,  # noqa: UP045 - typer needs Optional on 3.10
     chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
-    backward: Annotated[bool, typer.Option("--backward", help="Also run the backward pass (needs --chunks 1).")] = False,
+    backward: Annotated[
+        bool, typer.Option("--backward", help="Also run the backward pass (needs --chunks 1).")
+    ] = False,
 ) -> None:
     """Run a real multi-rank EP MoE layer on gloo/CPU under ep_trace.Tracer and write its traces.
 
@@ -60,9 +65,11 @@ def demo(
             bars[0].update(tasks[stage], completed=done, total=total)
 
         trace_dir = run_demo(cfg, out, progress=progress)
-    console.print(f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"wrote {cfg.ranks} ranks x {cfg.steps} steps to {trace_dir}", markup=False, highlight=False, soft_wrap=True
+    )
     # The demo ends where a user's own run would: ingest + analyze + report beside the traces.
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
     from ep_trace.reports.terminal import summary_renderables
 
     report, summary = trace_dir / "report.html", trace_dir / "summary.json"

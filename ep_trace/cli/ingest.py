@@ -18,12 +18,23 @@ __all__ = ["ingest_cmd"]
 
 @app.command("ingest")
 def ingest_cmd(
-    trace_dir: Path = typer.Argument(..., help="Trace directory (or one file): rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep, *.ep-events.parquet, with optional rank*.ep.jsonl sidecars."),
-    out: Path = typer.Option(..., "-o", "--out", help="Output directory: <table>.parquet per table, load_report.json, manifest.json."),
+    trace_dir: Path = typer.Argument(
+        ...,
+        help="Trace directory (or one file): rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep, *.ep-events.parquet, with optional rank*.ep.jsonl sidecars.",
+    ),
+    out: Path = typer.Option(
+        ..., "-o", "--out", help="Output directory: <table>.parquet per table, load_report.json, manifest.json."
+    ),
     fmt: str = typer.Option("auto", "--format", help="Input format: auto (per file), kineto, nsys or cupti."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks (listed in load_report.json) instead of stopping."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Parse again even if OUT holds the tables of the unchanged inputs."),
-    jobs: int = typer.Option(1, "-j", "--jobs", help="Rank files read at once, one worker process each (memory grows with it)."),
+    keep_going: bool = typer.Option(
+        False, "--keep-going", help="Skip unreadable ranks (listed in load_report.json) instead of stopping."
+    ),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help="Parse again even if OUT holds the tables of the unchanged inputs."
+    ),
+    jobs: int = typer.Option(
+        1, "-j", "--jobs", help="Rank files read at once, one worker process each (memory grows with it)."
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing on success."),
 ) -> None:
     """Convert a trace directory into Parquet tables (ranks, events, collectives, routing_*, placement, stages).
@@ -40,15 +51,24 @@ def ingest_cmd(
     if jobs < 1:
         raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
     with progress_bar(not quiet) as progress:
-        tables, cached = ingest(trace_dir, out, format=fmt, on_error="skip" if keep_going else "raise",  # type: ignore[arg-type]
-                                progress=progress, use_cache=not no_cache, jobs=jobs)
+        tables, cached = ingest(
+            trace_dir,
+            out,
+            format=fmt,
+            on_error="skip" if keep_going else "raise",  # type: ignore[arg-type]
+            progress=progress,
+            use_cache=not no_cache,
+            jobs=jobs,
+        )
     if quiet:
         return
     how = "reused (inputs unchanged)" if cached else "written"
     console.print(
         f"{out}: {how}: {tables.ranks.height} ranks, {tables.events.height} events, "
         f"{tables.collectives.height} collectives, {tables.routing_matrix.height} routing-matrix rows",
-        markup=False, highlight=False, soft_wrap=True,
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
     )
     for issue in tables.load_report:
         console.print(f"  {issue.level}: {issue.file}: {issue.message}", markup=False, highlight=False, soft_wrap=True)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ep_trace.routing import record_a2a
-from ep_trace.stages import stage
+from ep_trace.capture.routing import record_a2a
+from ep_trace.capture.stages import stage
 
 __all__ = ["a2a", "bwd_region", "BwdRange"]
 
@@ -64,12 +64,30 @@ def _run(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits:
 
 class _A2A(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, ranks: list[int], layer: int, direction: str) -> torch.Tensor:  # noqa: E501
+    def forward(
+        ctx: Any,
+        inp: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        group: Any,
+        ranks: list[int],
+        layer: int,
+        direction: str,
+    ) -> torch.Tensor:  # noqa: E501
         out = inp.new_empty(sum(out_splits), inp.shape[1])
         t0 = time.time_ns()
         _run(out, inp.contiguous(), out_splits, in_splits, group)
         rb = inp.shape[1] * inp.element_size()
-        record_a2a(direction, in_splits, out_splits, layer=layer, row_bytes=rb, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+        record_a2a(
+            direction,
+            in_splits,
+            out_splits,
+            layer=layer,
+            row_bytes=rb,
+            group_ranks=ranks,
+            start_ns=t0,
+            end_ns=time.time_ns(),
+        )
         ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb)
         return out
 
@@ -80,7 +98,17 @@ class _A2A(torch.autograd.Function):
             g = grad.new_empty(sum(in_splits), grad.shape[1])
             t0 = time.time_ns()
             _run(g, grad.contiguous(), in_splits, out_splits, group)
-            record_a2a(direction, out_splits, in_splits, layer=layer, row_bytes=rb, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns(), phase="bwd")
+            record_a2a(
+                direction,
+                out_splits,
+                in_splits,
+                layer=layer,
+                row_bytes=rb,
+                group_ranks=ranks,
+                start_ns=t0,
+                end_ns=time.time_ns(),
+                phase="bwd",
+            )
         return g, None, None, None, None, None, None
 
 

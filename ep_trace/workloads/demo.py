@@ -89,7 +89,9 @@ class DemoConfig:
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
         if self.backward and self.chunks > 1:
-            raise ConfigError(f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks {self.chunks}")
+            raise ConfigError(
+                f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks {self.chunks}"
+            )
         if self.top_k > self.experts:
             raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
         if self.experts % self.ranks:
@@ -157,8 +159,8 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
     """One forward step of ``cfg.layers`` residual MoE layers on this rank; returns the activations."""
     import torch.distributed as dist
 
-    from ep_trace.routing import record_routing
-    from ep_trace.stages import stage
+    from ep_trace.capture.routing import record_routing
+    from ep_trace.capture.stages import stage
     from ep_trace.workloads.autograd import bwd_region
     from ep_trace.workloads.moe import ep_moe_forward, route
 
@@ -170,8 +172,12 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
         with stage("route", layer):
             ids, gate = route(r_in(h), w.router, cfg.top_k, routing_bias(cfg, rank, step, layer).to(dev))
             gate = r_out(gate)
-            record_routing(layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks)
-        y = ep_moe_forward(h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms)
+            record_routing(
+                layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks
+            )
+        y = ep_moe_forward(
+            h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms
+        )
         h = h + y
     if cfg.backward:
         (h * h).mean().backward()  # gradients are dropped: the demo measures, it does not train
@@ -203,7 +209,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
     """Body of one spawned rank."""
     import torch.distributed as dist
 
-    from ep_trace.capture import Tracer
+    from ep_trace.capture.tracer import Tracer
     from ep_trace.workloads.moe import MoEWeights, local_experts, make_layer_weights
 
     init_rank(rank, cfg.ranks, port, backend=cfg.backend)
@@ -211,7 +217,9 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
         L, dev = cfg.experts_per_rank, _device(cfg, rank)
         weights = []
         for layer in range(cfg.layers):
-            w = local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=layer), rank * L, L)
+            w = local_experts(
+                make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=layer), rank * L, L
+            )
             router, w1, w2 = (t.to(dev).requires_grad_(cfg.backward) for t in (w.router, w.w1, w.w2))
             weights.append(MoEWeights(router, w1, w2, w.first_expert))
         strag = cfg.straggler_spec
@@ -275,13 +283,15 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
         MissingDependencyError: torch is not installed.
     """
     out = Path(out_dir)
-    from ep_trace.capture import require_torch
+    from ep_trace.capture.tracer import require_torch
 
     torch = require_torch()
     if config.backend == "nccl":
         n = torch.cuda.device_count()
         if n < config.ranks:
-            raise ConfigError(f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible")
+            raise ConfigError(
+                f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible"
+            )
     _prepare_out_dir(out)
     counts = {"ready": 0, "written": 0}
 

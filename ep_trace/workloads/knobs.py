@@ -71,7 +71,9 @@ def parse_skew(spec: str, experts: int, top_k: int) -> SkewSpec:
         e = _num(parts[1], "expert", spec)
         s = _num(parts[2], "share", spec)
         if e != int(e) or not 0 <= e < experts:
-            raise ConfigError(f"--skew: hot expert {parts[1]} is not an expert id in 0..{experts - 1} (--experts {experts})")
+            raise ConfigError(
+                f"--skew: hot expert {parts[1]} is not an expert id in 0..{experts - 1} (--experts {experts})"
+            )
         if not 0 < s <= 1.0 / top_k + 1e-12:
             raise ConfigError(
                 f"--skew: hot share {parts[2]} must be in (0, 1/top_k] = (0, {1.0 / top_k:g}] "
@@ -95,7 +97,9 @@ def parse_straggler(spec: str | None, ranks: int) -> Straggler | None:
     try:
         rank, ms = int(parts[0]), float(parts[1])
     except ValueError:
-        raise ConfigError(f"--straggler: expected RANK:MS with an integer rank and a number of ms, got {spec!r}") from None
+        raise ConfigError(
+            f"--straggler: expected RANK:MS with an integer rank and a number of ms, got {spec!r}"
+        ) from None
     if not 0 <= rank < ranks:
         raise ConfigError(f"--straggler: rank {rank} is out of range 0..{ranks - 1} (--ranks {ranks})")
     if not math.isfinite(ms) or ms < 0:

@@ -37,7 +37,11 @@ def init_rank(rank: int, world: int, port: int, timeout_s: float = 120.0, backen
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
+        backend,
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
     )
 
 
@@ -77,4 +81,3 @@ def spawn_ranks(
         raise
     finally:
         q.close()
-

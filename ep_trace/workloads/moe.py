@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ep_trace.routing import record_a2a, reserve_a2a_call
-from ep_trace.stages import stage
+from ep_trace.capture.routing import record_a2a, reserve_a2a_call
+from ep_trace.capture.stages import stage
 from ep_trace.workloads.autograd import a2a, bwd_region
 
 __all__ = [
@@ -84,10 +84,14 @@ def make_layer_weights(hidden: int, ffn: int, experts: int, *, seed: int, layer:
 
 def local_experts(w: MoEWeights, first: int, count: int) -> MoEWeights:
     """The slice of experts ``first .. first+count-1`` (contiguous copies: real per-rank storage)."""
-    return MoEWeights(w.router, w.w1[first : first + count].contiguous(), w.w2[first : first + count].contiguous(), first)
+    return MoEWeights(
+        w.router, w.w1[first : first + count].contiguous(), w.w2[first : first + count].contiguous(), first
+    )
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k routing: ``(topk_ids [T, k] int64, topk_w [T, k])``.
 
     ``bias`` ([T, E], optional) shifts only the *selection* (as in aux-loss-free load balancing);
@@ -149,7 +153,9 @@ def _chunk_rows(sizes: list[int], chunks: int, device: torch.device) -> tuple[li
     return idx, splits
 
 
-def _a2a(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, async_op: bool) -> Any:
+def _a2a(
+    out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, async_op: bool
+) -> Any:
     return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
 
@@ -204,7 +210,16 @@ def ep_moe_forward(
         recv_counts = torch.empty_like(counts)
         t0 = time.time_ns()
         _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
-        record_a2a("count", [L] * W, [L] * W, layer=layer, row_bytes=counts.element_size(), group_ranks=ranks, start_ns=t0, end_ns=time.time_ns())
+        record_a2a(
+            "count",
+            [L] * W,
+            [L] * W,
+            layer=layer,
+            row_bytes=counts.element_size(),
+            group_ranks=ranks,
+            start_ns=t0,
+            end_ns=time.time_ns(),
+        )
         rc = recv_counts.view(W, L)
         # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H
         # sync every all_to_allv-based EP layer has between the count exchange and token dispatch.
@@ -270,7 +285,18 @@ def _pipelined(
         work, recv_c, t0, call = pending
         with stage("dispatch", layer, c):
             work.wait()
-            record_a2a("dispatch", s_split[c], r_split[c], layer=layer, microbatch=c, row_bytes=row_bytes, group_ranks=ranks, start_ns=t0, end_ns=time.time_ns(), call=call)
+            record_a2a(
+                "dispatch",
+                s_split[c],
+                r_split[c],
+                layer=layer,
+                microbatch=c,
+                row_bytes=row_bytes,
+                group_ranks=ranks,
+                start_ns=t0,
+                end_ns=time.time_ns(),
+                call=call,
+            )
         if c + 1 < chunks:
             pending = launch_dispatch(c + 1)
         with stage("expert", layer, c):
@@ -283,7 +309,18 @@ def _pipelined(
     for c, work, back_c, t1, call in combines:
         with stage("combine", layer, c):
             work.wait()
-            record_a2a("combine", r_split[c], s_split[c], layer=layer, microbatch=c, row_bytes=row_bytes, group_ranks=ranks, start_ns=t1, end_ns=time.time_ns(), call=call)
+            record_a2a(
+                "combine",
+                r_split[c],
+                s_split[c],
+                layer=layer,
+                microbatch=c,
+                row_bytes=row_bytes,
+                group_ranks=ranks,
+                start_ns=t1,
+                end_ns=time.time_ns(),
+                call=call,
+            )
             back[s_idx[c]] = back_c
     return back
 

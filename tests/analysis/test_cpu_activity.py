@@ -15,17 +15,45 @@ def _gloo_rank(extra_ops: list[dict]) -> dict:
     wrapper's remaining self time is work.wait() (no op of its own in gloo traces)."""
     us = 1_000
     ev = [
-        {"kind": "cpu_annotation", "name": "ProfilerStep#0", "tid": 1, "start_ns": T0, "end_ns": T0 + 1000 * us, "seq": 0},
+        {
+            "kind": "cpu_annotation",
+            "name": "ProfilerStep#0",
+            "tid": 1,
+            "start_ns": T0,
+            "end_ns": T0 + 1000 * us,
+            "seq": 0,
+        },
         {"kind": "cpu_op", "name": "_A2ABackward", "tid": 1, "start_ns": T0 + 100 * us, "end_ns": T0 + 600 * us},
-        {"kind": "cpu_op", "name": "c10d::alltoall_base_", "tid": 1, "start_ns": T0 + 110 * us, "end_ns": T0 + 120 * us},
-        {"kind": "comm_worker", "name": "gloo:all_to_all", "tid": 2, "start_ns": T0 + 110 * us, "end_ns": T0 + 500 * us, "coll_id": 0},
+        {
+            "kind": "cpu_op",
+            "name": "c10d::alltoall_base_",
+            "tid": 1,
+            "start_ns": T0 + 110 * us,
+            "end_ns": T0 + 120 * us,
+        },
+        {
+            "kind": "comm_worker",
+            "name": "gloo:all_to_all",
+            "tid": 2,
+            "start_ns": T0 + 110 * us,
+            "end_ns": T0 + 500 * us,
+            "coll_id": 0,
+        },
         {"kind": "cpu_op", "name": "aten::mm", "tid": 1, "start_ns": T0 + 700 * us, "end_ns": T0 + 900 * us},
         *extra_ops,
     ]
     for e in ev:
         e["rank"] = 0
-    coll = {"rank": 0, "coll_id": 0, "ordinal": 0, "op_id": 2, "cpu_start_ns": T0 + 110 * us, "cpu_end_ns": T0 + 120 * us,
-            "start_ns": T0 + 110 * us, "end_ns": T0 + 500 * us}
+    coll = {
+        "rank": 0,
+        "coll_id": 0,
+        "ordinal": 0,
+        "op_id": 2,
+        "cpu_start_ns": T0 + 110 * us,
+        "cpu_end_ns": T0 + 120 * us,
+        "start_ns": T0 + 110 * us,
+        "end_ns": T0 + 500 * us,
+    }
     return {"ranks": [{"rank": 0, "world_size": 1, "host": "h"}], "events": ev, "colls": [coll]}
 
 

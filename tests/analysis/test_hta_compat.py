@@ -20,7 +20,11 @@ REFERENCE = {
 
 @pytest.mark.parametrize("folder", sorted(REFERENCE))
 def test_matches_hta_reference_table(external_dir, folder):
-    got = dict(hta_overlap(read_trace_dir(external_dir / "kineto" / folder).events).select("rank", "comp_comm_overlap_pctg").iter_rows())
+    got = dict(
+        hta_overlap(read_trace_dir(external_dir / "kineto" / folder).events)
+        .select("rank", "comp_comm_overlap_pctg")
+        .iter_rows()
+    )
     assert set(got) == set(REFERENCE[folder])
     for rank, want in REFERENCE[folder].items():
         assert abs(got[rank] - want) <= 0.1, (folder, rank, got[rank], want)
@@ -33,7 +37,7 @@ def test_matches_live_hta(external_dir, folder):
     logging.getLogger("hta").setLevel(logging.ERROR)
     d = external_dir / "kineto" / folder
     theirs = ta.TraceAnalysis(trace_dir=str(d)).get_comm_comp_overlap(visualize=False)
-    theirs = dict(zip(theirs["rank"].astype(int), theirs["comp_comm_overlap_pctg"].astype(float)))
+    theirs = dict(zip(theirs["rank"].astype(int), theirs["comp_comm_overlap_pctg"].astype(float), strict=False))
     mine = dict(hta_overlap(read_trace_dir(d).events).select("rank", "comp_comm_overlap_pctg").iter_rows())
     assert set(mine) == set(theirs)
     for rank in theirs:

@@ -30,7 +30,9 @@ def _mask_of(df: pl.DataFrame, g: int, n: int) -> np.ndarray:
 
 
 def test_union_exact():
-    u = union(_frame([(0, 0, 10), (0, 5, 12), (0, 12, 15), (0, 20, 25), (1, 3, 4), (0, 30, 30)]), ["g"]).sort("g", "start_ns")
+    u = union(_frame([(0, 0, 10), (0, 5, 12), (0, 12, 15), (0, 20, 25), (1, 3, 4), (0, 30, 30)]), ["g"]).sort(
+        "g", "start_ns"
+    )
     assert u.rows() == [(0, 0, 15), (0, 20, 25), (1, 3, 4)]
     assert union_length(_frame([(0, 0, 10), (0, 5, 12)]), []).item() == 12
 
@@ -81,5 +83,7 @@ def test_range_join_matches_cross_join(a, b):
     fa = _frame(a).with_row_index("i")
     fb = _frame(b).rename({"start_ns": "s2", "end_ns": "e2"}).with_row_index("j")
     got = sorted(range_join(fa, fb, ("start_ns", "end_ns"), ("s2", "e2"), by=("g",)).select("i", "j").rows())
-    want = sorted((i, j) for i, (g, s, e) in enumerate(a) for j, (g2, s2, e2) in enumerate(b) if g == g2 and s <= e2 and e >= s2)
+    want = sorted(
+        (i, j) for i, (g, s, e) in enumerate(a) for j, (g2, s2, e2) in enumerate(b) if g == g2 and s <= e2 and e >= s2
+    )
     assert got == want

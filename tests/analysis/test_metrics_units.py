@@ -17,8 +17,13 @@ STARTS = [200_000, 250_000, 300_000, 500_000]
 def test_alpha_beta_recovered():
     # T = 20 µs + B / (12.5 GB/s), exact, for 6 sizes; a second class with a latency-dominated law
     sizes = [4096, 65536, 262144, 1 << 20, 4 << 20, 16 << 20]
-    rows = [{"link_class": "inter_host", "bytes_max": b, "transfer_ns": 20_000 + b * 0.08, "valid": True} for b in sizes]
-    rows += [{"link_class": "intra_host", "bytes_max": b, "transfer_ns": 50_000 + b / 400.0, "valid": True} for b in sizes[:4]]
+    rows = [
+        {"link_class": "inter_host", "bytes_max": b, "transfer_ns": 20_000 + b * 0.08, "valid": True} for b in sizes
+    ]
+    rows += [
+        {"link_class": "intra_host", "bytes_max": b, "transfer_ns": 50_000 + b / 400.0, "valid": True}
+        for b in sizes[:4]
+    ]
     rows += [{"link_class": "intra_host", "bytes_max": 10, "transfer_ns": 1.0, "valid": False}]
     f = {r["link_class"]: r for r in alpha_beta_fit(pl.DataFrame(rows)).iter_rows(named=True)}
     assert f["inter_host"]["alpha_us"] == pytest.approx(20.0, rel=1e-9)
@@ -33,8 +38,16 @@ def test_alpha_beta_recovered():
 
 def test_imbalance_from_known_counts(synth):
     # 4 experts on 4 ranks; n_e = [8, 0, 2, 2] summed over two source ranks -> I_e = 8 / 3
-    rc = pl.DataFrame({"rank": [0, 0, 1, 1], "step": [1] * 4, "layer": [0] * 4, "microbatch": [0] * 4,
-                       "expert": [0, 2, 0, 3], "count": [5, 2, 3, 2]})
+    rc = pl.DataFrame(
+        {
+            "rank": [0, 0, 1, 1],
+            "step": [1] * 4,
+            "layer": [0] * 4,
+            "microbatch": [0] * 4,
+            "expert": [0, 2, 0, 3],
+            "count": [5, 2, 3, 2],
+        }
+    )
     # dispatch split lists: column sums L = [4+1+0+1, 2+2+0+0, 2+0+5+0, 0+1+1+5] = [6, 4, 7, 7]
     splits = [[4, 2, 2, 0], [1, 2, 0, 1], [0, 0, 5, 1], [1, 0, 0, 5]]
     t = synth["gpu_job"](STARTS, 600_000, splits=splits)
@@ -49,14 +62,20 @@ def test_imbalance_from_known_counts(synth):
     assert a.rank_load.sort("rank")["recv_rows"].to_list() == [6, 4, 7, 7]
     assert a.expert_load.sort("expert")["count"].to_list() == [8, 0, 2, 2]
     assert a.split_violations.height == 0
-    assert a.calls["bytes_max"][0] == 8 * 1024 and a.call_ranks.sort("rank")["cross_rank_bytes_sent"].to_list() == [4096, 2048, 1024, 1024]
+    assert a.calls["bytes_max"][0] == 8 * 1024 and a.call_ranks.sort("rank")["cross_rank_bytes_sent"].to_list() == [
+        4096,
+        2048,
+        1024,
+        1024,
+    ]
 
 
 def test_split_violation_listed(synth):
     splits = [[4, 2, 2, 0], [1, 2, 0, 1], [0, 0, 5, 1], [1, 0, 0, 5]]
     t = synth["gpu_job"](STARTS, 600_000, splits=splits)
     c = t.collectives.with_columns(
-        pl.when(pl.col("rank") == 2).then(pl.lit([0, 0, 5, 9])).otherwise(pl.col("out_splits")).alias("out_splits"))
+        pl.when(pl.col("rank") == 2).then(pl.lit([0, 0, 5, 9])).otherwise(pl.col("out_splits")).alias("out_splits")
+    )
     a = analyze(type(t)(**{**t.__dict__, "collectives": c}))
     assert a.split_violations.select("src", "dst", "sent", "received").rows() == [(0, 2, 2, 0), (3, 2, 0, 9)]
     assert any(f.kind == "split_inconsistency" for f in a.findings)
@@ -78,32 +97,84 @@ def test_cpu_gloo_overlap(synth):
     """CPU rank: comm = gloo worker range + blocking caller op; compute = main-thread cpu_op minus the caller op."""
     T0 = synth["T0"]
     ev = [
-        {"rank": 0, "kind": "cpu_annotation", "name": "ProfilerStep#3", "tid": 1, "start_ns": T0, "end_ns": T0 + 1000, "seq": 3},
+        {
+            "rank": 0,
+            "kind": "cpu_annotation",
+            "name": "ProfilerStep#3",
+            "tid": 1,
+            "start_ns": T0,
+            "end_ns": T0 + 1000,
+            "seq": 3,
+        },
         {"rank": 0, "kind": "cpu_op", "name": "aten::mm", "tid": 1, "start_ns": T0 + 0, "end_ns": T0 + 300},
-        {"rank": 0, "kind": "cpu_op", "name": "c10d::alltoall_base_", "tid": 1, "start_ns": T0 + 300, "end_ns": T0 + 500},
+        {
+            "rank": 0,
+            "kind": "cpu_op",
+            "name": "c10d::alltoall_base_",
+            "tid": 1,
+            "start_ns": T0 + 300,
+            "end_ns": T0 + 500,
+        },
         {"rank": 0, "kind": "cpu_op", "name": "aten::mm", "tid": 1, "start_ns": T0 + 500, "end_ns": T0 + 900},
-        {"rank": 0, "kind": "comm_worker", "name": "gloo:all_to_all", "tid": 9, "start_ns": T0 + 310, "end_ns": T0 + 700, "coll_id": 0},
+        {
+            "rank": 0,
+            "kind": "comm_worker",
+            "name": "gloo:all_to_all",
+            "tid": 9,
+            "start_ns": T0 + 310,
+            "end_ns": T0 + 700,
+            "coll_id": 0,
+        },
     ]
-    c = [{"rank": 0, "coll_id": 0, "ordinal": 0, "cpu_start_ns": T0 + 300, "cpu_end_ns": T0 + 500, "start_ns": T0 + 310, "end_ns": T0 + 700}]
+    c = [
+        {
+            "rank": 0,
+            "coll_id": 0,
+            "ordinal": 0,
+            "cpu_start_ns": T0 + 300,
+            "cpu_end_ns": T0 + 500,
+            "start_ns": T0 + 310,
+            "end_ns": T0 + 700,
+        }
+    ]
     a = analyze(synth["build"]([{"rank": 0, "world_size": 1}], ev, c))
     s = a.steps.row(0, named=True)
     # C = [300, 700), K = [0, 300) + [500, 900) -> overlap 200, exposed 200
-    assert (s["step"], s["comm_ns"], s["compute_ns"], s["overlapped_ns"], s["exposed_comm_ns"]) == (3, 400, 700, 200, 200)
+    assert (s["step"], s["comm_ns"], s["compute_ns"], s["overlapped_ns"], s["exposed_comm_ns"]) == (
+        3,
+        400,
+        700,
+        200,
+        200,
+    )
     assert a.rank_summary["mode"].to_list() == ["cpu"] and a.rank_summary["overlap_efficiency"][0] == 0.5
 
 
 def test_presets_and_user_toml(synth, tmp_path):
     T0 = synth["T0"]
-    names = ["MoELayer.router_and_preprocess", "dispatch(F)", "mlp(W)", "moe.combine", "c10d::alltoall_base_", "my_gate"]
-    ev = [{"rank": 0, "kind": "cpu_annotation", "name": n, "tid": 1, "start_ns": T0 + 10 * i, "end_ns": T0 + 10 * i + 5} for i, n in enumerate(names)]
+    names = [
+        "MoELayer.router_and_preprocess",
+        "dispatch(F)",
+        "mlp(W)",
+        "moe.combine",
+        "c10d::alltoall_base_",
+        "my_gate",
+    ]
+    ev = [
+        {"rank": 0, "kind": "cpu_annotation", "name": n, "tid": 1, "start_ns": T0 + 10 * i, "end_ns": T0 + 10 * i + 5}
+        for i, n in enumerate(names)
+    ]
     ev = conform("events", pl.DataFrame([{"event_id": i, **e} for i, e in enumerate(ev)]))
     r = detect_ranges(ev, load_presets()).sort("cpu_start_ns")
     # tier 1 presets win over the plain collective (tier 2) on this rank
     assert r.select("stage", "phase", "method").rows() == [
-        ("route", "fwd", "preset:megatron"), ("dispatch", "fwd", "preset:paren"), ("expert", "bwd", "preset:paren"),
-        ("combine", "fwd", "preset:sglang")]
+        ("route", "fwd", "preset:megatron"),
+        ("dispatch", "fwd", "preset:paren"),
+        ("expert", "bwd", "preset:paren"),
+        ("combine", "fwd", "preset:sglang"),
+    ]
     f = tmp_path / "p.toml"
-    f.write_text('[[preset]]\nname = "mine"\npattern = \'^my_(?P<stage>gate)$\'\n')
+    f.write_text("[[preset]]\nname = \"mine\"\npattern = '^my_(?P<stage>gate)$'\n")
     r2 = detect_ranges(ev, load_presets(f))
     assert ("gate", "preset:mine") in r2.select("stage", "method").rows()
     f.write_text("[[preset]]\nname = 'x'\n")
@@ -114,14 +185,35 @@ def test_presets_and_user_toml(synth, tmp_path):
 def test_kernel_family_fallback_and_gpu_host_stall(synth):
     t = synth["gpu_job"](STARTS, 600_000)
     ev = t.events.filter(~pl.col("name").str.starts_with("ep:")).with_columns(
-        pl.when(pl.col("name").str.starts_with("nccl")).then(pl.lit("void deep_ep::intranode::dispatch<8>(int*)")).otherwise(pl.col("name")).alias("name"))
+        pl.when(pl.col("name").str.starts_with("nccl"))
+        .then(pl.lit("void deep_ep::intranode::dispatch<8>(int*)"))
+        .otherwise(pl.col("name"))
+        .alias("name")
+    )
     T0 = synth["T0"]
-    sync = conform("events", pl.DataFrame([{"rank": 0, "event_id": 999, "kind": "runtime", "name": "cudaStreamSynchronize", "tid": 1,
-                                             "start_ns": T0 + 800_000, "end_ns": T0 + 900_000}]))
+    sync = conform(
+        "events",
+        pl.DataFrame(
+            [
+                {
+                    "rank": 0,
+                    "event_id": 999,
+                    "kind": "runtime",
+                    "name": "cudaStreamSynchronize",
+                    "tid": 1,
+                    "start_ns": T0 + 800_000,
+                    "end_ns": T0 + 900_000,
+                }
+            ]
+        ),
+    )
     a = analyze(type(t)(**{**t.__dict__, "events": pl.concat([ev, sync])}))
     assert a.detection_method == "kernel_family"
     r0 = a.stages.filter(pl.col("rank") == 0).sort("stage")
-    assert r0.select("stage", "busy_ns", "method").rows() == [("dispatch", 400_000, "kernel_family"), ("expert", 250_000, "kernel_family")]
+    assert r0.select("stage", "busy_ns", "method").rows() == [
+        ("dispatch", 400_000, "kernel_family"),
+        ("expert", 250_000, "kernel_family"),
+    ]
     # the device is busy until 800 µs; the sync blocks the host 800..900 µs with the device idle
     hs = a.host_stalls.row(0, named=True)
     assert (hs["rank"], hs["name"], hs["stall_ns"], hs["step"]) == (0, "cudaStreamSynchronize", 100_000, 1)
@@ -147,11 +239,16 @@ def test_seq_matching_survives_a_missing_call(synth):
     c = t.collectives.with_columns(pl.lit(7, pl.Int64).alias("seq"))
     # a second call (seq 8) on ranks 0..2 only: rank 3 missed it
     extra = t.collectives.filter(pl.col("rank") < 3).with_columns(
-        pl.lit(1, pl.Int64).alias("coll_id"), pl.lit(8, pl.Int64).alias("seq"),
-        pl.col("start_ns") + 50_000, pl.col("end_ns") + 50_000)
+        pl.lit(1, pl.Int64).alias("coll_id"),
+        pl.lit(8, pl.Int64).alias("seq"),
+        pl.col("start_ns") + 50_000,
+        pl.col("end_ns") + 50_000,
+    )
     a = analyze(type(t)(**{**t.__dict__, "collectives": pl.concat([c, extra])}))
     assert a.calls.sort("match_id").select("key", "n_ranks", "last_rank", "complete", "valid").rows() == [
-        ("seq", 4, 3, True, True), ("seq", 3, 2, False, False)]
+        ("seq", 4, 3, True, True),
+        ("seq", 3, 2, False, False),
+    ]
     assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
 
 
@@ -167,7 +264,14 @@ def test_summary_keys_are_documented(synth):
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "summary.md").read_text()
     s = analyze(synth["gpu_job"](STARTS, 600_000), AnalysisConfig(hta_compatible=True)).summary()
-    keys = set(s) | set(s["ranks"][0]) | set(s["stages"][0]) | set(s["imbalance"]) | set(s["findings"][0]) | set(s["overall"])
+    keys = (
+        set(s)
+        | set(s["ranks"][0])
+        | set(s["stages"][0])
+        | set(s["imbalance"])
+        | set(s["findings"][0])
+        | set(s["overall"])
+    )
     keys |= set(s["straggler"]) | set(s["clock"][0])
     missing = sorted(k for k in keys if f"`{k}`" not in doc)
     assert missing == []

@@ -18,17 +18,55 @@ def _job(splits: list[list[int]], starts_us: list[int], ends_us: list[int]):
         ranks.append({"rank": r, "world_size": n, "host": "A"})
         e0 = 10 * r
         events += [
-            {"rank": r, "event_id": e0, "kind": "cpu_annotation", "name": "ProfilerStep#1", "tid": 1,
-             "start_ns": T0, "end_ns": T0 + 1000 * US, "seq": 1},
-            {"rank": r, "event_id": e0 + 1, "kind": "runtime", "name": "cudaLaunchKernel", "tid": 1,
-             "start_ns": T0 + 1 * US, "end_ns": T0 + 2 * US},
-            {"rank": r, "event_id": e0 + 2, "kind": "gpu_kernel", "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
-             "stream": 20, "start_ns": T0 + starts_us[r] * US, "end_ns": T0 + ends_us[r] * US, "launch_id": e0 + 1, "coll_id": 0},
+            {
+                "rank": r,
+                "event_id": e0,
+                "kind": "cpu_annotation",
+                "name": "ProfilerStep#1",
+                "tid": 1,
+                "start_ns": T0,
+                "end_ns": T0 + 1000 * US,
+                "seq": 1,
+            },
+            {
+                "rank": r,
+                "event_id": e0 + 1,
+                "kind": "runtime",
+                "name": "cudaLaunchKernel",
+                "tid": 1,
+                "start_ns": T0 + 1 * US,
+                "end_ns": T0 + 2 * US,
+            },
+            {
+                "rank": r,
+                "event_id": e0 + 2,
+                "kind": "gpu_kernel",
+                "name": "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+                "stream": 20,
+                "start_ns": T0 + starts_us[r] * US,
+                "end_ns": T0 + ends_us[r] * US,
+                "launch_id": e0 + 1,
+                "coll_id": 0,
+            },
         ]
-        colls.append({"rank": r, "coll_id": 0, "pg_name": "0", "group_ranks": list(range(n)), "group_size": n, "ordinal": 0,
-                      "cpu_start_ns": T0 + 1 * US, "cpu_end_ns": T0 + 2 * US, "start_ns": T0 + starts_us[r] * US,
-                      "end_ns": T0 + ends_us[r] * US, "row_bytes": 1024, "dtype": "Float",
-                      "in_splits": splits[r], "out_splits": [splits[j][r] for j in range(n)]})
+        colls.append(
+            {
+                "rank": r,
+                "coll_id": 0,
+                "pg_name": "0",
+                "group_ranks": list(range(n)),
+                "group_size": n,
+                "ordinal": 0,
+                "cpu_start_ns": T0 + 1 * US,
+                "cpu_end_ns": T0 + 2 * US,
+                "start_ns": T0 + starts_us[r] * US,
+                "end_ns": T0 + ends_us[r] * US,
+                "row_bytes": 1024,
+                "dtype": "Float",
+                "in_splits": splits[r],
+                "out_splits": [splits[j][r] for j in range(n)],
+            }
+        )
     return build(ranks, events, colls)
 
 

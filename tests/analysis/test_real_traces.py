@@ -77,8 +77,16 @@ def test_split_lists_agree_with_sidecar(skewed):
     _, t, a = skewed
     matched, _ = match_collectives(t.collectives, step_windows(t.events), 4)
     from_splits = count_matrix(t.routing_matrix.head(0), matched)
-    side = a.count_matrix.filter(pl.col("direction") == "dispatch").group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum())
-    mine = from_splits.filter(pl.col("direction") == "dispatch").group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum())
+    side = (
+        a.count_matrix.filter(pl.col("direction") == "dispatch")
+        .group_by("step", "layer", "src", "dst")
+        .agg(pl.col("rows").sum())
+    )
+    mine = (
+        from_splits.filter(pl.col("direction") == "dispatch")
+        .group_by("step", "layer", "src", "dst")
+        .agg(pl.col("rows").sum())
+    )
     j = side.join(mine, on=["step", "layer", "src", "dst"], how="full", coalesce=True)
     assert j.height == 6 * 16 and (j["rows"] == j["rows_right"]).all()
 
@@ -99,15 +107,32 @@ def test_param_dlrm_known_answer(dlrm):
     # durations [2146, 7635, 518, 6132, 4882, 4679, 514, 10] µs: rank 7 (10 µs) waits nothing
     w = a.call_ranks.filter(pl.col("match_id") == first["match_id"]).sort("rank")
     assert w.filter(pl.col("rank") == 7)["wait_ns"].item() == 0
-    assert (w["end_ns"] - w["start_ns"]).to_list() == [2_146_000, 7_635_000, 518_000, 6_132_000, 4_882_000, 4_679_000, 514_000, 10_000]
+    assert (w["end_ns"] - w["start_ns"]).to_list() == [
+        2_146_000,
+        7_635_000,
+        518_000,
+        6_132_000,
+        4_882_000,
+        4_679_000,
+        514_000,
+        10_000,
+    ]
     assert a.stragglers["rank"][0] == 7
     assert a.wait_matrix.filter(pl.col("waited_for") == 7).height == 7
     assert a.clock.height == 1 and a.clock["offset_ns"][0] == 0
 
 
 @pytest.mark.parametrize(
-    "sub", ["kineto/hta_torchrec_pair", "kineto/hta_nccl_metadata", "kineto/hta_torchrec16_rank0", "kineto/edge_cases",
-            "nsys/nsys_ai_2gpu/mfu_2gpu_before.sqlite", "nsys/pipit_saxpy", "nsys/flameox"],
+    "sub",
+    [
+        "kineto/hta_torchrec_pair",
+        "kineto/hta_nccl_metadata",
+        "kineto/hta_torchrec16_rank0",
+        "kineto/edge_cases",
+        "nsys/nsys_ai_2gpu/mfu_2gpu_before.sqlite",
+        "nsys/pipit_saxpy",
+        "nsys/flameox",
+    ],
 )
 def test_external_traces_analyse(external_dir, sub):
     a = analyze(read_trace_dir(external_dir / sub), AnalysisConfig(hta_compatible=True))
@@ -133,9 +158,33 @@ def test_demo_straggler_hot_expert_and_pipelining(tmp_path, skewed):
 
     out = tmp_path / "demo"
     subprocess.run(
-        [sys.executable, "-m", "ep_trace", "demo", "--out", str(out), "--ranks", "4", "--experts", "8", "--tokens", "256",
-         "--layers", "2", "--steps", "3", "--skew", "hot:5:0.5", "--straggler", "1:40", "--chunks", "4"],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "ep_trace",
+            "demo",
+            "--out",
+            str(out),
+            "--ranks",
+            "4",
+            "--experts",
+            "8",
+            "--tokens",
+            "256",
+            "--layers",
+            "2",
+            "--steps",
+            "3",
+            "--skew",
+            "hot:5:0.5",
+            "--straggler",
+            "1:40",
+            "--chunks",
+            "4",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     a = analyze(read_trace_dir(out))
     ie, ir = _sidecar_truth(out)

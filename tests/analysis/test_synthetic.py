@@ -20,7 +20,13 @@ def test_gpu_job_exact(synth):
     assert st["transfer_ns"].to_list() == [100_000] * 4
     assert a.rank_summary["overlap_efficiency"].to_list() == [50 / 400, 50 / 350, 50 / 300, 50 / 100]
     c = a.calls.row(0, named=True)
-    assert (c["last_rank"], c["arrival_skew_ns"], c["end_skew_ns"], c["transfer_ns"], c["n_ranks"]) == (3, 300_000, 0, 100_000, 4)
+    assert (c["last_rank"], c["arrival_skew_ns"], c["end_skew_ns"], c["transfer_ns"], c["n_ranks"]) == (
+        3,
+        300_000,
+        0,
+        100_000,
+        4,
+    )
     assert c["lateness_ns"] == 200_000 and c["valid"] and c["link_class"] == "inter_host"
     assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
     s = a.stragglers.row(0, named=True)
@@ -55,15 +61,21 @@ def test_timeline_intervals_exact(synth):
     iv = a.intervals.filter(pl.col("rank") == 0).with_columns(pl.col("start_ns") - T0, pl.col("end_ns") - T0)
     got = {tr: iv.filter(pl.col("track") == tr).select("start_ns", "end_ns").rows() for tr in iv["track"].unique()}
     assert got == {
-        "comm": [(200_000, 600_000)], "compute": [(550_000, 800_000)], "exposed_comm": [(200_000, 550_000)],
-        "stage": [(100_000, 400_000), (400_000, 700_000)], "wait": [(200_000, 500_000)], "transfer": [(500_000, 600_000)],
+        "comm": [(200_000, 600_000)],
+        "compute": [(550_000, 800_000)],
+        "exposed_comm": [(200_000, 550_000)],
+        "stage": [(100_000, 400_000), (400_000, 700_000)],
+        "wait": [(200_000, 500_000)],
+        "transfer": [(500_000, 600_000)],
     }
     assert set(a.intervals["step"]) == {1}
 
 
 def test_comms_id_matching(synth):
     t = synth["gpu_job"](STARTS, 600_000)
-    c = t.collectives.with_columns(pl.lit(2**63 + 5, pl.UInt64).alias("comms_id"), pl.lit(None, pl.Utf8).alias("pg_name"))
+    c = t.collectives.with_columns(
+        pl.lit(2**63 + 5, pl.UInt64).alias("comms_id"), pl.lit(None, pl.Utf8).alias("pg_name")
+    )
     a = analyze(type(t)(**{**t.__dict__, "collectives": c}))
     assert a.calls.select("key", "pg_name", "last_rank", "valid").rows() == [("comms_id", "<default>", 3, True)]
 
@@ -75,11 +87,32 @@ def test_attribution_stays_on_the_launching_thread(synth):
 
     t = synth["gpu_job"](STARTS, 600_000)
     T0 = synth["T0"]
-    extra = conform("events", pl.DataFrame([
-        {"rank": 0, "event_id": 90, "kind": "runtime", "name": "cudaLaunchKernel", "tid": 2, "start_ns": T0 + 160_000, "end_ns": T0 + 161_000},
-        {"rank": 0, "event_id": 91, "kind": "gpu_kernel", "name": "autograd_kernel", "stream": 9, "start_ns": T0 + 900_000,
-         "end_ns": T0 + 950_000, "launch_id": 90},
-    ]))
+    extra = conform(
+        "events",
+        pl.DataFrame(
+            [
+                {
+                    "rank": 0,
+                    "event_id": 90,
+                    "kind": "runtime",
+                    "name": "cudaLaunchKernel",
+                    "tid": 2,
+                    "start_ns": T0 + 160_000,
+                    "end_ns": T0 + 161_000,
+                },
+                {
+                    "rank": 0,
+                    "event_id": 91,
+                    "kind": "gpu_kernel",
+                    "name": "autograd_kernel",
+                    "stream": 9,
+                    "start_ns": T0 + 900_000,
+                    "end_ns": T0 + 950_000,
+                    "launch_id": 90,
+                },
+            ]
+        ),
+    )
     a = analyze(type(t)(**{**t.__dict__, "events": pl.concat([t.events, extra])}))
     d = a.stages.filter((pl.col("rank") == 0) & (pl.col("stage") == "dispatch")).row(0, named=True)
     assert (d["busy_ns"], d["window_ns"]) == (400_000, 400_000)

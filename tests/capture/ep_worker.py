@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ep_trace.capture import Tracer
+from ep_trace.capture.tracer import Tracer
 from ep_trace.workloads.launcher import init_rank, spawn_ranks
 from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
 
@@ -98,7 +98,7 @@ def worker(rank: int, port: int, q: object, out_dir: str) -> None:
             group, gsize, lrank = groups[name], len(ranks), ranks.index(rank)
             L = E // gsize
             w = local_experts(make_layer_weights(H, FFN, E, seed=7, layer=0), lrank * L, L)
-            for scen, (k, chunks) in SCENARIOS.items():
+            for scen, (_k, chunks) in SCENARIOS.items():
                 x, ids, gate = _inputs(scen, rank, lrank, gsize)
                 y, dbg = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group, chunks=chunks, debug=True)
                 torch.save(

@@ -27,16 +27,25 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
         ({"ranks": 3}, "--experts: 8 is not a multiple of --ranks 3 (each rank owns E/W experts)"),
         ({"tokens": 0}, "--tokens: must be an integer >= 1, got 0"),
         ({"chunks": 0}, "--chunks: must be an integer >= 1, got 0"),
-        ({"skew": "foo"}, "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2) or hot:EXPERT:SHARE (e.g. hot:3:0.5)"),
+        (
+            {"skew": "foo"},
+            "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2) or hot:EXPERT:SHARE (e.g. hot:3:0.5)",
+        ),
         ({"skew": "zipf:-1"}, "--skew: zipf exponent must be > 0, got -1"),
         ({"skew": "zipf:x"}, "--skew: exponent 'x' in 'zipf:x' is not a number"),
         ({"skew": "hot:8:0.2"}, "--skew: hot expert 8 is not an expert id in 0..7 (--experts 8)"),
-        ({"skew": "hot:3:0.7"}, "--skew: hot share 0.7 must be in (0, 1/top_k] = (0, 0.5] (--top-k 2: a token picks an expert at most once)"),
+        (
+            {"skew": "hot:3:0.7"},
+            "--skew: hot share 0.7 must be in (0, 1/top_k] = (0, 0.5] (--top-k 2: a token picks an expert at most once)",
+        ),
         ({"straggler": "7:30"}, "--straggler: rank 7 is out of range 0..3 (--ranks 4)"),
         ({"straggler": "2"}, "--straggler: expected RANK:MS (e.g. 2:30), got '2'"),
         ({"straggler": "2:-5"}, "--straggler: delay must be a finite number of ms >= 0, got -5"),
         ({"backend": "mpi"}, "--backend: unknown backend 'mpi'; use gloo or nccl"),
-        ({"backward": True, "chunks": 2}, "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2"),
+        (
+            {"backward": True, "chunks": 2},
+            "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2",
+        ),
     ],
 )
 def test_bad_knobs_name_the_option(kwargs: dict, message: str) -> None:
@@ -50,7 +59,9 @@ def test_nccl_without_gpus_is_a_config_error(tmp_path: Path) -> None:
 
     if torch.cuda.device_count() >= 4:
         pytest.skip("this machine has 4 GPUs")
-    with pytest.raises(ConfigError, match=r"^--backend: nccl needs one CUDA device per rank: --ranks 4 but \d device\(s\) visible$"):
+    with pytest.raises(
+        ConfigError, match=r"^--backend: nccl needs one CUDA device per rank: --ranks 4 but \d device\(s\) visible$"
+    ):
         run_demo(DemoConfig(backend="nccl"), tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -76,7 +87,9 @@ def test_cli_bad_knobs_exit_2_with_one_line(capsys: pytest.CaptureFixture[str], 
     assert capsys.readouterr().err == f"error: --out: {f} exists and is a file; give a directory path\n"
 
 
-def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cli_passes_knobs_and_shows_progress(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     seen = {}
 
     def fake_run_demo(cfg: DemoConfig, out: Path, progress=None) -> Path:  # noqa: ANN001
@@ -104,7 +117,19 @@ def test_cli_passes_knobs_and_shows_progress(monkeypatch: pytest.MonkeyPatch, ca
 
 # --- one real run: 2 ranks, chunked pipeline, hot expert, straggler --------------------------------
 
-CFG = DemoConfig(ranks=2, experts=4, top_k=2, hidden=32, tokens=96, layers=2, steps=2, skew="hot:1:0.5", straggler="1:20", chunks=3, seed=3)
+CFG = DemoConfig(
+    ranks=2,
+    experts=4,
+    top_k=2,
+    hidden=32,
+    tokens=96,
+    layers=2,
+    steps=2,
+    skew="hot:1:0.5",
+    straggler="1:20",
+    chunks=3,
+    seed=3,
+)
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +154,19 @@ def _sidecar(out: Path, r: int) -> list[dict]:
 @pytest.mark.slow
 def test_run_writes_one_pair_per_rank_and_reports_progress(chunked_run: tuple[Path, list]) -> None:
     out, calls = chunked_run
-    assert sorted(p.name for p in out.iterdir()) == ["rank0.ep.jsonl", "rank0.pt.trace.json.gz", "rank1.ep.jsonl", "rank1.pt.trace.json.gz"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "rank0.ep.jsonl",
+        "rank0.pt.trace.json.gz",
+        "rank1.ep.jsonl",
+        "rank1.pt.trace.json.gz",
+    ]
     assert calls[0] == ("start", 0, 2) and calls[-1] == ("write", 2, 2)
     assert [c for c in calls if c[0] == "step"] == [("step", 1, 2), ("step", 2, 2)]
     metas = [_sidecar(out, r)[0] for r in (0, 1)]
     assert metas[0]["job_id"] == metas[1]["job_id"] and len(metas[0]["job_id"]) == 32
-    assert [(m["rank"], m["world_size"], m["backend"], m["num_experts"], m["top_k"], m["hidden_size"]) for m in metas] == [
+    assert [
+        (m["rank"], m["world_size"], m["backend"], m["num_experts"], m["top_k"], m["hidden_size"]) for m in metas
+    ] == [
         (0, 2, "gloo", 4, 2, 32),
         (1, 2, "gloo", 4, 2, 32),
     ]
@@ -167,14 +199,26 @@ def test_chunked_a2a_sidecar_matches_trace_ops(chunked_run: tuple[Path, list], r
         mine = sorted((r for r in recs if r["step"] == n), key=lambda r: r["call"])
         assert [r["call"] for r in mine] == list(range(14))  # 2 layers x (1 count + 3 dispatch + 3 combine)
         order = [(r["direction"], r["microbatch"]) for r in mine[:7]]
-        assert order == [("count", 0), ("dispatch", 0), ("dispatch", 1), ("combine", 0), ("dispatch", 2), ("combine", 1), ("combine", 2)]
+        assert order == [
+            ("count", 0),
+            ("dispatch", 0),
+            ("dispatch", 1),
+            ("combine", 0),
+            ("dispatch", 2),
+            ("combine", 1),
+            ("combine", 2),
+        ]
         assert len(in_step) == 14
         for op, r in zip(in_step, mine, strict=True):
-            ci = op["args"]["Concrete Inputs"]  # (out, in, pg, output_split_sizes, input_split_sizes, async_op, timeout)
+            ci = op["args"][
+                "Concrete Inputs"
+            ]  # (out, in, pg, output_split_sizes, input_split_sizes, async_op, timeout)
             assert json.loads(ci[3]) == r["recv_splits"] and json.loads(ci[4]) == r["send_splits"]
             assert ci[5] == ("False" if r["direction"] == "count" else "True")
     names = {e["name"] for e in ev if e["name"].startswith("ep:")}
-    assert {f"ep:{s}:l{l}:mb{c}:fwd" for s in ("dispatch", "expert", "combine") for l in (0, 1) for c in range(3)} <= names
+    assert {
+        f"ep:{s}:l{l}:mb{c}:fwd" for s in ("dispatch", "expert", "combine") for l in (0, 1) for c in range(3)
+    } <= names
     assert {"ep:dispatch:l0:fwd", "ep:route:l1:fwd", "ep:permute:l0:fwd", "ep:unpermute:l1:fwd"} <= names
 
 
@@ -201,7 +245,9 @@ def test_demo_without_torch_validates_then_names_the_missing_extra(tmp_path: Pat
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-c", _NO_TORCH, str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, str(tmp_path / "d")], capture_output=True, text=True, timeout=60
+    )
     assert p.stdout.splitlines() == ["rc 2", "rc 2"]
     assert p.stderr.splitlines() == [
         "error: --top-k: 9 is larger than --experts 8",
@@ -220,7 +266,7 @@ def test_backward_run_has_bwd_ranges_and_transposed_a2a(tmp_path: Path) -> None:
         order = ["unpermute", "combine", "expert", "dispatch", "permute", "route"]
         # Reverse data path, last layer first, one range each, never overlapping.
         assert [n for _, _, n in bwd] == [f"ep:{s}:l{layer}:bwd" for layer in (1, 0) for s in order]
-        assert all(a[1] <= b[0] for a, b in zip(bwd, bwd[1:]))
+        assert all(a[1] <= b[0] for a, b in zip(bwd, bwd[1:], strict=False))
         a2a = sorted((r for r in _sidecar(tmp_path, rank) if r["type"] == "a2a"), key=lambda r: r["call"])
         assert [(r["layer"], r["direction"], r["phase"]) for r in a2a] == [
             (0, "count", "fwd"), (0, "dispatch", "fwd"), (0, "combine", "fwd"),
@@ -233,7 +279,6 @@ def test_backward_run_has_bwd_ranges_and_transposed_a2a(tmp_path: Path) -> None:
             assert (r["send_splits"], r["recv_splits"]) == (f["recv_splits"], f["send_splits"])
         ops = sorted((e for e in ev if e["name"] == "c10d::alltoall_base_"), key=lambda e: e["ts"])
         assert [json.loads(op["args"]["Concrete Inputs"][4]) for op in ops] == [r["send_splits"] for r in a2a]
-
 
 
 def test_routing_bias_realises_the_skew() -> None:
@@ -251,4 +296,6 @@ def test_routing_bias_realises_the_skew() -> None:
     assert int((top2 == 2).sum()) == 1000
     # Deterministic from (seed, rank, step, layer); different ranks get different noise.
     assert torch.equal(routing_bias(cfg, 0, 1, 0), routing_bias(cfg, 0, 1, 0))
-    assert not torch.equal(routing_bias(cfg, 0, 1, 0), routing_bias(DemoConfig(ranks=2, experts=4, tokens=1000, skew="hot:2:0.5"), 1, 1, 0))
+    assert not torch.equal(
+        routing_bias(cfg, 0, 1, 0), routing_bias(DemoConfig(ranks=2, experts=4, tokens=1000, skew="hot:2:0.5"), 1, 1, 0)
+    )

@@ -39,9 +39,13 @@ def _load(out: Path, group: str, scen: str) -> list[dict]:
 
 def test_tracer_under_distributed_shares_rank0_job_id(ep_run: Path) -> None:
     traced = ep_run / "traced"
-    assert sorted(p.name for p in traced.iterdir()) == [f"rank{r}.{x}" for r in range(4) for x in ("ep.jsonl", "pt.trace.json.gz")]
+    assert sorted(p.name for p in traced.iterdir()) == [
+        f"rank{r}.{x}" for r in range(4) for x in ("ep.jsonl", "pt.trace.json.gz")
+    ]
     metas = [json.loads((traced / f"rank{r}.ep.jsonl").read_text().splitlines()[0]) for r in range(4)]
-    assert [(m["rank"], m["world_size"], m["backend"], m["local_rank"]) for m in metas] == [(r, 4, "gloo", r) for r in range(4)]
+    assert [(m["rank"], m["world_size"], m["backend"], m["local_rank"]) for m in metas] == [
+        (r, 4, "gloo", r) for r in range(4)
+    ]
     assert len({m["job_id"] for m in metas}) == 1 and len(metas[0]["job_id"]) == 32
     # No autograd Function ranges (`_A2A`, `...Backward`) around the collectives of a forward-only
     # run: trace analysis would count those wrappers as compute overlapping the communication.
@@ -49,7 +53,12 @@ def test_tracer_under_distributed_shares_rank0_job_id(ep_run: Path) -> None:
         names = {e["name"] for e in json.load(f)["traceEvents"]}
     assert "c10d::alltoall_base_" in names and not {n for n in names if "A2A" in n or n.startswith("autograd::")}
     a2a = [json.loads(x) for x in (traced / "rank2.ep.jsonl").read_text().splitlines()]
-    assert [(r["type"], r.get("direction")) for r in a2a[1:]] == [("a2a", "count"), ("a2a", "dispatch"), ("a2a", "combine"), ("step_end", None)]
+    assert [(r["type"], r.get("direction")) for r in a2a[1:]] == [
+        ("a2a", "count"),
+        ("a2a", "dispatch"),
+        ("a2a", "combine"),
+        ("step_end", None),
+    ]
 
 
 def test_worker_wrote_every_case(ep_run: Path) -> None:

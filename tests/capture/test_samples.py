@@ -73,7 +73,9 @@ def test_sidecar_follows_the_documented_schema(samples_dir: Path, name: str) -> 
 
 @pytest.mark.parametrize("name", SAMPLES)
 def test_split_lists_agree_across_ranks(samples_dir: Path, name: str) -> None:
-    recs = {r: [x for x in read_sidecar(samples_dir / name / f"rank{r}.ep.jsonl") if x["type"] == "a2a"] for r in range(4)}
+    recs = {
+        r: [x for x in read_sidecar(samples_dir / name / f"rank{r}.ep.jsonl") if x["type"] == "a2a"] for r in range(4)
+    }
     for i in range(4):
         for a in recs[i]:
             for j in range(4):

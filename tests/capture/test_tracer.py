@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from ep_trace import Tracer, record_a2a, record_routing, stage
+from ep_trace.capture.routing import reserve_a2a_call
+from ep_trace.capture.sidecar import active_writer
 from ep_trace.errors import ConfigError
-from ep_trace.routing import reserve_a2a_call
-from ep_trace.sidecar import active_writer
 
 
 def _events(trace: Path) -> list[dict]:
@@ -52,7 +52,13 @@ def test_loop_form_writes_both_files_as_rank0_of_1(tmp_path: Path) -> None:
     recs = _sidecar(tmp_path / "t" / "rank0.ep.jsonl")
     meta = recs[0]
     assert meta["type"] == "meta" and meta["v"] == 1
-    assert (meta["rank"], meta["world_size"], meta["local_rank"], meta["backend"], meta["job_id"]) == (0, 1, 0, None, "job-1")
+    assert (meta["rank"], meta["world_size"], meta["local_rank"], meta["backend"], meta["job_id"]) == (
+        0,
+        1,
+        0,
+        None,
+        "job-1",
+    )
     assert meta["ep_group_ranks"] == [0] and meta["device"] == "cpu"
     assert meta["torch_version"] == torch.__version__ and meta["ep_trace_version"] == "0.1.0"
     assert recs[1] == {"type": "meta", "v": 1, "num_experts": 4, "top_k": 2, "placement": [[0], [0], [0], [0]]}
@@ -112,7 +118,18 @@ def test_a2a_records_and_call_ordinals(tmp_path: Path) -> None:
     with Tracer(tmp_path) as t:
         c0 = reserve_a2a_call()  # an async call issued first, recorded after a sync one
         record_a2a("count", [2, 2], [2, 2], layer=0, row_bytes=8, start_ns=1, end_ns=2, group_ranks=[0, 1])
-        record_a2a("dispatch", [3, 0], [1, 4], layer=0, row_bytes=1024, start_ns=3, end_ns=9, group_ranks=[0, 1], call=c0, microbatch=1)
+        record_a2a(
+            "dispatch",
+            [3, 0],
+            [1, 4],
+            layer=0,
+            row_bytes=1024,
+            start_ns=3,
+            end_ns=9,
+            group_ranks=[0, 1],
+            call=c0,
+            microbatch=1,
+        )
         t.step()
         record_a2a("combine", [1], [3], layer=1, row_bytes=4, start_ns=10, end_ns=11)  # group from meta: [0]
     a2a = [r for r in _sidecar(tmp_path / "rank0.ep.jsonl") if r["type"] == "a2a"]
@@ -198,16 +215,22 @@ def test_sidecar_keeps_finished_steps_when_killed(tmp_path: Path) -> None:
     assert not (tmp_path / "rank0.pt.trace.json.gz").exists()  # Kineto writes only at stop
 
 
-def test_scope_form_inside_entered_tracer_warns_about_the_empty_first_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_scope_form_inside_entered_tracer_warns_about_the_empty_first_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with Tracer(tmp_path) as t:
         for _ in range(2):
             with t.step():
                 _work(0)
-    assert [r.getMessage() for r in caplog.records if r.name == "ep_trace.capture"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "ep_trace.capture.tracer"] == [
         "ep-trace: ProfilerStep#0 is empty: inside `with Tracer(...) as t` call t.step() at the end of each step; "
         "use `with tracer.step():` on a Tracer that you close() yourself"
     ]
-    assert _names(tmp_path / "rank0.pt.trace.json.gz", "ProfilerStep#") == ["ProfilerStep#0", "ProfilerStep#1", "ProfilerStep#2"]
+    assert _names(tmp_path / "rank0.pt.trace.json.gz", "ProfilerStep#") == [
+        "ProfilerStep#0",
+        "ProfilerStep#1",
+        "ProfilerStep#2",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -216,7 +239,7 @@ def test_scope_form_inside_entered_tracer_warns_about_the_empty_first_step(tmp_p
      ({"EP_TRACE_NVTX": "0", "CUDA_INJECTION64_PATH": "/x.so"}, False)],
 )  # fmt: skip
 def test_nvtx_only_with_a_collector(monkeypatch: pytest.MonkeyPatch, env: dict, expected: bool) -> None:
-    from ep_trace import stages
+    from ep_trace.capture import stages
 
     for k in ("EP_TRACE_NVTX", *stages._NSYS_ENV):
         monkeypatch.delenv(k, raising=False)

@@ -28,21 +28,32 @@ def test_every_command_has_help_with_examples(capsys):
             assert "Examples" in out, name
 
 
-@pytest.mark.parametrize(("steps", "message"), [
-    ("x", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got 'x'"),
-    ("5:2", "error: --steps: need 0 <= FIRST <= LAST, got '5:2'"),
-    ("1:2:3", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got '1:2:3'"),
-])
+@pytest.mark.parametrize(
+    ("steps", "message"),
+    [
+        ("x", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got 'x'"),
+        ("5:2", "error: --steps: need 0 <= FIRST <= LAST, got '5:2'"),
+        ("1:2:3", "error: --steps: expected FIRST:LAST or N (e.g. 2:5), got '1:2:3'"),
+    ],
+)
 def test_bad_steps_is_a_config_error(capsys, tmp_path, samples_dir, steps, message):
-    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "-o", str(tmp_path / "r.html"), "--steps", steps)
+    code, _, err = _run(
+        capsys, "analyze", str(samples_dir / "balanced"), "-o", str(tmp_path / "r.html"), "--steps", steps
+    )
     assert code == 2 and err.strip() == message
 
 
 def test_bad_options_name_the_option(capsys, tmp_path, samples_dir):
-    code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "--format", "perfetto", "-o", str(tmp_path / "r.html"))
+    code, _, err = _run(
+        capsys, "analyze", str(samples_dir / "balanced"), "--format", "perfetto", "-o", str(tmp_path / "r.html")
+    )
     assert code == 2 and err.strip() == "error: --format: unknown format 'perfetto'; use auto, kineto or nsys"
     code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "--stages", str(tmp_path / "none.toml"))
-    assert code == 2 and err.strip() == f"error: --stages: {tmp_path / 'none.toml'}: no such file; pass a TOML file of stage-name patterns"
+    assert (
+        code == 2
+        and err.strip()
+        == f"error: --stages: {tmp_path / 'none.toml'}: no such file; pass a TOML file of stage-name patterns"
+    )
     code, _, err = _run(capsys, "analyze", str(tmp_path / "missing"), "-o", str(tmp_path / "r.html"))
     assert code == 2 and err.strip() == f"error: {tmp_path / 'missing'}: no such file or directory; check the path"
     assert not (tmp_path / "r.html").exists()
@@ -51,8 +62,10 @@ def test_bad_options_name_the_option(capsys, tmp_path, samples_dir):
 def test_empty_directory_is_nothing_to_analyze(capsys, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = _run(capsys, "analyze", str(tmp_path / "empty"), "-o", str(tmp_path / "r.html"))
-    assert code == 1 and err.strip() == (f"error: {tmp_path / 'empty'}: no trace files found; point at a directory of "
-                                         "rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files")
+    assert code == 1 and err.strip() == (
+        f"error: {tmp_path / 'empty'}: no trace files found; point at a directory of "
+        "rank*.pt.trace.json[.gz], *.sqlite / *.nsys-rep or *.ep-events.parquet files"
+    )
     assert not (tmp_path / "r.html").exists()
 
 
@@ -64,8 +77,10 @@ def test_not_a_summary_json(capsys, tmp_path):
     other = tmp_path / "other.json"
     other.write_text('{"a": 1}')
     code, _, err = _run(capsys, "compare", str(other), str(other))
-    assert code == 2 and err.strip() == (f"error: {other}: not an ep-trace summary (no 'schema_version' / 'ranks'); "
-                                         "pass a file written by 'ep-trace analyze --json'")
+    assert code == 2 and err.strip() == (
+        f"error: {other}: not an ep-trace summary (no 'schema_version' / 'ranks'); "
+        "pass a file written by 'ep-trace analyze --json'"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +89,9 @@ def analyzed(tmp_path_factory, samples_dir):
     out = tmp_path_factory.mktemp("analyze")
     res = {}
     for name in ("balanced", "skewed_straggler"):
-        code = main(["analyze", str(samples_dir / name), "-o", str(out / f"{name}.html"), "--json", str(out / f"{name}.json")])
+        code = main(
+            ["analyze", str(samples_dir / name), "-o", str(out / f"{name}.html"), "--json", str(out / f"{name}.json")]
+        )
         res[name] = code
     return out, res
 
@@ -98,8 +115,16 @@ def test_analyze_terminal_summary(capsys, tmp_path, samples_dir):
 
 def test_compare_two_saved_summaries(capsys, analyzed, tmp_path):
     out, _ = analyzed
-    code, text, _ = _run(capsys, "compare", str(out / "balanced.json"), str(out / "skewed_straggler.json"),
-                         "-o", str(tmp_path / "diff.html"), "--json", str(tmp_path / "diff.json"))
+    code, text, _ = _run(
+        capsys,
+        "compare",
+        str(out / "balanced.json"),
+        str(out / "skewed_straggler.json"),
+        "-o",
+        str(tmp_path / "diff.html"),
+        "--json",
+        str(tmp_path / "diff.json"),
+    )
     assert code == 0
     assert re.match(r"B is [\d.]+ [mµ]?s (faster|slower) per step than A", text)
     diff = orjson.loads((tmp_path / "diff.json").read_bytes())
@@ -126,12 +151,14 @@ def test_annotate_writes_perfetto_traces(capsys, tmp_path, samples_dir):
 def test_annotate_refuses_the_input_directory(capsys, samples_dir):
     d = samples_dir / "balanced"
     code, _, err = _run(capsys, "annotate", str(d), "-o", str(d))
-    assert code == 2 and err.strip() == (f"error: -o: {d} is the input directory; annotated traces there would be read as extra "
-                                         "ranks next time, choose another directory")
+    assert code == 2 and err.strip() == (
+        f"error: -o: {d} is the input directory; annotated traces there would be read as extra "
+        "ranks next time, choose another directory"
+    )
 
 
 def test_analyze_external_dlrm_names_rank7_latest_arriver(tmp_path, external_dir):
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
 
     a = build_report(external_dir / "kineto" / "param_dlrm_8rank", tmp_path / "dlrm.html")
     assert a.rank_summary.height == 8
@@ -144,24 +171,29 @@ def test_analyze_external_dlrm_names_rank7_latest_arriver(tmp_path, external_dir
 
 @pytest.mark.hta
 def test_with_hta_section(tmp_path, external_dir):
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
 
     build_report(external_dir / "kineto" / "param_dlrm_8rank", tmp_path / "r.html", with_hta=True)
     html = (tmp_path / "r.html").read_text()
     assert "Temporal breakdown per rank" in html and "Idle-time breakdown per rank" in html
     # HTA's own numbers for rank 0 of this trace (idle 6419 µs, compute 1034 µs)
-    assert "<tr><td class=\"l\">0</td><td>6419.0</td><td>1034.0</td>" in html
+    assert '<tr><td class="l">0</td><td>6419.0</td><td>1034.0</td>' in html
 
 
 def test_analyze_and_annotate_nsys_input(capsys, tmp_path, external_dir):
     src = external_dir / "nsys" / "nsys_ai_2gpu" / "mfu_2gpu_before.sqlite"
-    code, out, _ = _run(capsys, "analyze", str(src), "-o", str(tmp_path / "n.html"), "--json", str(tmp_path / "n.json"), "-q")
+    code, out, _ = _run(
+        capsys, "analyze", str(src), "-o", str(tmp_path / "n.html"), "--json", str(tmp_path / "n.json"), "-q"
+    )
     assert code == 0
     summary = orjson.loads((tmp_path / "n.json").read_bytes())
     assert [r["rank"] for r in summary["ranks"]] == [0, 1]
     assert '<td class="l">nsys</td>' in (tmp_path / "n.html").read_text()
     code, out, _ = _run(capsys, "annotate", str(src), "-o", str(tmp_path / "ann"))
-    assert code == 0 and sorted(p.name for p in (tmp_path / "ann").iterdir()) == ["rank0.ep-annotated.json.gz", "rank1.ep-annotated.json.gz"]
+    assert code == 0 and sorted(p.name for p in (tmp_path / "ann").iterdir()) == [
+        "rank0.ep-annotated.json.gz",
+        "rank1.ep-annotated.json.gz",
+    ]
     doc = orjson.loads(gzip.decompress((tmp_path / "ann" / "rank1.ep-annotated.json.gz").read_bytes()))
     kernels = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] >= 1_000_000 and e["pid"] < 2_000_000]
     assert kernels and all(e["dur"] >= 0 for e in kernels)
@@ -176,11 +208,16 @@ def test_analyze_several_directories_of_one_job(capsys, tmp_path, samples_dir):
         for r in ranks:
             for suffix in ("pt.trace.json.gz", "ep.jsonl"):
                 shutil.copy(samples_dir / "balanced" / f"rank{r}.{suffix}", d)
-    code, _, _ = _run(capsys, "analyze", str(a), str(b), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json"), "-q")
+    code, _, _ = _run(
+        capsys, "analyze", str(a), str(b), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json"), "-q"
+    )
     assert code == 0
     assert [r["rank"] for r in orjson.loads((tmp_path / "s.json").read_bytes())["ranks"]] == [0, 1, 2, 3]
     code, _, err = _run(capsys, "analyze", str(a), str(a), "-o", str(tmp_path / "r2.html"))
-    assert code == 2 and err.strip() == f"error: {a}: rank 0 is also in {a}; pass directories of one job with disjoint ranks"
+    assert (
+        code == 2
+        and err.strip() == f"error: {a}: rank 0 is also in {a}; pass directories of one job with disjoint ranks"
+    )
 
 
 def test_with_hta_missing_dependency_message(capsys, tmp_path, samples_dir, monkeypatch):
@@ -189,13 +226,15 @@ def test_with_hta_missing_dependency_message(capsys, tmp_path, samples_dir, monk
     monkeypatch.setitem(sys.modules, "hta.trace_analysis", None)  # import fails as if the extra were absent
     code, _, err = _run(capsys, "analyze", str(samples_dir / "balanced"), "-o", str(tmp_path / "r.html"), "--with-hta")
     assert code == 2
-    assert err.strip() == ("error: --with-hta: holistictraceanalysis is not installed (hta.trace_analysis missing); "
-                           "install it with: pip install 'ep-trace[hta]'")
+    assert err.strip() == (
+        "error: --with-hta: holistictraceanalysis is not installed (hta.trace_analysis missing); "
+        "install it with: pip install 'ep-trace[hta]'"
+    )
     assert not (tmp_path / "r.html").exists()
 
 
 def test_build_report_reports_progress(tmp_path, samples_dir):
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
 
     seen: list[tuple[str, int, int]] = []
     build_report(samples_dir / "balanced", tmp_path / "r.html", progress=lambda s, d, t: seen.append((s, d, t)))

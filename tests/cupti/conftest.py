@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ep_trace.cupti import collector as col
+from ep_trace.capture.cupti import collector as col
 
 
 class FakeCupti:
@@ -85,13 +85,37 @@ class FakeCupti:
         self.corr += 1
         t = self.get_timestamp()
         kind, cbid = (4, 652) if driver else (5, 211)
-        self.pending.append(SimpleNamespace(kind=kind, cbid=cbid, start=t, end=t + 5, process_id=os.getpid(),
-                                            thread_id=threading.get_native_id(), correlation_id=self.corr, return_value=0))
+        self.pending.append(
+            SimpleNamespace(
+                kind=kind,
+                cbid=cbid,
+                start=t,
+                end=t + 5,
+                process_id=os.getpid(),
+                thread_id=threading.get_native_id(),
+                correlation_id=self.corr,
+                return_value=0,
+            )
+        )
         if self.stack:
-            self.pending.append(SimpleNamespace(kind=39, external_kind=self.stack[-1][0], external_id=self.stack[-1][1],
-                                                correlation_id=self.corr))
-        self.pending.append(SimpleNamespace(kind=10, start=t + 20, end=t + 20 + dur, device_id=0, context_id=1,
-                                            stream_id=stream, correlation_id=self.corr, name=name, grid_x=1))
+            self.pending.append(
+                SimpleNamespace(
+                    kind=39, external_kind=self.stack[-1][0], external_id=self.stack[-1][1], correlation_id=self.corr
+                )
+            )
+        self.pending.append(
+            SimpleNamespace(
+                kind=10,
+                start=t + 20,
+                end=t + 20 + dur,
+                device_id=0,
+                context_id=1,
+                stream_id=stream,
+                correlation_id=self.corr,
+                name=name,
+                grid_x=1,
+            )
+        )
 
 
 @pytest.fixture

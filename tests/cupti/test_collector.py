@@ -12,7 +12,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from ep_trace.cupti import collector as col
+from ep_trace.capture.cupti import collector as col
 from ep_trace.errors import ConfigError, EpTraceError, MissingDependencyError
 from ep_trace.parsers.cupti import read_cupti
 
@@ -48,12 +48,18 @@ def test_collector_end_to_end(fake: Any, tmp_path: Path) -> None:
     assert pq.ParquetFile(path).num_row_groups == 2  # one per step
     t = read_cupti(path)
     r = t.ranks.row(0, named=True)
-    assert (r["rank"], r["world_size"], r["job_id"], r["format"], r["rank_source"]) == (2, 4, "job-7", "cupti", "cupti_metadata")
+    assert (r["rank"], r["world_size"], r["job_id"], r["format"], r["rank_source"]) == (
+        2,
+        4,
+        "job-7",
+        "cupti",
+        "cupti_metadata",
+    )
     ev = t.events
     assert ev["event_id"].to_list() == list(range(ev.height)) and ev.height == 13  # 6 (step 0) + 7 (step 1)
     # CUPTI time was mapped to epoch ns with the measured offset
     assert before <= ev["start_ns"].min() and ev["end_ns"].max() <= after + 10_000
-    names = dict(zip(ev["name"], ev["event_id"]))
+    names = dict(zip(ev["name"], ev["event_id"], strict=False))
     k = {row["name"]: row for row in ev.filter(pl.col("kind") == "gpu_kernel").iter_rows(named=True)}
     nccl = k["ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"]
     assert nccl["op_id"] == names["ep:dispatch:l0:fwd"] and nccl["stream"] == 13
@@ -119,7 +125,7 @@ def test_one_collector_per_process(fake: Any, tmp_path: Path) -> None:
 def test_import_without_cupti_python_in_subprocess(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['cupti'] = None\n"
-        "import ep_trace, ep_trace.cupti, ep_trace.cupti.collector as c, ep_trace.parsers.cupti\n"
+        "import ep_trace, ep_trace.capture.cupti, ep_trace.capture.cupti.collector as c, ep_trace.parsers.cupti\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "try:\n    c.CuptiCollector(sys.argv[1], 0).start()\n"
         "except ep_trace.errors.MissingDependencyError as e:\n    print('ERR', e)\n"
@@ -131,7 +137,7 @@ def test_import_without_cupti_python_in_subprocess(tmp_path: Path) -> None:
 
 def test_keep_raw_reproduces_the_file(fake: Any, tmp_path: Path) -> None:
     """Raw records saved as test data (what gpu_check.sh does) convert back to exactly the file's events."""
-    from ep_trace.cupti.convert import records_to_events
+    from ep_trace.capture.cupti.convert import records_to_events
 
     c = col.CuptiCollector(tmp_path, 0, col.CuptiConfig(keep_raw=True, driver_api=False, memcpy=False, memset=False))
     c.start()
@@ -147,8 +153,14 @@ def test_keep_raw_reproduces_the_file(fake: Any, tmp_path: Path) -> None:
     again = records_to_events(c.raw["records"], rank=0, ranges=c.raw["ranges"], clock_offset_ns=c.clock_offset_ns)
     assert again.equals(read_cupti(c.path).events)
     # the second launch (10 ns after the first) precedes the first kernel (20 ns after its launch)
-    assert again["name"].to_list() == ["ProfilerStep#4", "ep:route:l1:bwd", "cudaLaunchKernel", "cudaLaunchKernel",
-                                       "topk_kernel", "softmax_kernel"]
+    assert again["name"].to_list() == [
+        "ProfilerStep#4",
+        "ep:route:l1:bwd",
+        "cudaLaunchKernel",
+        "cudaLaunchKernel",
+        "topk_kernel",
+        "softmax_kernel",
+    ]
     assert again.filter(pl.col("kind") == "gpu_kernel").select("launch_id", "op_id").rows() == [(2, 1), (3, 1)]
 
 

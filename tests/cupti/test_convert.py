@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ep_trace.cupti.convert import records_to_events
+from ep_trace.capture.cupti.convert import records_to_events
 from ep_trace.schema import EVENTS, validate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cupti" / "moe_step_records.json"
@@ -23,7 +23,9 @@ def doc() -> dict:
 
 @pytest.fixture(scope="module")
 def events(doc: dict) -> pl.DataFrame:
-    return records_to_events(doc["records"], rank=doc["rank"], ranges=doc["ranges"], clock_offset_ns=doc["clock_offset_ns"])
+    return records_to_events(
+        doc["records"], rank=doc["rank"], ranges=doc["ranges"], clock_offset_ns=doc["clock_offset_ns"]
+    )
 
 
 def test_schema_and_order(events: pl.DataFrame) -> None:
@@ -52,19 +54,74 @@ def test_schema_and_order(events: pl.DataFrame) -> None:
     ]
     assert events["name"][3].startswith("void at::native::vectorized_elementwise_kernel<4")
     assert events["kind"].to_list() == [
-        "cpu_annotation", "cpu_annotation", "runtime", "gpu_kernel", "runtime", "runtime", "gpu_memcpy", "runtime",
-        "gpu_kernel", "cpu_annotation", "runtime", "gpu_memset", "runtime", "gpu_kernel", "runtime", "gpu_kernel",
+        "cpu_annotation",
+        "cpu_annotation",
+        "runtime",
+        "gpu_kernel",
+        "runtime",
+        "runtime",
+        "gpu_memcpy",
+        "runtime",
+        "gpu_kernel",
+        "cpu_annotation",
+        "runtime",
+        "gpu_memset",
+        "runtime",
+        "gpu_kernel",
+        "runtime",
+        "gpu_kernel",
     ]
     assert events["category"].to_list()[:9] == [
-        "user_annotation", "user_annotation", "cuda_runtime", "kernel", "cuda_runtime", "cuda_runtime", "gpu_memcpy",
-        "cuda_driver", "kernel",
+        "user_annotation",
+        "user_annotation",
+        "cuda_runtime",
+        "kernel",
+        "cuda_runtime",
+        "cuda_runtime",
+        "gpu_memcpy",
+        "cuda_driver",
+        "kernel",
     ]
 
 
 def test_exact_times_with_clock_offset(events: pl.DataFrame) -> None:
     rel = events.select((pl.col("start_ns") - B - OFF).alias("s"), (pl.col("end_ns") - B - OFF).alias("e"))
-    assert rel["s"].to_list() == [500, 1000, 1100, 1500, 2600, 2950, 3000, 3500, 4000, 9500, 9600, 9800, 10000, 10500, 20500, 21000]
-    assert rel["e"].to_list() == [22000, 9000, 1400, 2500, 2900, 3300, 3200, 3800, 8000, 20000, 9700, 9900, 10300, 18000, 20800, 21500]
+    assert rel["s"].to_list() == [
+        500,
+        1000,
+        1100,
+        1500,
+        2600,
+        2950,
+        3000,
+        3500,
+        4000,
+        9500,
+        9600,
+        9800,
+        10000,
+        10500,
+        20500,
+        21000,
+    ]
+    assert rel["e"].to_list() == [
+        22000,
+        9000,
+        1400,
+        2500,
+        2900,
+        3300,
+        3200,
+        3800,
+        8000,
+        20000,
+        9700,
+        9900,
+        10300,
+        18000,
+        20800,
+        21500,
+    ]
 
 
 def test_launch_links_by_correlation(events: pl.DataFrame) -> None:
@@ -92,8 +149,17 @@ def test_stage_attribution_through_external_correlation(events: pl.DataFrame) ->
     assert (dispatch["external_id"], expert["external_id"]) == (1, 2)
     attributed = events.filter(pl.col("op_id").is_not_null()).select("event_id", "op_id", "external_id").rows()
     assert attributed == [
-        (2, 1, 1), (3, 1, 1), (4, 1, 1), (5, 1, 1), (6, 1, 1), (7, 1, 1), (8, 1, 1),
-        (10, 9, 2), (11, 9, 2), (12, 9, 2), (13, 9, 2),
+        (2, 1, 1),
+        (3, 1, 1),
+        (4, 1, 1),
+        (5, 1, 1),
+        (6, 1, 1),
+        (7, 1, 1),
+        (8, 1, 1),
+        (10, 9, 2),
+        (11, 9, 2),
+        (12, 9, 2),
+        (13, 9, 2),
     ]
     # The reduce kernel was launched outside any stage; Kineto's CUSTOM0 id 777 is not ours.
     reduce_k = events.row(15, named=True)
@@ -107,10 +173,26 @@ def test_correlation_ids_collide_across_processes() -> None:
     recs = []
     for pid, t0 in ((100, 0), (200, 50)):
         recs += [
-            {"kind": 5, "cbid": 211, "name": "cudaLaunchKernel_v7000", "start": 1000 + t0, "end": 1010 + t0,
-             "process_id": pid, "thread_id": pid + 1, "correlation_id": 7},
-            {"kind": 10, "name": f"k{pid}", "start": 2000 + t0, "end": 2100 + t0, "device_id": pid // 100,
-             "stream_id": 7, "correlation_id": 7, "process_id": pid},
+            {
+                "kind": 5,
+                "cbid": 211,
+                "name": "cudaLaunchKernel_v7000",
+                "start": 1000 + t0,
+                "end": 1010 + t0,
+                "process_id": pid,
+                "thread_id": pid + 1,
+                "correlation_id": 7,
+            },
+            {
+                "kind": 10,
+                "name": f"k{pid}",
+                "start": 2000 + t0,
+                "end": 2100 + t0,
+                "device_id": pid // 100,
+                "stream_id": 7,
+                "correlation_id": 7,
+                "process_id": pid,
+            },
             {"kind": 39, "external_kind": 5, "external_id": pid, "correlation_id": 7, "process_id": pid},
         ]
     ev = records_to_events(recs, rank=0, event_id_base=10)
@@ -126,7 +208,16 @@ def test_runtime_preferred_over_driver_and_unnamed_api() -> None:
     recs = [
         {"kind": 5, "cbid": 211, "start": 10, "end": 40, "process_id": 1, "thread_id": 1, "correlation_id": 3},
         {"kind": 4, "cbid": 307, "start": 20, "end": 30, "process_id": 1, "thread_id": 1, "correlation_id": 3},
-        {"kind": 10, "name": "k", "start": 50, "end": 60, "device_id": 0, "stream_id": 7, "correlation_id": 3, "process_id": 1},
+        {
+            "kind": 10,
+            "name": "k",
+            "start": 50,
+            "end": 60,
+            "device_id": 0,
+            "stream_id": 7,
+            "correlation_id": 3,
+            "process_id": 1,
+        },
         {"kind": 22, "start": 1, "end": 2},  # MEMCPY2 (peer copies) is not collected: ignored, not an error
     ]
     ev = records_to_events(recs, rank=5)

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 
 from ep_trace.analysis import analyze
-from ep_trace.cupti.convert import records_to_events
-from ep_trace.cupti.writer import EventsWriter, events_path
+from ep_trace.capture.cupti.convert import records_to_events
+from ep_trace.capture.cupti.writer import EventsWriter, events_path
 from ep_trace.parsers import read_trace_dir
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cupti" / "moe_step_records.json"
@@ -28,8 +28,14 @@ def test_cupti_dir_to_stage_windows(tmp_path: Path) -> None:
     # dispatch: fill kernel [1500,2500] + DtoH [3000,3200] + NCCL SendRecv [4000,8000] (launched in the range);
     # expert: memset [9800,9900] + GEMM [10500,18000]. The reduce kernel launched outside any stage is not attributed.
     st = a.stages.select(
-        "step", "stage", (pl.col("start_ns") - B).alias("s"), (pl.col("end_ns") - B).alias("e"), "window_ns", "busy_ns",
-        "comm_ns", "exposed_comm_ns",
+        "step",
+        "stage",
+        (pl.col("start_ns") - B).alias("s"),
+        (pl.col("end_ns") - B).alias("e"),
+        "window_ns",
+        "busy_ns",
+        "comm_ns",
+        "exposed_comm_ns",
     ).sort("s")
     assert st.rows() == [
         (3, "dispatch", 1500, 8000, 6500, 5200, 4000, 4000),
@@ -37,4 +43,10 @@ def test_cupti_dir_to_stage_windows(tmp_path: Path) -> None:
     ]
     step = a.steps.row(0, named=True)
     # compute = non-comm kernels 1000 + 7500 + 500; comm = the NCCL kernel.
-    assert (step["step"], step["step_time_ns"], step["comm_ns"], step["compute_ns"], step["overlapped_ns"]) == (3, 21500, 4000, 9000, 0)
+    assert (step["step"], step["step_time_ns"], step["comm_ns"], step["compute_ns"], step["overlapped_ns"]) == (
+        3,
+        21500,
+        4000,
+        9000,
+        0,
+    )

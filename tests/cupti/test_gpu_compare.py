@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from ep_trace.cupti.convert import records_to_events
+from ep_trace.capture.cupti.convert import records_to_events
 from ep_trace.parsers.kineto import read_kineto
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,13 +48,24 @@ def test_kernel_list_comparison(nccl_events: pl.DataFrame) -> None:
     sk = C.step_kernels(nccl_events)
     assert sk.group_by("step").len().sort("step").rows() == [(4, 900), (5, 900), (6, 900)]
     same = C.compare_kernel_lists(sk, sk)
-    assert (same["steps"], same["same_multiset_steps"], same["paired_kernels"], same["median_abs_dur_diff_ns"]) == (3, 3, 2700, 0)
+    assert (same["steps"], same["same_multiset_steps"], same["paired_kernels"], same["median_abs_dur_diff_ns"]) == (
+        3,
+        3,
+        2700,
+        0,
+    )
     # b: one kernel of step 5 missing, every kernel of step 4 100 ns longer
     b = sk.filter(~((pl.col("step") == 5) & (pl.col("idx") == 10))).with_columns(
         pl.when(pl.col("step") == 4).then(pl.col("dur_ns") + 100).otherwise(pl.col("dur_ns")).alias("dur_ns")
     )
     r = C.compare_kernel_lists(sk, b)
-    assert (r["steps"], r["kernels_b"], r["same_multiset_steps"], r["same_sequence_steps"], r["paired_kernels"]) == (3, 2699, 2, 2, 1800)
+    assert (r["steps"], r["kernels_b"], r["same_multiset_steps"], r["same_sequence_steps"], r["paired_kernels"]) == (
+        3,
+        2699,
+        2,
+        2,
+        1800,
+    )
     assert (r["median_abs_dur_diff_ns"], r["p95_abs_dur_diff_ns"], r["median_abs_rel_start_diff_ns"]) == (100, 100, 0)
 
 
@@ -67,4 +78,9 @@ def test_cupti_stage_envelopes(cupti_events: pl.DataFrame) -> None:
     ]
     assert C.stage_durations(cupti_events).rows() == [("ep:dispatch:l0:fwd", 2, 2500), ("ep:expert:l0:fwd", 1, 7500)]
     sk = C.step_kernels(cupti_events)
-    assert sk.select("step", "idx", "stream", "rel_start_ns").rows() == [(3, 0, 7, 0), (3, 1, 13, 2500), (3, 2, 7, 9000), (3, 3, 7, 19500)]
+    assert sk.select("step", "idx", "stream", "rel_start_ns").rows() == [
+        (3, 0, 7, 0),
+        (3, 1, 13, 2500),
+        (3, 2, 7, 9000),
+        (3, 3, 7, 19500),
+    ]

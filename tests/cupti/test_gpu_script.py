@@ -37,23 +37,56 @@ def test_results_block() -> None:
     check = _load("check")
     res = {
         "date": "2026-11-29 16:00 UTC",
-        "env": {"gpu_name": "NVIDIA H200", "gpus": 1, "torch": "2.11.0+cu130", "cuda": "13.0", "nccl": "2.27.7",
-                "cupti-python": "13.0.1"},
+        "env": {
+            "gpu_name": "NVIDIA H200",
+            "gpus": 1,
+            "torch": "2.11.0+cu130",
+            "cuda": "13.0",
+            "nccl": "2.27.7",
+            "cupti-python": "13.0.1",
+        },
         "steps": 20,
         "warmup": 5,
-        "jobs": {1: {
-            "none": {"backend": "nccl", "staged_comm": False, "workload": "builtin", "median_ms": 2.0, "p95_ms": 2.2},
-            "cupti": {"backend": "nccl", "staged_comm": False, "workload": "builtin", "median_ms": 2.1, "p95_ms": 2.4,
-                      "flush_median_ms": 0.8},
-        }},
-        "compare": {1: {
-            "kernels_kineto_vs_cupti": {"steps": 20, "kernels_a": 900, "kernels_b": 900, "same_multiset_steps": 20,
-                                        "same_sequence_steps": 19, "paired_kernels": 855, "median_abs_dur_diff_ns": 96,
-                                        "p95_abs_dur_diff_ns": 640, "median_abs_rel_start_diff_ns": 1200,
-                                        "p95_abs_rel_start_diff_ns": 9000, "median_dur_ratio": 0.99},
-            "kineto_comm_kernels": 40, "cupti_comm_kernels": 40,
-            "kineto_stage_ns": [("ep:dispatch:l0:fwd", 20, 15000)], "cupti_stage_ns": [("ep:dispatch:l0:fwd", 20, 14500)],
-        }},
+        "jobs": {
+            1: {
+                "none": {
+                    "backend": "nccl",
+                    "staged_comm": False,
+                    "workload": "builtin",
+                    "median_ms": 2.0,
+                    "p95_ms": 2.2,
+                },
+                "cupti": {
+                    "backend": "nccl",
+                    "staged_comm": False,
+                    "workload": "builtin",
+                    "median_ms": 2.1,
+                    "p95_ms": 2.4,
+                    "flush_median_ms": 0.8,
+                },
+            }
+        },
+        "compare": {
+            1: {
+                "kernels_kineto_vs_cupti": {
+                    "steps": 20,
+                    "kernels_a": 900,
+                    "kernels_b": 900,
+                    "same_multiset_steps": 20,
+                    "same_sequence_steps": 19,
+                    "paired_kernels": 855,
+                    "median_abs_dur_diff_ns": 96,
+                    "p95_abs_dur_diff_ns": 640,
+                    "median_abs_rel_start_diff_ns": 1200,
+                    "p95_abs_rel_start_diff_ns": 9000,
+                    "median_dur_ratio": 0.99,
+                },
+                "kineto_comm_kernels": 40,
+                "cupti_comm_kernels": 40,
+                "kineto_stage_ns": [("ep:dispatch:l0:fwd", 20, 15000)],
+                "cupti_stage_ns": [("ep:dispatch:l0:fwd", 20, 14500)],
+            }
+        },
     }
     assert check.results_block(res).splitlines() == [
         "GPU check 2026-11-29 16:00 UTC: NVIDIA H200 x1, torch 2.11.0+cu130, CUDA 13.0, NCCL 2.27.7, cupti-python 13.0.1; "

@@ -9,15 +9,24 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from ep_trace.cupti.convert import records_to_events
-from ep_trace.cupti.writer import EventsWriter, events_path
+from ep_trace.capture.cupti.convert import records_to_events
+from ep_trace.capture.cupti.writer import EventsWriter, events_path
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.cupti import is_cupti_file, read_cupti
 from ep_trace.schema import RANKS
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "cupti" / "moe_step_records.json"
-META = {"rank": 0, "world_size": 2, "host": "gpu-node-1", "device": "cuda:0", "backend": "nccl", "job_id": "j",
-        "local_rank": 0, "torch_version": "2.13.0", "ep_trace_version": "0.1.0"}
+META = {
+    "rank": 0,
+    "world_size": 2,
+    "host": "gpu-node-1",
+    "device": "cuda:0",
+    "backend": "nccl",
+    "job_id": "j",
+    "local_rank": 0,
+    "torch_version": "2.13.0",
+    "ep_trace_version": "0.1.0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +51,26 @@ def test_round_trip_two_row_groups(golden: pl.DataFrame, tmp_path: Path) -> None
     assert t.ranks.schema == RANKS
     r = t.ranks.row(0, named=True)
     assert r == {
-        "rank": 0, "world_size": 2, "host": "gpu-node-1", "local_rank": 0, "device": "cuda:0", "backend": "nccl",
-        "source_file": str(path), "format": "cupti", "job_id": "j",
-        "trace_start_ns": 1_764_400_000_000_000_750, "trace_end_ns": 1_764_400_000_000_022_250,
-        "clock_offset_ns": 0, "rank_source": "cupti_metadata", "has_sidecar": False, "ep_group_ranks": None,
-        "hidden_size": None, "dtype": None, "num_experts": None, "top_k": None, "torch_version": "2.13.0",
+        "rank": 0,
+        "world_size": 2,
+        "host": "gpu-node-1",
+        "local_rank": 0,
+        "device": "cuda:0",
+        "backend": "nccl",
+        "source_file": str(path),
+        "format": "cupti",
+        "job_id": "j",
+        "trace_start_ns": 1_764_400_000_000_000_750,
+        "trace_end_ns": 1_764_400_000_000_022_250,
+        "clock_offset_ns": 0,
+        "rank_source": "cupti_metadata",
+        "has_sidecar": False,
+        "ep_group_ranks": None,
+        "hidden_size": None,
+        "dtype": None,
+        "num_experts": None,
+        "top_k": None,
+        "torch_version": "2.13.0",
         "ep_trace_version": "0.1.0",
     }
     assert t.collectives.height == 0
@@ -74,15 +98,17 @@ def test_plain_parquet_without_metadata(golden: pl.DataFrame, tmp_path: Path) ->
     with pytest.raises(TraceFormatError) as ei:
         read_cupti(path)
     assert str(ei.value) == (
-        f"{path}: no ep-trace CUPTI metadata (footer key 'ep_trace.cupti') in this Parquet file; only files written by "
-        "ep_trace.cupti.CuptiCollector can be read as CUPTI events; rename other Parquet files so they do not end in "
+        f"{path}: no ep-trace CUPTI metadata (footer key 'ep_trace.capture.cupti') in this Parquet file; only files written by "
+        "ep_trace.capture.cupti.CuptiCollector can be read as CUPTI events; rename other Parquet files so they do not end in "
         "'.ep-events.parquet'"
     )
 
 
 def test_newer_format_version(golden: pl.DataFrame, tmp_path: Path) -> None:
     path = _write(tmp_path / "rank0.ep-events.parquet", [golden], {**META, "format_version": 9})
-    with pytest.raises(TraceFormatError, match=r"ep_trace.cupti: CUPTI events format_version 9 is newer than this ep-trace reads \(1\)"):
+    with pytest.raises(
+        TraceFormatError, match=r"ep_trace.cupti: CUPTI events format_version 9 is newer than this ep-trace reads \(1\)"
+    ):
         read_cupti(path)
 
 
@@ -103,7 +129,9 @@ def test_wrong_schema_rejected(golden: pl.DataFrame, tmp_path: Path) -> None:
     w.write_table(f.read())
     w.add_key_value_metadata({b"ep_trace.cupti": json.dumps({**META, "format_version": 1}).encode()})
     w.close()
-    with pytest.raises(TraceFormatError, match=r"table 'events' does not match the canonical schema \(missing \['seq'\]"):
+    with pytest.raises(
+        TraceFormatError, match=r"table 'events' does not match the canonical schema \(missing \['seq'\]"
+    ):
         read_cupti(tmp_path / "bad.ep-events.parquet")
 
 
@@ -118,7 +146,9 @@ def test_empty_and_missing_files(tmp_path: Path) -> None:
 
 def test_writer_rejects_bad_rows(golden: pl.DataFrame, tmp_path: Path) -> None:
     w = EventsWriter(tmp_path / "rank0.ep-events.parquet", META)
-    bad = golden.with_columns(pl.when(pl.col("event_id") == 3).then(pl.lit(0, pl.Int64)).otherwise(pl.col("end_ns")).alias("end_ns"))
+    bad = golden.with_columns(
+        pl.when(pl.col("event_id") == 3).then(pl.lit(0, pl.Int64)).otherwise(pl.col("end_ns")).alias("end_ns")
+    )
     with pytest.raises(TraceFormatError, match=r"events\[3\]: negative duration"):
         w.write(bad)
     w.close()

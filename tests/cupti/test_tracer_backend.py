@@ -9,13 +9,14 @@ from typing import Any
 import polars as pl
 import pytest
 
-from ep_trace.cupti import collector as col
+from ep_trace.capture.cupti import collector as col
 
 pytest.importorskip("torch")
-from ep_trace.capture import Tracer  # noqa: E402
+from ep_trace.capture.stages import stage  # noqa: E402
+from ep_trace.capture.tracer import Tracer  # noqa: E402
 from ep_trace.errors import ConfigError, MissingDependencyError  # noqa: E402
 from ep_trace.parsers import read_trace_dir  # noqa: E402
-from ep_trace.stages import stage  # noqa: E402
+
 
 def test_tracer_cupti_backend(fake: Any, tmp_path: Path) -> None:
     f = fake
@@ -31,11 +32,13 @@ def test_tracer_cupti_backend(fake: Any, tmp_path: Path) -> None:
     tables = read_trace_dir(tmp_path)
     assert tables.ranks.select("format", "has_sidecar", "job_id").rows() == [("cupti", True, "j")]
     ev = tables.events
-    names = dict(zip(ev["event_id"], ev["name"]))
+    names = dict(zip(ev["event_id"], ev["name"], strict=False))
     k = ev.filter(pl.col("kind") == "gpu_kernel")
     assert [(n, names[o]) for n, o in k.select("name", "op_id").rows()] == [
-        ("ncclDevKernel_SendRecv(x)", "ep:dispatch:l0:fwd"), ("gemm", "ep:expert:l0:fwd"),
-        ("ncclDevKernel_SendRecv(x)", "ep:dispatch:l0:fwd"), ("gemm", "ep:expert:l0:fwd"),
+        ("ncclDevKernel_SendRecv(x)", "ep:dispatch:l0:fwd"),
+        ("gemm", "ep:expert:l0:fwd"),
+        ("ncclDevKernel_SendRecv(x)", "ep:dispatch:l0:fwd"),
+        ("gemm", "ep:expert:l0:fwd"),
     ]
     assert ev.filter(pl.col("name").str.starts_with("ProfilerStep#"))["seq"].to_list() == [0, 1]
     assert col.active() is None

@@ -13,9 +13,9 @@ SESSION_START = 1_700_000_000_000_000_000
 
 
 def _create(con: sqlite3.Connection, table: str, cols: list[str], rows: list[tuple[Any, ...]]) -> None:
-    con.execute(f'CREATE TABLE {table} ({", ".join(chr(34) + c + chr(34) for c in cols)})')
+    con.execute(f"CREATE TABLE {table} ({', '.join(chr(34) + c + chr(34) for c in cols)})")
     if rows:
-        con.executemany(f'INSERT INTO {table} VALUES ({", ".join("?" * len(cols))})', rows)
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(cols))})", rows)
 
 
 def build_export(
@@ -46,22 +46,69 @@ def build_export(
     _create(con, "StringIds", ["id", "value"], sorted((strings or {}).items()))
     if session_start is not None:
         cols = ["utcEpochNs", "utcTime", "localTime"] + ([] if style == "2.9" else ["systemClockNs"])
-        _create(con, "TARGET_INFO_SESSION_START_TIME", cols, [(session_start, "t", "t") + (() if style == "2.9" else (0,))])
+        _create(
+            con, "TARGET_INFO_SESSION_START_TIME", cols, [(session_start, "t", "t") + (() if style == "2.9" else (0,))]
+        )
     green = [] if style == "2.9" else ["greenContextId"]
     if kernels is not None:
-        cols = ["start", "end", "deviceId", "contextId", *green, "streamId", "correlationId", "globalPid", "demangledName", "shortName", "mangledName", "gridId"]
+        cols = [
+            "start",
+            "end",
+            "deviceId",
+            "contextId",
+            *green,
+            "streamId",
+            "correlationId",
+            "globalPid",
+            "demangledName",
+            "shortName",
+            "mangledName",
+            "gridId",
+        ]
         rows = [(s, e, d, 1, *([None] if green else []), st, c, g, n, n, None, 0) for s, e, d, st, c, g, n in kernels]
         _create(con, "CUPTI_ACTIVITY_KIND_KERNEL", cols, rows)
     if memcpy is not None:
-        cols = ["start", "end", "deviceId", "contextId", *green, "streamId", "correlationId", "globalPid", "bytes", "copyKind"]
+        cols = [
+            "start",
+            "end",
+            "deviceId",
+            "contextId",
+            *green,
+            "streamId",
+            "correlationId",
+            "globalPid",
+            "bytes",
+            "copyKind",
+        ]
         rows = [(s, e, d, 1, *([None] if green else []), st, c, g, b, k) for s, e, d, st, c, g, b, k in memcpy]
         _create(con, "CUPTI_ACTIVITY_KIND_MEMCPY", cols, rows)
     if runtime is not None:
-        _create(con, "CUPTI_ACTIVITY_KIND_RUNTIME", ["start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId"],
-                [(*r, 0, None) for r in runtime])
+        _create(
+            con,
+            "CUPTI_ACTIVITY_KIND_RUNTIME",
+            ["start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId"],
+            [(*r, 0, None) for r in runtime],
+        )
     if nvtx is not None:
-        cols = ["start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid", "endGlobalTid", "textId", "domainId"]
-        _create(con, "NVTX_EVENTS", cols, [(s, e, t, None, None, None, x, g, eg, tx, d) for s, e, t, x, g, eg, tx, d in nvtx])
+        cols = [
+            "start",
+            "end",
+            "eventType",
+            "rangeId",
+            "category",
+            "color",
+            "text",
+            "globalTid",
+            "endGlobalTid",
+            "textId",
+            "domainId",
+        ]
+        _create(
+            con,
+            "NVTX_EVENTS",
+            cols,
+            [(s, e, t, None, None, None, x, g, eg, tx, d) for s, e, t, x, g, eg, tx, d in nvtx],
+        )
     if thread_names is not None:
         _create(con, "ThreadNames", ["nameId", "priority", "globalTid"], [(n, 0, g) for n, g in thread_names])
     con.commit()

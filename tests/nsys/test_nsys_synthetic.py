@@ -24,8 +24,18 @@ def gpid(pid: int, vm: int = 1) -> int:
     return (vm << 48) | (pid << 24)
 
 
-STRINGS = {1: "gemm_kernel", 2: "ncclDevKernel_SendRecv", 3: "cudaLaunchKernel_v7000", 4: "cuLaunchKernelEx",
-           5: "ncclGroupStart", 6: "ncclSend", 7: "ncclRecv", 8: "ncclGroupEnd", 9: "NCCL", 10: "MPI Rank 5"}
+STRINGS = {
+    1: "gemm_kernel",
+    2: "ncclDevKernel_SendRecv",
+    3: "cudaLaunchKernel_v7000",
+    4: "cuLaunchKernelEx",
+    5: "ncclGroupStart",
+    6: "ncclSend",
+    7: "ncclRecv",
+    8: "ncclGroupEnd",
+    9: "NCCL",
+    10: "MPI Rank 5",
+}
 MAIN, OTHER = gtid(PID), gtid(PID, PID + 7)
 
 # Projection case on thread MAIN: outer A [100, 1000] > inner B [200, 500]; C [600, 700] is
@@ -38,11 +48,11 @@ NVTX = [
     (950, None, 59, "E", MAIN, None, None, 0),
 ]
 RUNTIME = [
-    (300, 310, 0, MAIN, 1, 3),   # L1 inside B (and A)
-    (650, 720, 0, MAIN, 2, 3),   # L2 straddles C's end -> only A
-    (800, 810, 0, MAIN, 3, 3),   # L3 inside A and D (D ends on another thread -> skipped)
+    (300, 310, 0, MAIN, 1, 3),  # L1 inside B (and A)
+    (650, 720, 0, MAIN, 2, 3),  # L2 straddles C's end -> only A
+    (800, 810, 0, MAIN, 3, 3),  # L3 inside A and D (D ends on another thread -> skipped)
     (400, 410, 0, OTHER, 4, 3),  # L4 on another thread: no range
-    (960, 970, 0, MAIN, 5, 3),   # L5 inside the open range E
+    (960, 970, 0, MAIN, 5, 3),  # L5 inside the open range E
     (300, 310, 67, MAIN, 1, 3),  # backtrace duplicate of L1 (schema 2.9.1): must not double the join
 ]
 KERNELS = [
@@ -64,18 +74,24 @@ def test_projection_edge_cases(make_export, style: str) -> None:
     path = make_export(strings=STRINGS, kernels=KERNELS, runtime=RUNTIME, nvtx=NVTX, style=style)
     tt = read_nsys(path)
     ev = tt.events
-    names = dict(zip(ev["event_id"].to_list(), ev["name"].to_list()))
+    names = dict(zip(ev["event_id"].to_list(), ev["name"].to_list(), strict=False))
     k = _ev(tt, "gpu_kernel").sort("start_ns")
     assert k["start_ns"].to_list() == [T0 + s for s in (2000, 2200, 2400, 2600, 2800, 3000)]
     assert [names.get(i) for i in k["op_id"].to_list()] == ["B", "A", "A", None, "E", None]
     # launch_id -> the runtime row with the same correlation (one row each: eventClass 67 dropped)
     rt = _ev(tt, "runtime")
     assert rt.height == 5
-    launch_start = dict(zip(rt["event_id"].to_list(), rt["start_ns"].to_list()))
-    assert [launch_start.get(i) for i in k["launch_id"].to_list()] == [T0 + s for s in (300, 650, 800, 400, 960)] + [None]
+    launch_start = dict(zip(rt["event_id"].to_list(), rt["start_ns"].to_list(), strict=False))
+    assert [launch_start.get(i) for i in k["launch_id"].to_list()] == [T0 + s for s in (300, 650, 800, 400, 960)] + [
+        None
+    ]
     ann = _ev(tt, "gpu_annotation").sort("name")
     assert ann["name"].to_list() == ["A", "B", "E"]
-    assert ann.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0).rows() == [(2000, 2900), (2000, 2100), (2800, 2900)]
+    assert ann.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0).rows() == [
+        (2000, 2900),
+        (2000, 2100),
+        (2800, 2900),
+    ]
     assert [names[i] for i in ann["op_id"].to_list()] == ["A", "B", "E"]
     cpu = _ev(tt, "cpu_annotation").sort("start_ns")
     assert cpu["name"].to_list() == ["A", "B", "C", "D", "E"]  # emit_nvtx suffix stripped
@@ -91,10 +107,24 @@ def test_colliding_correlation_ids_across_processes(make_export) -> None:
     kernels = [(2000, 2100, 0, 7, 1, gpid(PID), 1), (2050, 2300, 1, 7, 1, gpid(PID2), 1)]
     runtime = [(300, 310, 0, gtid(PID), 1, 3), (500, 520, 1, gtid(PID2), 1, 4)]
     tt = read_nsys(make_export(strings=STRINGS, kernels=kernels, runtime=runtime), rank_map={PID: 1, PID2: 0})
-    k = _ev(tt, "gpu_kernel").join(
-        _ev(tt, "runtime").select("rank", pl.col("event_id").alias("launch_id"), pl.col("name").alias("api"), pl.col("pid").alias("api_pid")),
-        on=["rank", "launch_id"], how="left").sort("rank")
-    assert k.select("rank", "pid", "api_pid", "api", "device").rows() == [(0, PID2, PID2, "cuLaunchKernelEx", 1), (1, PID, PID, "cudaLaunchKernel", 0)]
+    k = (
+        _ev(tt, "gpu_kernel")
+        .join(
+            _ev(tt, "runtime").select(
+                "rank",
+                pl.col("event_id").alias("launch_id"),
+                pl.col("name").alias("api"),
+                pl.col("pid").alias("api_pid"),
+            ),
+            on=["rank", "launch_id"],
+            how="left",
+        )
+        .sort("rank")
+    )
+    assert k.select("rank", "pid", "api_pid", "api", "device").rows() == [
+        (0, PID2, PID2, "cuLaunchKernelEx", 1),
+        (1, PID, PID, "cudaLaunchKernel", 0),
+    ]
     assert tt.ranks.select("rank", "rank_source").rows() == [(0, "rank_map"), (1, "rank_map")]
     assert "pid 144 (device 0) -> rank 1, pid 145 (device 1) -> rank 0" in tt.load_report[0].message
 
@@ -111,7 +141,10 @@ def test_multi_process_order_and_single_rank_conflict(make_export) -> None:
 
 def test_rank_sources(make_export) -> None:
     kw = dict(strings=STRINGS, kernels=KERNELS[:1], runtime=RUNTIME[:1])
-    assert read_nsys(make_export("job_rank3.sqlite", **kw)).ranks.select("rank", "rank_source").row(0) == (3, "file_name")
+    assert read_nsys(make_export("job_rank3.sqlite", **kw)).ranks.select("rank", "rank_source").row(0) == (
+        3,
+        "file_name",
+    )
     assert read_nsys(make_export("a.sqlite", **kw), rank=7).ranks["rank"][0] == 7
     p = make_export("b_rank3.sqlite", **kw)
     assert read_nsys(p, rank_map={"b_rank3.sqlite": 9}).ranks.select("rank", "rank_source").row(0) == (9, "rank_map")
@@ -123,18 +156,33 @@ def test_nccl_domain_and_group_collective(make_export) -> None:
     # One PyTorch-less NCCL group call: GroupStart, Send x2, Recv x2, GroupEnd (launch inside).
     t = gtid(PID)
     nvtx = [
-        (10, 20, 59, None, t, None, 5, 1), (21, 30, 59, None, t, None, 6, 1), (31, 40, 59, None, t, None, 7, 1),
-        (41, 50, 59, None, t, None, 6, 1), (51, 60, 59, None, t, None, 7, 1), (61, 90, 59, None, t, None, 8, 1),
-        (100, 200, 59, "nccl:all_reduce", t, None, None, 0), (110, 190, 59, None, t, None, 8, 1),
-        (300, 310, 59, None, t, None, 5, 1), (311, 320, 59, None, t, None, 6, 1), (321, 330, 59, None, t, None, 8, 1),
+        (10, 20, 59, None, t, None, 5, 1),
+        (21, 30, 59, None, t, None, 6, 1),
+        (31, 40, 59, None, t, None, 7, 1),
+        (41, 50, 59, None, t, None, 6, 1),
+        (51, 60, 59, None, t, None, 7, 1),
+        (61, 90, 59, None, t, None, 8, 1),
+        (100, 200, 59, "nccl:all_reduce", t, None, None, 0),
+        (110, 190, 59, None, t, None, 8, 1),
+        (300, 310, 59, None, t, None, 5, 1),
+        (311, 320, 59, None, t, None, 6, 1),
+        (321, 330, 59, None, t, None, 8, 1),
     ]
     runtime = [(70, 80, 1, t, 1, 4), (120, 130, 1, t, 2, 4), (322, 328, 1, t, 3, 4)]
-    kernels = [(1000, 1500, 0, 9, 1, gpid(PID), 2), (1600, 1700, 0, 9, 2, gpid(PID), 2), (1800, 1900, 0, 9, 3, gpid(PID), 2)]
+    kernels = [
+        (1000, 1500, 0, 9, 1, gpid(PID), 2),
+        (1600, 1700, 0, 9, 2, gpid(PID), 2),
+        (1800, 1900, 0, 9, 3, gpid(PID), 2),
+    ]
     for style, domain in (("3.x", "NCCL"), ("2.9", "NCCL-created")):
         rows = list(nvtx)
         if style == "2.9":  # with a domain-create row (eventType 75) the recorded name wins
             rows.append((5, None, 75, "NCCL-created", t, None, None, 1))
-        tt = read_nsys(make_export(f"nccl{style}.sqlite", strings=STRINGS, kernels=kernels, runtime=runtime, nvtx=rows, style=style))
+        tt = read_nsys(
+            make_export(
+                f"nccl{style}.sqlite", strings=STRINGS, kernels=kernels, runtime=runtime, nvtx=rows, style=style
+            )
+        )
         cpu = _ev(tt, "cpu_annotation")
         assert cpu.group_by("domain").len().sort("domain", nulls_last=True).rows() == [(domain, 10), (None, 1)]
         c = tt.collectives.sort("coll_id")
@@ -144,7 +192,10 @@ def test_nccl_domain_and_group_collective(make_export) -> None:
             ("send", "ncclGroupEnd", "nccl", None, 1, None),
         ]
         assert c.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, pl.col("cpu_start_ns") - T0).rows() == [
-            (1000, 1500, 61), (1600, 1700, 100), (1800, 1900, 321)]
+            (1000, 1500, 61),
+            (1600, 1700, 100),
+            (1800, 1900, 321),
+        ]
         assert _ev(tt, "gpu_kernel").sort("start_ns")["coll_id"].to_list() == [0, 1, 2]
         assert tt.ranks["backend"].to_list() == ["nccl"]
 
@@ -162,7 +213,10 @@ def test_memcpy_bytes_and_names(make_export) -> None:
     memcpy = [(500, 600, 0, 7, 11, gpid(PID), 4096, 1), (700, 800, 0, 7, 12, gpid(PID), 64, 10)]
     tt = read_nsys(make_export(strings=STRINGS, kernels=[], memcpy=memcpy, runtime=[(100, 110, 0, MAIN, 11, 3)]))
     m = _ev(tt, "gpu_memcpy").sort("start_ns")
-    assert m.select("name", "bytes", "device", "stream").rows() == [("Memcpy HtoD", 4096, 0, 7), ("Memcpy PtoP", 64, 0, 7)]
+    assert m.select("name", "bytes", "device", "stream").rows() == [
+        ("Memcpy HtoD", 4096, 0, 7),
+        ("Memcpy PtoP", 64, 0, 7),
+    ]
     assert m["launch_id"].null_count() == 1
 
 
@@ -178,7 +232,10 @@ def test_bad_inputs(tmp_path: Path, make_export, external_dir: Path, monkeypatch
     txt.write_text("hello, not a database\n" * 10)
     with pytest.raises(TraceFormatError) as e:
         read_nsys(txt)
-    assert str(e.value) == f"{txt}: not a SQLite file; pass an nsys SQLite export (nsys export --type sqlite) or a .nsys-rep"
+    assert (
+        str(e.value)
+        == f"{txt}: not a SQLite file; pass an nsys SQLite export (nsys export --type sqlite) or a .nsys-rep"
+    )
     (tmp_path / "empty.sqlite").write_bytes(b"")
     with pytest.raises(TraceFormatError, match="empty.sqlite: an empty file;"):
         read_nsys(tmp_path / "empty.sqlite")
@@ -202,7 +259,9 @@ def test_bad_inputs(tmp_path: Path, make_export, external_dir: Path, monkeypatch
     assert shutil.which("nsys") is None
     with pytest.raises(MissingDependencyError) as e:
         read_nsys(rep)
-    assert str(e.value).endswith(f"export it yourself with: nsys export --type sqlite --output {tmp_path / 'job.sqlite'} {rep}")
+    assert str(e.value).endswith(
+        f"export it yourself with: nsys export --type sqlite --output {tmp_path / 'job.sqlite'} {rep}"
+    )
     assert e.value.exit_code == 2
 
 
@@ -212,7 +271,9 @@ def test_nsys_rep_uses_nsys_export_once(tmp_path: Path, make_export, monkeypatch
     bindir = tmp_path / "bin"
     bindir.mkdir()
     log = tmp_path / "calls.log"
-    (bindir / "nsys").write_text(f'#!/bin/sh\necho "$@" >> {log}\nwhile [ "$1" != "--output" ]; do shift; done\ncp {src} "$2"\n')
+    (bindir / "nsys").write_text(
+        f'#!/bin/sh\necho "$@" >> {log}\nwhile [ "$1" != "--output" ]; do shift; done\ncp {src} "$2"\n'
+    )
     (bindir / "nsys").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     rep = tmp_path / "rank2.nsys-rep"
@@ -226,11 +287,19 @@ def test_nsys_rep_uses_nsys_export_once(tmp_path: Path, make_export, monkeypatch
 
 def test_ts_normalize_and_ts_shift(make_export) -> None:
     # --ts-normalize: timestamps are already UTC epoch ns (no session start added); --ts-shift X is taken out.
-    norm = make_export("norm.sqlite", strings=STRINGS, kernels=[(T0 + 5, T0 + 9, 0, 7, 1, gpid(PID), 1)],
-                       meta={"EXPORT_PARAM_TIME_NORMALIZE": "true"})
+    norm = make_export(
+        "norm.sqlite",
+        strings=STRINGS,
+        kernels=[(T0 + 5, T0 + 9, 0, 7, 1, gpid(PID), 1)],
+        meta={"EXPORT_PARAM_TIME_NORMALIZE": "true"},
+    )
     assert _ev(read_nsys(norm), "gpu_kernel")["start_ns"].to_list() == [T0 + 5]
-    shifted = make_export("shift.sqlite", strings=STRINGS, kernels=[(1005, 1009, 0, 7, 1, gpid(PID), 1)],
-                          meta={"EXPORT_PARAM_TIME_SHIFT": "1000"})
+    shifted = make_export(
+        "shift.sqlite",
+        strings=STRINGS,
+        kernels=[(1005, 1009, 0, 7, 1, gpid(PID), 1)],
+        meta={"EXPORT_PARAM_TIME_SHIFT": "1000"},
+    )
     assert _ev(read_nsys(shifted), "gpu_kernel")["start_ns"].to_list() == [T0 + 5]
 
 
@@ -239,8 +308,14 @@ def test_enclosing_pairs_split_threads_when_keys_overflow() -> None:
 
     big = 2**61  # capture span x 3 threads no longer fits int64 keys: threads are processed in chunks
     ops = pl.DataFrame({"_uid": [0, 1, 2], "_gtid": [10, 11, 12], "_ls": [5, big - 10, 7], "_le": [6, big - 5, 8]})
-    ranges = pl.DataFrame({"_uid": [100, 101, 102, 103], "_gtid": [10, 11, 11, 12], "_rs": [0, 0, big - 11, 9],
-                           "_re": [big, big, big - 4, 20]})
+    ranges = pl.DataFrame(
+        {
+            "_uid": [100, 101, 102, 103],
+            "_gtid": [10, 11, 11, 12],
+            "_rs": [0, 0, big - 11, 9],
+            "_re": [big, big, big - 4, 20],
+        }
+    )
     got = enclosing_pairs(ops, ranges).sort("_op", "_range")
     assert got.select("_op", "_range").rows() == [(0, 100), (1, 101), (1, 102)]
 
@@ -279,18 +354,33 @@ def test_ep_stage_ranges_and_steps_reach_the_analysis(make_export, tmp_path: Pat
         (2_100, 4_000, 59, "ep:expert:l0:fwd", t, None, None, 0),
     ]
     runtime = [(200, 220, 1, t, 1, 4), (2_200, 2_210, 0, t, 2, 3), (2_300, 2_310, 0, t, 3, 3)]
-    kernels = [(5_000, 6_000, 0, 7, 1, gpid(PID), 11), (6_100, 6_500, 0, 7, 2, gpid(PID), 12), (6_600, 7_000, 0, 7, 3, gpid(PID), 12)]
+    kernels = [
+        (5_000, 6_000, 0, 7, 1, gpid(PID), 11),
+        (6_100, 6_500, 0, 7, 2, gpid(PID), 12),
+        (6_600, 7_000, 0, 7, 3, gpid(PID), 12),
+    ]
     folder = tmp_path / "run"
     folder.mkdir()
     make_export("run/rank0.sqlite", strings=strings, kernels=kernels, runtime=runtime, nvtx=nvtx)
     tables = read_trace_dir(folder)
     ev = tables.events
     # kind is an Enum: it sorts in EVENT_KINDS order (gpu_annotation before cpu_annotation)
-    assert ev.filter(pl.col("seq").is_not_null()).select("kind", "seq").sort("kind").rows() == [("gpu_annotation", 3), ("cpu_annotation", 3)]
-    assert tables.collectives.select("collective", "op_name", "n_kernels").rows() == [("all_to_all", "nccl:all_to_all", 1)]
+    assert ev.filter(pl.col("seq").is_not_null()).select("kind", "seq").sort("kind").rows() == [
+        ("gpu_annotation", 3),
+        ("cpu_annotation", 3),
+    ]
+    assert tables.collectives.select("collective", "op_name", "n_kernels").rows() == [
+        ("all_to_all", "nccl:all_to_all", 1)
+    ]
     st = analyze(tables).stages.sort("stage")
-    assert st.select("step", "layer", "phase", "stage", "method").rows() == [(3, 0, "fwd", "dispatch", "ep_trace"), (3, 0, "fwd", "expert", "ep_trace")]
-    assert st.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, "busy_ns").rows() == [(5_000, 6_000, 1_000), (6_100, 7_000, 800)]
+    assert st.select("step", "layer", "phase", "stage", "method").rows() == [
+        (3, 0, "fwd", "dispatch", "ep_trace"),
+        (3, 0, "fwd", "expert", "ep_trace"),
+    ]
+    assert st.select(pl.col("start_ns") - T0, pl.col("end_ns") - T0, "busy_ns").rows() == [
+        (5_000, 6_000, 1_000),
+        (6_100, 7_000, 800),
+    ]
 
 
 def test_partial_rank_map_names_the_missing_pid(make_export) -> None:

@@ -13,8 +13,17 @@ import pytest
 BASE = 1_700_000_000_000_000_000
 
 
-def write_trace(path: Path, events: list[dict[str, Any]], *, base: int | None = BASE, rank: int | None = 0,
-                world_size: int = 2, backend: str = "nccl", extra: dict[str, Any] | None = None, indent: int | None = None) -> Path:
+def write_trace(
+    path: Path,
+    events: list[dict[str, Any]],
+    *,
+    base: int | None = BASE,
+    rank: int | None = 0,
+    world_size: int = 2,
+    backend: str = "nccl",
+    extra: dict[str, Any] | None = None,
+    indent: int | None = None,
+) -> Path:
     """Write a Kineto-shaped document (gzip when the name ends in .gz)."""
     doc: dict[str, Any] = {"schemaVersion": 1, "deviceProperties": []}
     if rank is not None:
@@ -35,8 +44,17 @@ def x(cat: str, name: str, ts: float, dur: float, pid: Any = 100, tid: Any = 100
     return ev
 
 
-def nccl_call(ts: float, ext: int, corr: int, meta: dict[str, Any], *, kernel_dur: float = 50.0, kernels: int = 1,
-              kernel_name: str = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", copy_meta: bool = False) -> list[dict[str, Any]]:
+def nccl_call(
+    ts: float,
+    ext: int,
+    corr: int,
+    meta: dict[str, Any],
+    *,
+    kernel_dur: float = 50.0,
+    kernels: int = 1,
+    kernel_name: str = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",
+    copy_meta: bool = False,
+) -> list[dict[str, Any]]:
     """c10d::alltoall_base_ > record_param_comms(meta) > nccl:all_to_all > cudaLaunchKernel x kernels."""
     evs = [
         x("cpu_op", "c10d::alltoall_base_", ts, 40, **{"External id": ext}),
@@ -44,7 +62,9 @@ def nccl_call(ts: float, ext: int, corr: int, meta: dict[str, Any], *, kernel_du
         x("user_annotation", "nccl:all_to_all", ts + 2, 36, **{"External id": ext + 2}),
     ]
     for k in range(kernels):
-        evs.append(x("cuda_runtime", "cudaLaunchKernel", ts + 3 + k, 1, correlation=corr + k, **{"External id": ext + 1}))
+        evs.append(
+            x("cuda_runtime", "cudaLaunchKernel", ts + 3 + k, 1, correlation=corr + k, **{"External id": ext + 1})
+        )
         kargs = {"correlation": corr + k, "External id": ext + 1, "stream": 40, "device": 0}
         if copy_meta:
             kargs.update({k2: v for k2, v in meta.items() if k2 != "Global rank start"})

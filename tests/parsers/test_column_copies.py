@@ -37,23 +37,45 @@ def test_concat_columns_of_nothing() -> None:
 
 
 def test_sort_columns_golden() -> None:
-    df = pl.DataFrame({"start_ns": [5, 1, 5, 3], "event_id": [9, 8, 2, 7], "name": ["e", "b", "a", "c"],
-                       "device": pl.Series([None] * 4, dtype=pl.Int32)})
+    df = pl.DataFrame(
+        {
+            "start_ns": [5, 1, 5, 3],
+            "event_id": [9, 8, 2, 7],
+            "name": ["e", "b", "a", "c"],
+            "device": pl.Series([None] * 4, dtype=pl.Int32),
+        }
+    )
     holder = [df]
     got = _sort_columns(holder, "start_ns", "event_id")
     assert holder == []
-    assert got.to_dict(as_series=False) == {"start_ns": [1, 3, 5, 5], "event_id": [8, 7, 2, 9], "name": ["b", "c", "a", "e"],
-                                            "device": [None] * 4}
+    assert got.to_dict(as_series=False) == {
+        "start_ns": [1, 3, 5, 5],
+        "event_id": [8, 7, 2, 9],
+        "name": ["b", "c", "a", "e"],
+        "device": [None] * 4,
+    }
     assert got.schema == df.schema
 
 
 @settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 5), st.integers(-3, 3), st.sampled_from(["a", "a-much-longer-name", None])), min_size=1, max_size=60),
-       parts=st.integers(1, 4))
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 5), st.integers(-3, 3), st.sampled_from(["a", "a-much-longer-name", None])),
+        min_size=1,
+        max_size=60,
+    ),
+    parts=st.integers(1, 4),
+)
 def test_concat_then_sort_equals_polars(rows, parts):
-    df = pl.DataFrame({"start_ns": [r[0] for r in rows], "event_id": [r[1] for r in rows], "name": [r[2] for r in rows],
-                       "empty": pl.Series([None] * len(rows), dtype=pl.Int64)},
-                      schema={"start_ns": pl.Int64, "event_id": pl.Int64, "name": pl.Utf8, "empty": pl.Int64})
+    df = pl.DataFrame(
+        {
+            "start_ns": [r[0] for r in rows],
+            "event_id": [r[1] for r in rows],
+            "name": [r[2] for r in rows],
+            "empty": pl.Series([None] * len(rows), dtype=pl.Int64),
+        },
+        schema={"start_ns": pl.Int64, "event_id": pl.Int64, "name": pl.Utf8, "empty": pl.Int64},
+    )
     step = max(1, len(rows) // parts)
     frames = [df.slice(i, step) for i in range(0, len(rows), step)]
     got = _sort_columns([_concat_columns(frames)], "start_ns", "event_id")

@@ -44,7 +44,9 @@ def test_demo_splits_equal_the_sidecar(samples_dir, name):
     for r in range(4):
         # records are written as calls complete (async chunks finish out of order): issue order = (step, call)
         a2a = sorted(_sidecar_records(balanced / f"rank{r}.ep.jsonl", "a2a"), key=lambda a: (a["step"], a["call"]))
-        c = t.collectives.filter((pl.col("rank") == r) & pl.col("collective").str.starts_with("all_to_all")).sort("coll_id")
+        c = t.collectives.filter((pl.col("rank") == r) & pl.col("collective").str.starts_with("all_to_all")).sort(
+            "coll_id"
+        )
         assert c.height == len(a2a) and set(c["splits_source"]) == {"concrete_inputs"}  # parsed from the trace itself
         assert c["in_splits"].to_list() == [a["send_splits"] for a in a2a]
         assert c["out_splits"].to_list() == [a["recv_splits"] for a in a2a]
@@ -65,7 +67,12 @@ def test_demo_routing_tables(balanced, balanced_tables):
     assert t.routing_counts["count"].sum() == sum(sum(r["expert_counts"]) for r in routing)
     assert t.placement.height == E and set(t.routing_matrix["source"]) == {"sidecar"}
     disp = t.routing_matrix.filter(pl.col("direction") == "dispatch")
-    a2a = [a for k in range(4) for a in _sidecar_records(balanced / f"rank{k}.ep.jsonl", "a2a") if a["direction"] == "dispatch"]
+    a2a = [
+        a
+        for k in range(4)
+        for a in _sidecar_records(balanced / f"rank{k}.ep.jsonl", "a2a")
+        if a["direction"] == "dispatch"
+    ]
     assert disp["rows"].sum() == sum(sum(a["send_splits"]) for a in a2a)
 
 
@@ -73,16 +80,44 @@ def test_demo_routing_tables(balanced, balanced_tables):
 def test_sidecar_replaces_truncated_splits(tmp_path, kt, clock_skew_ns):
     send = list(range(1, 41))
     trunc = "[" + ", ".join(map(str, send[:30])) + ", ...]"
-    meta = {"Collective name": "all_to_allv", "dtype": "Float", "In msg nelems": sum(send) * 4, "Group size": 40,
-            "In split size": trunc, "Out split size": trunc, "Process Group Name": "1", "Process Group Ranks": trunc}
+    meta = {
+        "Collective name": "all_to_allv",
+        "dtype": "Float",
+        "In msg nelems": sum(send) * 4,
+        "Group size": 40,
+        "In split size": trunc,
+        "Out split size": trunc,
+        "Process Group Name": "1",
+        "Process Group Ranks": trunc,
+    }
     kt.write_trace(tmp_path / "rank0.pt.trace.json", kt.nccl_call(10, 10, 500, meta), world_size=40)
     start = kt.BASE + 5_000 + clock_skew_ns  # skewed by an hour: no window matches, paired by order
-    lines = [{"type": "meta", "v": 1, "rank": 0, "world_size": 40, "job_id": "j"},
-             {"type": "a2a", "v": 1, "step": 0, "layer": 2, "microbatch": 0, "direction": "dispatch", "call": 0, "send_splits": send,
-              "recv_splits": send[::-1], "row_bytes": 16, "group_ranks": list(range(40)), "start_ns": start, "end_ns": start + 10**6}]
+    lines = [
+        {"type": "meta", "v": 1, "rank": 0, "world_size": 40, "job_id": "j"},
+        {
+            "type": "a2a",
+            "v": 1,
+            "step": 0,
+            "layer": 2,
+            "microbatch": 0,
+            "direction": "dispatch",
+            "call": 0,
+            "send_splits": send,
+            "recv_splits": send[::-1],
+            "row_bytes": 16,
+            "group_ranks": list(range(40)),
+            "start_ns": start,
+            "end_ns": start + 10**6,
+        },
+    ]
     (tmp_path / "rank0.ep.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
     c = read_trace_dir(tmp_path).collectives.row(0, named=True)
-    assert (c["splits_source"], c["splits_truncated"], c["in_splits"], c["out_splits"]) == ("sidecar", False, send, send[::-1])
+    assert (c["splits_source"], c["splits_truncated"], c["in_splits"], c["out_splits"]) == (
+        "sidecar",
+        False,
+        send,
+        send[::-1],
+    )
     assert (c["layer"], c["direction"], c["row_bytes"], c["group_ranks"]) == (2, "dispatch", 16, list(range(40)))
 
 
@@ -119,7 +154,12 @@ def test_conflicts_name_the_files(tmp_path, kt):
     kt.write_trace(a, [kt.x("cpu_op", "a", 1, 1)], rank=5, world_size=2, extra={"ep_trace": {"job_id": "x"}})
     with pytest.raises(RankConflictError, match="rank 5 is outside world size 2"):
         read_trace_dir(tmp_path)
-    pg = lambda n: {"backend": "nccl", "rank": n, "world_size": 2, "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, n + 7]}]}
+    pg = lambda n: {
+        "backend": "nccl",
+        "rank": n,
+        "world_size": 2,
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, n + 7]}],
+    }
     kt.write_trace(a, [kt.x("cpu_op", "a", 1, 1)], rank=None, extra={"distributedInfo": pg(0)})
     kt.write_trace(b, [kt.x("cpu_op", "a", 1, 1)], rank=None, extra={"distributedInfo": pg(1)})
     with pytest.raises(RankConflictError, match="default process groups differ"):
@@ -150,9 +190,18 @@ def test_skip_lists_unreadable_ranks(tmp_path, kt):
 def test_detect_format(tmp_path):
     (tmp_path / "nsysdir").mkdir()
     (tmp_path / "nsysdir" / "StringIds.parquet").write_bytes(b"")
-    names = {"rank0.pt.trace.json.gz": "kineto", "x.json": "kineto", "a.sqlite": "nsys", "a.nsys-rep": "nsys",
-             "rank0.ep-events.parquet": "cupti", "rank3.ep.jsonl": "sidecar", "events.parquet": None, "load_report.json": None,
-             ".hidden.json": None, "notes.txt": None}
+    names = {
+        "rank0.pt.trace.json.gz": "kineto",
+        "x.json": "kineto",
+        "a.sqlite": "nsys",
+        "a.nsys-rep": "nsys",
+        "rank0.ep-events.parquet": "cupti",
+        "rank3.ep.jsonl": "sidecar",
+        "events.parquet": None,
+        "load_report.json": None,
+        ".hidden.json": None,
+        "notes.txt": None,
+    }
     for n, f in names.items():
         assert detect_format(tmp_path / n) == f, n
     assert detect_format(tmp_path / "nsysdir") == "nsys"
@@ -161,7 +210,9 @@ def test_detect_format(tmp_path):
         dispatch.discover(tmp_path / "empty")
     with pytest.raises(NothingToAnalyzeError, match="empty: no nsys files found"):
         dispatch.discover(tmp_path / "empty", "nsys")
-    with pytest.raises(TraceFormatError, match="notes.txt: no trace files found"):  # a file of no trace format: bad input
+    with pytest.raises(
+        TraceFormatError, match="notes.txt: no trace files found"
+    ):  # a file of no trace format: bad input
         (tmp_path / "notes.txt").write_text("x")
         dispatch.discover(tmp_path / "notes.txt")
     with pytest.raises(TraceFormatError, match="missing: no such file or directory"):
@@ -174,7 +225,12 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
     out = tmp_path / "out"
     t, cached = ingest(src, out)
     assert not cached and sorted(p.name for p in out.iterdir()) == sorted(
-        [f"{n}.parquet" for n in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")] + ["load_report.json", "manifest.json"])
+        [
+            f"{n}.parquet"
+            for n in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
+        ]
+        + ["load_report.json", "manifest.json"]
+    )
     back = read_parquet(out)
     for name in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement"):
         assert back.table(name).equals(t.table(name)), name
@@ -182,17 +238,31 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
     import pandas as pd
 
     assert duckdb.sql(f"select count(*) from '{out}/events.parquet'").fetchall()[0][0] == t.events.height
-    assert pd.read_parquet(out / "collectives.parquet")["in_splits"].dropna().map(len).sum() == t.collectives["in_splits"].list.len().sum()
+    assert (
+        pd.read_parquet(out / "collectives.parquet")["in_splits"].dropna().map(len).sum()
+        == t.collectives["in_splits"].list.len().sum()
+    )
     # kind is a polars Enum (dictionary-encoded in Parquet): other readers see plain text values
     n_ops = t.events.filter(pl.col("kind") == "cpu_op").height
-    assert n_ops and duckdb.sql(f"select count(*) from '{out}/events.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
+    assert (
+        n_ops
+        and duckdb.sql(f"select count(*) from '{out}/events.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
+    )
     assert (pd.read_parquet(out / "events.parquet", columns=["kind"])["kind"].astype(str) == "cpu_op").sum() == n_ops
     n_ua = t.events.filter(pl.col("category") == "user_annotation").height  # category is Categorical
-    assert n_ua and duckdb.sql(f"select count(*) from '{out}/events.parquet' where category = 'user_annotation'").fetchall()[0][0] == n_ua
+    assert (
+        n_ua
+        and duckdb.sql(f"select count(*) from '{out}/events.parquet' where category = 'user_annotation'").fetchall()[0][
+            0
+        ]
+        == n_ua
+    )
     # a directory written before kind / category were Enum / Categorical (schema version 1) still reads
     old = tmp_path / "old"
     shutil.copytree(out, old)
-    pl.read_parquet(old / "events.parquet").with_columns(pl.col("kind", "category").cast(pl.Utf8)).write_parquet(old / "events.parquet")
+    pl.read_parquet(old / "events.parquet").with_columns(pl.col("kind", "category").cast(pl.Utf8)).write_parquet(
+        old / "events.parquet"
+    )
     assert read_parquet(old).events.equals(t.events)
     monkeypatch.setattr(dispatch, "read_trace_dir", lambda *a, **k: pytest.fail("parsed although unchanged"))
     t2, cached = ingest(src, out)
@@ -208,14 +278,18 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
 
 
 def test_write_parquet_keeps_load_report(tmp_path, kt):
-    kt.write_trace(tmp_path / "in" / "rank_4.json", [kt.x("cpu_op", "a", 1, 1)], rank=None) if (tmp_path / "in").mkdir() is None else None
+    kt.write_trace(tmp_path / "in" / "rank_4.json", [kt.x("cpu_op", "a", 1, 1)], rank=None) if (
+        tmp_path / "in"
+    ).mkdir() is None else None
     t = read_trace_dir(tmp_path / "in")
     write_parquet(t, tmp_path / "o")
     assert read_parquet(tmp_path / "o").load_report == t.load_report and t.load_report[0].rank == 4
 
 
 def test_cli_ingest(tmp_path, kt, capsys):
-    kt.write_trace(tmp_path / "in" / "rank0.json", [kt.x("cpu_op", "a", 1, 1)], rank=0) if (tmp_path / "in").mkdir() is None else None
+    kt.write_trace(tmp_path / "in" / "rank0.json", [kt.x("cpu_op", "a", 1, 1)], rank=0) if (
+        tmp_path / "in"
+    ).mkdir() is None else None
     assert main(["ingest", str(tmp_path / "in"), "-o", str(tmp_path / "o")]) == 0
     assert "1 ranks, 1 events" in capsys.readouterr().out
     (tmp_path / "in" / "rank1.json").write_bytes(b"")
@@ -237,6 +311,9 @@ def test_process_pool_gives_the_same_tables_and_errors(external_dir, tmp_path, k
     kt.write_trace(tmp_path / "rank1.json", [kt.x("cpu_op", "a", 1, 1)], rank=1)
     with pytest.raises(TraceFormatError) as ei:
         read_trace_dir(tmp_path, jobs=2)
-    assert str(ei.value) == f"{tmp_path / 'rank0.json'}: traceEvents[1]: negative duration (dur=-1.0); the trace is corrupt; re-export it"
+    assert (
+        str(ei.value)
+        == f"{tmp_path / 'rank0.json'}: traceEvents[1]: negative duration (dur=-1.0); the trace is corrupt; re-export it"
+    )
     t = read_trace_dir(tmp_path, jobs=2, on_error="skip")
     assert t.ranks["rank"].to_list() == [1] and [(i.rank, i.level) for i in t.load_report] == [(0, "error")]

@@ -33,11 +33,24 @@ def test_innermost_enclosing_equals_brute_force(seed, threads):
         _nested(rng, 0, 200, 0, ivs)
         ops += [(7, tid, s, e, d) for s, e, d in ivs]
         points += [(7, tid, rng.randint(-5, 205)) for _ in range(25)]
-    ops_df = pl.DataFrame(ops, schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "d": pl.Int64},
-                          orient="row").with_row_index("op").with_columns(pl.col("op").cast(pl.Int64))
-    pts = pl.DataFrame(points, schema={"pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64}, orient="row").with_row_index("i")
+    ops_df = (
+        pl.DataFrame(
+            ops,
+            schema={"pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64, "d": pl.Int64},
+            orient="row",
+        )
+        .with_row_index("op")
+        .with_columns(pl.col("op").cast(pl.Int64))
+    )
+    pts = pl.DataFrame(points, schema={"pid": pl.Int64, "tid": pl.Int64, "t": pl.Int64}, orient="row").with_row_index(
+        "i"
+    )
     got = dict(innermost_enclosing(pts, ops_df.drop("d")).select("i", "op").iter_rows())
     for i, pid, tid, t in pts.iter_rows():
-        inside = [r for r in ops_df.iter_rows(named=True) if r["pid"] == pid and r["tid"] == tid and r["start_ns"] <= t <= r["end_ns"]]
+        inside = [
+            r
+            for r in ops_df.iter_rows(named=True)
+            if r["pid"] == pid and r["tid"] == tid and r["start_ns"] <= t <= r["end_ns"]
+        ]
         want = max(inside, key=lambda r: r["d"])["op"] if inside else None
         assert got[i] == want, (t, inside)

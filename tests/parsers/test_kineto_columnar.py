@@ -48,7 +48,16 @@ def _write(tmp_path: Path, name: str, events: list, **kw) -> Path:
 
 
 def _ev(i: int, **over):
-    e = {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "pid": 7, "tid": 8, "ts": 1.5 + i, "dur": 2, "args": {"External id": i}}
+    e = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": f"op{i}",
+        "pid": 7,
+        "tid": 8,
+        "ts": 1.5 + i,
+        "dur": 2,
+        "args": {"External id": i},
+    }
     e.update(over)
     return e
 
@@ -72,8 +81,11 @@ def _ev(i: int, **over):
         {"cat": "gpu_memset", "args": {"bytes": "4096"}},  # quoted: reader error -> orjson path -> error
         {"cat": "kernel", "name": "nccl:all_reduce", "args": {"Collective name": None, "correlation": 9}},
         {"cat": "kernel", "args": {"Collective name": None}},  # key present, null: still kept
-        {"name": "record_param_comms", "args": {"Collective name": "all_to_allv", "Comms Id": 10159970886766084423, "In split size": "[1, 2]"}},
-        {"name": "nccl:x}, {\"y", "args": {"note": "}, {"}},  # boundary text inside strings
+        {
+            "name": "record_param_comms",
+            "args": {"Collective name": "all_to_allv", "Comms Id": 10159970886766084423, "In split size": "[1, 2]"},
+        },
+        {"name": 'nccl:x}, {"y', "args": {"note": "}, {"}},  # boundary text inside strings
         {"ph": "f", "bp": "e", "id": 5, "args": [1, 2]},  # a non-X event the schema cannot read
         {"unused": 99999999999999999999999},  # beyond uint64 outside the fields read
     ],
@@ -81,7 +93,16 @@ def _ev(i: int, **over):
 def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
     events = [_ev(i) for i in range(40)]
     events[17] = _ev(17, **odd)
-    events.append(_ev(40, cat="kernel", name="ncclDevKernel_SendRecv", pid=0, tid=7, args={"Collective name": "allreduce", "correlation": 4}))
+    events.append(
+        _ev(
+            40,
+            cat="kernel",
+            name="ncclDevKernel_SendRecv",
+            pid=0,
+            tid=7,
+            args={"Collective name": "allreduce", "correlation": 4},
+        )
+    )
     p = _write(tmp_path, "t.json", events)
     try:
         kineto._decode(p, columnar=False)
@@ -95,13 +116,22 @@ def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
 
 def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
     cases = {
-        "huge": (b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation": 99999999999999999999999}}',
-                 "traceEvents[0]: args.correlation has an unusable value"),
-        "frac": (b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"External id": 1.5}}',
-                 "traceEvents[0]: args['External id'] has an unusable value '1.5'"),
-        "str_ts": (b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":"soon","dur":1}', "traceEvents[0]: ts has an unusable value 'soon'"),
-        "quoted": (b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation":"12"}}',
-                   "traceEvents[0]: args.correlation has an unusable value '12'"),
+        "huge": (
+            b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation": 99999999999999999999999}}',
+            "traceEvents[0]: args.correlation has an unusable value",
+        ),
+        "frac": (
+            b'{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"External id": 1.5}}',
+            "traceEvents[0]: args['External id'] has an unusable value '1.5'",
+        ),
+        "str_ts": (
+            b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":"soon","dur":1}',
+            "traceEvents[0]: ts has an unusable value 'soon'",
+        ),
+        "quoted": (
+            b'{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation":"12"}}',
+            "traceEvents[0]: args.correlation has an unusable value '12'",
+        ),
     }
     for name, (ev, want) in cases.items():
         p = tmp_path / f"{name}.json"

@@ -29,9 +29,18 @@ FILES = [
     "edge_cases/distributed_info_not_found.json.gz",
 ]
 
-_TYPE = {"alltoall_base_": "all_to_all", "all_to_all": "all_to_all", "allreduce_": "allreduce", "all_reduce": "allreduce",
-         "_allgather_base_": "allgather", "_all_gather_base": "allgather", "_reduce_scatter_base_": "reduce_scatter",
-         "_reduce_scatter_base": "reduce_scatter", "broadcast_": "broadcast", "broadcast": "broadcast"}
+_TYPE = {
+    "alltoall_base_": "all_to_all",
+    "all_to_all": "all_to_all",
+    "allreduce_": "allreduce",
+    "all_reduce": "allreduce",
+    "_allgather_base_": "allgather",
+    "_all_gather_base": "allgather",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "broadcast_": "broadcast",
+    "broadcast": "broadcast",
+}
 
 
 def _scan(path: Path) -> dict:
@@ -46,12 +55,25 @@ def _scan(path: Path) -> dict:
     dev_cats = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}
     host_cats = {"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"}
     # collective calls, brute force O(n^2) over the few markers
-    marks = [e for e in xs if e.get("cat") in ("cpu_op", "user_annotation") and (e["name"].startswith("c10d::") or e["name"][:5] in ("nccl:", "gloo:"))
-             and "wait" not in e["name"]]
-    callers = {(e["pid"], e["tid"]) for e in xs if e["name"].startswith(("c10d::", "ProfilerStep#", "record_param_comms"))}
+    marks = [
+        e
+        for e in xs
+        if e.get("cat") in ("cpu_op", "user_annotation")
+        and (e["name"].startswith("c10d::") or e["name"][:5] in ("nccl:", "gloo:"))
+        and "wait" not in e["name"]
+    ]
+    callers = {
+        (e["pid"], e["tid"]) for e in xs if e["name"].startswith(("c10d::", "ProfilerStep#", "record_param_comms"))
+    }
     calls = []
     for e in marks:
-        inside = any(o is not e and (o["pid"], o["tid"]) == (e["pid"], e["tid"]) and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in marks)
+        inside = any(
+            o is not e
+            and (o["pid"], o["tid"]) == (e["pid"], e["tid"])
+            and o["ts"] <= e["ts"]
+            and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
+            for o in marks
+        )
         if not inside:
             calls.append((e["ts"], _TYPE[e["name"].split(":")[-1]]))
     return {
@@ -76,8 +98,20 @@ def test_matches_brute_force_scan(external_dir, rel):
     k = ev.filter(pl.col("kind") == "gpu_kernel")
     assert k.height == want["kernels"]
     assert sorted(k.select("start_ns", "end_ns").iter_rows()) == want["kernel_times"]
-    assert ev.filter(pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation"]))["stream"].n_unique() == want["streams"] or want["streams"] == 0
-    assert ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation", "runtime", "comm_worker"])).select("pid", "tid").unique().height == want["threads"]
+    assert (
+        ev.filter(pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation"]))[
+            "stream"
+        ].n_unique()
+        == want["streams"]
+        or want["streams"] == 0
+    )
+    assert (
+        ev.filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation", "runtime", "comm_worker"]))
+        .select("pid", "tid")
+        .unique()
+        .height
+        == want["threads"]
+    )
     got = t.collectives.sort(pl.coalesce("cpu_start_ns", "start_ns"))["collective"].to_list()
     assert sorted(got) == sorted(want["calls"]) and len(got) == len(want["calls"])
     assert t.events.filter(pl.col("kind") == "comm_worker").height == want["worker_calls"]
@@ -114,20 +148,39 @@ def test_torchrec16_sendrecv_kernels_serve_every_collective(external_dir):
     k = t.events.filter(pl.col("name").str.starts_with("ncclKernel"))
     assert k.height == 80 and set(k["name"].str.slice(0, 24)) == {"ncclKernel_SendRecv_RING"}
     assert k.group_by("stream").len().sort("stream").rows() == [(84, 36), (285, 22), (363, 22)]
-    per_type = k.join(t.collectives.select("coll_id", "collective"), on="coll_id", how="left").group_by("collective").len().sort("collective")
-    assert per_type.rows() == [(None, 5), ("all_to_all", 45), ("allgather", 10), ("allreduce", 10), ("reduce_scatter", 10)]
+    per_type = (
+        k.join(t.collectives.select("coll_id", "collective"), on="coll_id", how="left")
+        .group_by("collective")
+        .len()
+        .sort("collective")
+    )
+    assert per_type.rows() == [
+        (None, 5),
+        ("all_to_all", 45),
+        ("allgather", 10),
+        ("allreduce", 10),
+        ("reduce_scatter", 10),
+    ]
     assert k.filter(pl.col("coll_id").is_null())["launch_id"].null_count() == 5  # no launch in the window
 
 
 def test_nccl_metadata_trace(external_dir):
     t = read_kineto(external_dir / "kineto" / "hta_nccl_metadata" / "nccl_data.json.gz")
     c = t.collectives
-    assert c.group_by("collective").len().sort("collective").rows() == [("allreduce", 15), ("broadcast", 6)]  # 6 waits dropped
+    assert c.group_by("collective").len().sort("collective").rows() == [
+        ("allreduce", 15),
+        ("broadcast", 6),
+    ]  # 6 waits dropped
     assert set(c["pg_name"]) == {"0"} and set(c["pg_desc"]) == {"default_pg"}
     assert c["group_ranks"].to_list() == [[0, 1]] * 21 and set(c["group_size"]) == {2}
     assert c["seq"].null_count() == 21 and c["comms_id"].null_count() == 21
     first_ar = c.filter(pl.col("collective") == "allreduce").row(0, named=True)
-    assert (first_ar["in_nelems"], first_ar["out_nelems"], first_ar["dtype"], first_ar["in_splits"]) == (2049000, 2049000, "Float", None)
+    assert (first_ar["in_nelems"], first_ar["out_nelems"], first_ar["dtype"], first_ar["in_splits"]) == (
+        2049000,
+        2049000,
+        "Float",
+        None,
+    )
     k = t.events.filter(pl.col("name").str.starts_with("ncclKernel"))
     names = t.events.select(pl.col("event_id").alias("op_id"), pl.col("name").alias("op"))
     assert set(k.join(names, on="op_id")["op"]) == {"record_param_comms"}  # direct External id link (2024)
@@ -138,7 +191,12 @@ def test_nccl_metadata_trace(external_dir):
 
 def test_gloo_edge_case_rank34(external_dir):
     t = read_kineto(external_dir / "kineto" / "edge_cases" / "rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz")
-    assert (t.ranks["rank"][0], t.ranks["world_size"][0], t.ranks["backend"][0], t.ranks["device"][0]) == (34, 300, "gloo", "cpu")
+    assert (t.ranks["rank"][0], t.ranks["world_size"][0], t.ranks["backend"][0], t.ranks["device"][0]) == (
+        34,
+        300,
+        "gloo",
+        "cpu",
+    )
     w = t.events.filter(pl.col("kind") == "comm_worker")
     assert w.height == 10 and set(w["tid"]) == {3553, 3554}
     c = t.collectives

@@ -20,7 +20,9 @@ def _ev(t, name):
 
 
 def test_relative_ts_with_base_ns_float(tmp_path, kt):
-    p = kt.write_trace(tmp_path / "a.json", [kt.x("cpu_op", "op", 5.1, 2.345), kt.x("cpu_op", "op2", 4458676522690.655, 0.001)])
+    p = kt.write_trace(
+        tmp_path / "a.json", [kt.x("cpu_op", "op", 5.1, 2.345), kt.x("cpu_op", "op2", 4458676522690.655, 0.001)]
+    )
     t = read_kineto(p)
     a, b = _ev(t, "op"), _ev(t, "op2")
     assert a["start_ns"] == kt.BASE + 5100
@@ -52,7 +54,15 @@ def test_kinds_and_dropped_phases(tmp_path, kt):
         kt.x("cuda_runtime", "cudaLaunchKernel", 3, 1, correlation=1),
         kt.x("cuda_driver", "cuLaunchKernelEx", 4, 1, correlation=2),
         kt.x("mtia_weird_new_cat", "mystery", 5, 1),
-        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": "PyTorch Profiler", "ts": 0, "dur": 60},
+        {
+            "ph": "X",
+            "cat": "Trace",
+            "name": "PyTorch Profiler (0)",
+            "pid": "Spans",
+            "tid": "PyTorch Profiler",
+            "ts": 0,
+            "dur": 60,
+        },
         {"ph": "M", "name": "thread_name", "pid": 100, "tid": 100, "args": {"name": "main"}},
         {"ph": "s", "cat": "ac2g", "id": 1, "pid": 100, "tid": 100, "ts": 3},
         {"ph": "f", "cat": "ac2g", "id": 1, "pid": 0, "tid": 7, "ts": 10, "bp": "e"},
@@ -61,9 +71,17 @@ def test_kinds_and_dropped_phases(tmp_path, kt):
     t = read_kineto(kt.write_trace(tmp_path / "a.json", evs))
     kinds = dict(t.events.select("name", "kind").iter_rows())
     assert kinds == {
-        "k": "gpu_kernel", "Memcpy HtoD": "gpu_memcpy", "Memset": "gpu_memset", "ep:dispatch:l0:fwd": "gpu_annotation",
-        "ProfilerStep#12": "cpu_annotation", "aten::mm": "cpu_op", "torch/nn/x.py(1): f": "cpu_op",
-        "cudaLaunchKernel": "runtime", "cuLaunchKernelEx": "runtime", "mystery": "other", "PyTorch Profiler (0)": "other",
+        "k": "gpu_kernel",
+        "Memcpy HtoD": "gpu_memcpy",
+        "Memset": "gpu_memset",
+        "ep:dispatch:l0:fwd": "gpu_annotation",
+        "ProfilerStep#12": "cpu_annotation",
+        "aten::mm": "cpu_op",
+        "torch/nn/x.py(1): f": "cpu_op",
+        "cudaLaunchKernel": "runtime",
+        "cuLaunchKernelEx": "runtime",
+        "mystery": "other",
+        "PyTorch Profiler (0)": "other",
     }
     assert t.events.height == 11  # M, s, f, i dropped
     assert _ev(t, "ProfilerStep#12")["seq"] == 12 and _ev(t, "aten::mm")["seq"] is None
@@ -103,14 +121,27 @@ def test_legacy_external_id_equal_to_correlation_uses_containment(tmp_path, kt):
         kt.x("cpu_op", "aten::empty", 104, 1, **{"External id": 4}),  # sibling before the launch
         kt.x("cuda_runtime", "cudaLaunchKernel", 110, 2, correlation=900, **{"External id": 900}),
         kt.x("cpu_op", "unrelated", 500, 1, **{"External id": 900}),
-        kt.x("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", 120, 30, pid=0, tid=84,
-             correlation=900, **{"External id": 900}),
+        kt.x(
+            "kernel",
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            120,
+            30,
+            pid=0,
+            tid=84,
+            correlation=900,
+            **{"External id": 900},
+        ),
     ]
     t = read_kineto(kt.write_trace(tmp_path / "a.json", evs))
     k = t.events.filter(pl.col("kind") == "gpu_kernel").row(0, named=True)
     assert k["op_id"] == _ev(t, "nccl:all_reduce")["event_id"]
     c = t.collectives.row(0, named=True)
-    assert (c["collective"], c["op_name"], c["n_kernels"], c["start_ns"]) == ("allreduce", "c10d::allreduce_", 1, kt.BASE + 120_000)
+    assert (c["collective"], c["op_name"], c["n_kernels"], c["start_ns"]) == (
+        "allreduce",
+        "c10d::allreduce_",
+        1,
+        kt.BASE + 120_000,
+    )
     assert k["coll_id"] == c["coll_id"]
 
 
@@ -127,10 +158,20 @@ def test_containment_on_other_thread_does_not_link(tmp_path, kt):
 # --- collectives -------------------------------------------------------------------------------------
 
 META_V = {
-    "Collective name": "all_to_allv", "dtype": "BFloat16", "In msg nelems": 8 * 1024, "Out msg nelems": 6 * 1024,
-    "Group size": 2, "In split size": "[3, 5]", "Out split size": "[4, 2]", "Process Group Name": "3",
-    "Process Group Description": "ep_group", "Process Group Ranks": "[0, 1]", "Global rank start": 0, "Global rank stride": 1,
-    "Seq": 41, "Comms Id": 10159970886766084423,
+    "Collective name": "all_to_allv",
+    "dtype": "BFloat16",
+    "In msg nelems": 8 * 1024,
+    "Out msg nelems": 6 * 1024,
+    "Group size": 2,
+    "In split size": "[3, 5]",
+    "Out split size": "[4, 2]",
+    "Process Group Name": "3",
+    "Process Group Description": "ep_group",
+    "Process Group Ranks": "[0, 1]",
+    "Global rank start": 0,
+    "Global rank stride": 1,
+    "Seq": 41,
+    "Comms Id": 10159970886766084423,
 }
 
 
@@ -141,7 +182,12 @@ def test_record_param_comms_metadata_modern_keys(tmp_path, kt):
     assert c["collective"] == "all_to_allv" and c["op_name"] == "c10d::alltoall_base_"
     assert (c["pg_name"], c["pg_desc"], c["group_ranks"], c["group_size"], c["seq"]) == ("3", "ep_group", [0, 1], 2, 41)
     assert c["comms_id"] == 10159970886766084423  # beyond int64, kept as uint64
-    assert (c["in_splits"], c["out_splits"], c["splits_truncated"], c["splits_source"]) == ([3, 5], [4, 2], False, "kineto")
+    assert (c["in_splits"], c["out_splits"], c["splits_truncated"], c["splits_source"]) == (
+        [3, 5],
+        [4, 2],
+        False,
+        "kineto",
+    )
     assert (c["in_nelems"], c["out_nelems"], c["dtype"], c["row_bytes"]) == (8192, 6144, "BFloat16", 1024 * 2)
     # three SendRecv kernels aggregated: 1100..1150, 1160..1210, 1220..1270 µs
     assert (c["n_kernels"], c["start_ns"], c["end_ns"]) == (3, kt.BASE + 1_100_000, kt.BASE + 1_270_000)
@@ -150,23 +196,50 @@ def test_record_param_comms_metadata_modern_keys(tmp_path, kt):
 
 
 def test_legacy_key_variants(tmp_path, kt):
-    meta = {"Collective name": "allreduce", "dtype": "Float", "In msg size": 100, "Out msg size": 100, "Group size": 2,
-            "In split size": "[]", "Out split size": "[]", "Process Group ID": 7, "Process Group Ranks": "[0, 1]"}
+    meta = {
+        "Collective name": "allreduce",
+        "dtype": "Float",
+        "In msg size": 100,
+        "Out msg size": 100,
+        "Group size": 2,
+        "In split size": "[]",
+        "Out split size": "[]",
+        "Process Group ID": 7,
+        "Process Group Ranks": "[0, 1]",
+    }
     t = read_kineto(kt.write_trace(tmp_path / "a.json", kt.nccl_call(0, 10, 500, meta)))
     c = t.collectives.row(0, named=True)
-    assert (c["collective"], c["pg_name"], c["in_nelems"], c["in_splits"], c["seq"]) == ("allreduce", "7", 100, None, None)
+    assert (c["collective"], c["pg_name"], c["in_nelems"], c["in_splits"], c["seq"]) == (
+        "allreduce",
+        "7",
+        100,
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("[" + ", ".join(str(i) for i in range(30)) + ", ...]", list(range(30)) + [None] * 10),  # older torch
-        ("[" + ", ".join(str(i) for i in range(29)) + ", ..., 39]", list(range(29)) + [None] * 10 + [39]),  # newer torch
+        (
+            "[" + ", ".join(str(i) for i in range(29)) + ", ..., 39]",
+            list(range(29)) + [None] * 10 + [39],
+        ),  # newer torch
     ],
 )
 def test_truncated_split_lists_are_flagged_and_placed(tmp_path, kt, text, expected):
-    meta = dict(META_V, **{"Group size": 40, "In split size": text, "Out split size": text, "Process Group Ranks": text,
-                           "Global rank start": 0, "Global rank stride": 2})
+    meta = dict(
+        META_V,
+        **{
+            "Group size": 40,
+            "In split size": text,
+            "Out split size": text,
+            "Process Group Ranks": text,
+            "Global rank start": 0,
+            "Global rank stride": 2,
+        },
+    )
     t = read_kineto(kt.write_trace(tmp_path / "a.json", kt.nccl_call(0, 10, 500, meta)))
     c = t.collectives.row(0, named=True)
     assert c["splits_truncated"] is True
@@ -177,10 +250,18 @@ def test_truncated_split_lists_are_flagged_and_placed(tmp_path, kt, text, expect
 
 def test_kernel_metadata_copy_without_cpu_op(tmp_path, kt):
     # The profiled window starts after the CPU side of the call: only the kernel (with kineto#906's copy) is there.
-    evs = [e for e in kt.nccl_call(0, 10, 500, META_V, copy_meta=True) if e["cat"] == "kernel"] + [kt.x("cpu_op", "aten::mm", 0, 1)]
+    evs = [e for e in kt.nccl_call(0, 10, 500, META_V, copy_meta=True) if e["cat"] == "kernel"] + [
+        kt.x("cpu_op", "aten::mm", 0, 1)
+    ]
     t = read_kineto(kt.write_trace(tmp_path / "a.json", evs))
     c = t.collectives.row(0, named=True)
-    assert (c["collective"], c["op_name"], c["in_splits"], c["n_kernels"], c["cpu_start_ns"]) == ("all_to_allv", "record_param_comms", [3, 5], 1, None)
+    assert (c["collective"], c["op_name"], c["in_splits"], c["n_kernels"], c["cpu_start_ns"]) == (
+        "all_to_allv",
+        "record_param_comms",
+        [3, 5],
+        1,
+        None,
+    )
 
 
 def test_wait_records_and_bare_legacy_records_are_not_calls(tmp_path, kt):
@@ -201,7 +282,15 @@ def test_collective_type_from_launching_op_not_kernel_name(tmp_path, kt):
         kt.x("cpu_op", "c10d::_allgather_base_", 0, 30),
         kt.x("user_annotation", "nccl:_all_gather_base", 1, 28),
         kt.x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=9),
-        kt.x("kernel", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", 40, 10, pid=0, tid=84, correlation=9),
+        kt.x(
+            "kernel",
+            "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+            40,
+            10,
+            pid=0,
+            tid=84,
+            correlation=9,
+        ),
     ]
     t = read_kineto(kt.write_trace(tmp_path / "a.json", evs))
     assert t.collectives["collective"].to_list() == ["allgather"]
@@ -213,7 +302,15 @@ def test_only_comm_kernels_count_when_present(tmp_path, kt):
         kt.x("cuda_runtime", "cudaLaunchKernel", 2, 1, correlation=1),
         kt.x("kernel", "void at::native::vectorized_elementwise_kernel<4>(...)", 5, 3, pid=0, tid=7, correlation=1),
         kt.x("cuda_runtime", "cudaLaunchKernel", 4, 1, correlation=2),
-        kt.x("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20, 10, pid=0, tid=40, correlation=2),
+        kt.x(
+            "kernel",
+            "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+            20,
+            10,
+            pid=0,
+            tid=40,
+            correlation=2,
+        ),
     ]
     t = read_kineto(kt.write_trace(tmp_path / "a.json", evs))
     c = t.collectives.row(0, named=True)
@@ -225,11 +322,31 @@ def _gloo_events(kt, send, recv, rows=4, hidden=8):
     ci = ["", "", "", str(recv), str(send), "False", "-1"]
     return [
         kt.x("user_annotation", "ProfilerStep#3", 0, 1000, tid=1),
-        kt.x("cpu_op", "c10d::alltoall_base_", 10, 20, tid=1, **{"Concrete Inputs": ci, "Input Dims": [[sum(recv), hidden], [sum(send), hidden], [], [], [], [], []],
-                                                              "Input type": ["float", "float", "", "", "", "Scalar", "Scalar"]}),
+        kt.x(
+            "cpu_op",
+            "c10d::alltoall_base_",
+            10,
+            20,
+            tid=1,
+            **{
+                "Concrete Inputs": ci,
+                "Input Dims": [[sum(recv), hidden], [sum(send), hidden], [], [], [], [], []],
+                "Input type": ["float", "float", "", "", "", "Scalar", "Scalar"],
+            },
+        ),
         kt.x("user_annotation", "gloo:all_to_all", 12, 300, tid=2, **{"Input Dims": [[sum(send), hidden]]}),
-        kt.x("cpu_op", "c10d::alltoall_base_", 400, 20, tid=1, **{"Concrete Inputs": ["", "", "", "[]", "[]", "False", "-1"], "Input Dims": [[rows, hidden], [rows, hidden]],
-                                                               "Input type": ["c10::BFloat16", "c10::BFloat16"]}),
+        kt.x(
+            "cpu_op",
+            "c10d::alltoall_base_",
+            400,
+            20,
+            tid=1,
+            **{
+                "Concrete Inputs": ["", "", "", "[]", "[]", "False", "-1"],
+                "Input Dims": [[rows, hidden], [rows, hidden]],
+                "Input type": ["c10::BFloat16", "c10::BFloat16"],
+            },
+        ),
         kt.x("user_annotation", "gloo:all_to_all", 405, 50, tid=3, **{"Input Dims": [[rows, hidden]]}),
     ]
 
@@ -241,7 +358,12 @@ def test_gloo_concrete_inputs_and_worker_pairing(tmp_path, kt):
     assert [r["collective"] for r in c] == ["all_to_allv", "all_to_all"]
     assert (c[0]["in_splits"], c[0]["out_splits"], c[0]["splits_source"]) == ([1, 3], [1, 2], "concrete_inputs")
     assert (c[0]["row_bytes"], c[0]["in_nelems"], c[0]["out_nelems"], c[0]["group_ranks"]) == (32, 32, 24, [0, 1])
-    assert (c[0]["backend"], c[0]["start_ns"], c[0]["end_ns"], c[0]["n_kernels"]) == ("gloo", kt.BASE + 12_000, kt.BASE + 312_000, 1)
+    assert (c[0]["backend"], c[0]["start_ns"], c[0]["end_ns"], c[0]["n_kernels"]) == (
+        "gloo",
+        kt.BASE + 12_000,
+        kt.BASE + 312_000,
+        1,
+    )
     assert (c[1]["row_bytes"], c[1]["in_splits"], c[1]["start_ns"]) == (16, None, kt.BASE + 405_000)
     assert c[1]["ordinal"] == 1
 
@@ -250,10 +372,18 @@ def test_gloo_workers_starting_out_of_issue_order_pair_by_input_size(tmp_path, k
     # ProcessGroupGloo's 2 worker threads pop one queue: the combine (issued second) can start a few
     # µs before the dispatch (issued first) on the other thread; order alone would swap their ranges
     h = 8
+
     def call(ts, send, recv):
         ci = ["", "", "", str(recv), str(send), "True", "-1"]
-        return kt.x("cpu_op", "c10d::alltoall_base_", ts, 5, tid=1, **{"Concrete Inputs": ci, "Input Dims": [[sum(recv), h], [sum(send), h]],
-                                                                      "Input type": ["float", "float"]})
+        return kt.x(
+            "cpu_op",
+            "c10d::alltoall_base_",
+            ts,
+            5,
+            tid=1,
+            **{"Concrete Inputs": ci, "Input Dims": [[sum(recv), h], [sum(send), h]], "Input type": ["float", "float"]},
+        )
+
     evs = [
         kt.x("user_annotation", "ProfilerStep#0", 0, 1000, tid=1),
         call(10, [1, 3], [2, 2]),  # dispatch: 4 rows out
@@ -263,7 +393,9 @@ def test_gloo_workers_starting_out_of_issue_order_pair_by_input_size(tmp_path, k
     ]
     c = read_kineto(kt.write_trace(tmp_path / "a.json", evs, backend="gloo")).collectives.sort("coll_id")
     assert c.select("in_splits", "start_ns", "end_ns").rows() == [
-        ([1, 3], kt.BASE + 31_000, kt.BASE + 51_000), ([5, 6], kt.BASE + 30_000, kt.BASE + 530_000)]
+        ([1, 3], kt.BASE + 31_000, kt.BASE + 51_000),
+        ([5, 6], kt.BASE + 30_000, kt.BASE + 530_000),
+    ]
     # without Input Dims on the ranges the pairing stays in start order
     for e in evs[3:]:
         e["args"].pop("Input Dims")
@@ -273,24 +405,42 @@ def test_gloo_workers_starting_out_of_issue_order_pair_by_input_size(tmp_path, k
 
 def test_functional_all_to_all_single_wrapper(tmp_path, kt):
     evs = [
-        kt.x("cpu_op", "_c10d_functional::all_to_all_single", 0, 50, **{"Concrete Inputs": ["", "[2, 2]", "[1, 3]", "0"]}),
+        kt.x(
+            "cpu_op", "_c10d_functional::all_to_all_single", 0, 50, **{"Concrete Inputs": ["", "[2, 2]", "[1, 3]", "0"]}
+        ),
         kt.x("cpu_op", "c10d::alltoall_base_", 1, 40),
     ]
     c = read_kineto(kt.write_trace(tmp_path / "a.json", evs)).collectives.row(0, named=True)
-    assert (c["collective"], c["op_name"], c["in_splits"], c["out_splits"]) == ("all_to_allv", "c10d::alltoall_base_", [1, 3], [2, 2])
+    assert (c["collective"], c["op_name"], c["in_splits"], c["out_splits"]) == (
+        "all_to_allv",
+        "c10d::alltoall_base_",
+        [1, 3],
+        [2, 2],
+    )
 
 
 # --- rank identity -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "rank"), [("rank-3.json", 3), ("rank3.pt.trace.json", 3), ("rank_3.json.gz", 3), ("worker12_step_12.1694.pt.trace.json", 12), ("trace.json", None)])
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("rank-3.json", 3),
+        ("rank3.pt.trace.json", 3),
+        ("rank_3.json.gz", 3),
+        ("worker12_step_12.1694.pt.trace.json", 12),
+        ("trace.json", None),
+    ],
+)
 def test_rank_from_file_name(name, rank):
     assert rank_from_file_name(name) == rank
 
 
 def test_rank_sources(tmp_path, kt):
     compact = tmp_path / "x.json"
-    compact.write_bytes(b'{"distributedInfo":{"rank":5,"world_size":8},"traceEvents":[{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1,"dur":1}]}')
+    compact.write_bytes(
+        b'{"distributedInfo":{"rank":5,"world_size":8},"traceEvents":[{"ph":"X","cat":"cpu_op","name":"a","pid":1,"tid":1,"ts":1,"dur":1}]}'
+    )
     t, info = read_kineto_file(compact)
     assert (info.rank, info.rank_source, t.ranks["world_size"][0]) == (5, "distributedInfo", 8)
     p = kt.write_trace(tmp_path / "rank_6.json", [kt.x("cpu_op", "a", 1, 1)], rank=None)
@@ -323,14 +473,23 @@ def test_bad_inputs_give_one_line_errors(tmp_path, kt):
     assert "no gzip header" in _err(tmp_path / "plain.json.gz")
     (tmp_path / "other.json").write_bytes(b'{"name": "package.json", "version": 1}')
     assert "not a Chrome/Kineto trace" in _err(tmp_path / "other.json")
-    assert "no complete events" in _err(kt.write_trace(tmp_path / "none.json", [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {}}]))
+    assert "no complete events" in _err(
+        kt.write_trace(tmp_path / "none.json", [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {}}])
+    )
     neg = [kt.x("cpu_op", "a", 1, 1), {"ph": "M", "name": "m"}, kt.x("cpu_op", "b", 2, -3)]
-    assert _err(kt.write_trace(tmp_path / "neg.json", neg)) == f"{tmp_path / 'neg.json'}: traceEvents[2]: negative duration (dur=-3.0); the trace is corrupt; re-export it"
-    (tmp_path / "huge.json").write_bytes(b'{"traceEvents": [{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation": 99999999999999999999999}}]}')
+    assert (
+        _err(kt.write_trace(tmp_path / "neg.json", neg))
+        == f"{tmp_path / 'neg.json'}: traceEvents[2]: negative duration (dur=-3.0); the trace is corrupt; re-export it"
+    )
+    (tmp_path / "huge.json").write_bytes(
+        b'{"traceEvents": [{"ph":"X","cat":"kernel","name":"k","pid":0,"tid":7,"ts":1,"dur":1,"args":{"correlation": 99999999999999999999999}}]}'
+    )
     assert "traceEvents[0]: args.correlation has an unusable value" in _err(tmp_path / "huge.json")
     big_comms = {"Collective name": "allreduce", "Comms Id": 2**70}
     assert "'Comms Id'" in _err(kt.write_trace(tmp_path / "comms.json", kt.nccl_call(0, 10, 500, big_comms)))
-    (tmp_path / "str_ts.json").write_bytes(b'{"traceEvents": [{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":"soon","dur":1}]}')
+    (tmp_path / "str_ts.json").write_bytes(
+        b'{"traceEvents": [{"ph":"X","cat":"cpu_op","name":"k","pid":0,"tid":7,"ts":"soon","dur":1}]}'
+    )
     assert "traceEvents[0]: ts has an unusable value 'soon'" in _err(tmp_path / "str_ts.json")
 
 

@@ -12,29 +12,92 @@ from ep_trace.parsers import kineto_json
 from ep_trace.parsers.kineto import read_kineto
 from ep_trace.parsers.splits import parse_int_list
 
-CATS = ["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "user_annotation", "cpu_op", "python_function",
-        "cuda_runtime", "cuda_driver", "Trace", "cuda_sync", "brand_new_category"]
-KIND = {"kernel": "gpu_kernel", "gpu_memcpy": "gpu_memcpy", "gpu_memset": "gpu_memset", "gpu_user_annotation": "gpu_annotation",
-        "user_annotation": "cpu_annotation", "cpu_op": "cpu_op", "python_function": "cpu_op", "cuda_runtime": "runtime",
-        "cuda_driver": "runtime"}
+CATS = [
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "gpu_user_annotation",
+    "user_annotation",
+    "cpu_op",
+    "python_function",
+    "cuda_runtime",
+    "cuda_driver",
+    "Trace",
+    "cuda_sync",
+    "brand_new_category",
+]
+KIND = {
+    "kernel": "gpu_kernel",
+    "gpu_memcpy": "gpu_memcpy",
+    "gpu_memset": "gpu_memset",
+    "gpu_user_annotation": "gpu_annotation",
+    "user_annotation": "cpu_annotation",
+    "cpu_op": "cpu_op",
+    "python_function": "cpu_op",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+}
 
 # µs with a 3-digit ns fraction, as current Kineto writes them, or plain ints (2022-2023 traces).
 us = st.one_of(st.integers(0, 10**9), st.integers(0, 10**12).map(lambda n: n / 1000))
-x_event = st.fixed_dictionaries({
-    "ph": st.just("X"), "cat": st.sampled_from(CATS), "name": st.text(min_size=0, max_size=12),
-    "pid": st.integers(0, 3), "tid": st.integers(0, 5), "ts": us, "dur": us,
-    "args": st.fixed_dictionaries({}, optional={"correlation": st.integers(0, 50), "External id": st.integers(0, 50)}),
-})
+x_event = st.fixed_dictionaries(
+    {
+        "ph": st.just("X"),
+        "cat": st.sampled_from(CATS),
+        "name": st.text(min_size=0, max_size=12),
+        "pid": st.integers(0, 3),
+        "tid": st.integers(0, 5),
+        "ts": us,
+        "dur": us,
+        "args": st.fixed_dictionaries(
+            {}, optional={"correlation": st.integers(0, 50), "External id": st.integers(0, 50)}
+        ),
+    }
+)
 other_event = st.one_of(
-    st.fixed_dictionaries({"ph": st.just("M"), "name": st.just("thread_name"), "pid": st.integers(0, 3), "tid": st.integers(0, 5), "args": st.just({"name": "t"})}),
-    st.fixed_dictionaries({"ph": st.sampled_from(["s", "f"]), "cat": st.just("ac2g"), "id": st.integers(0, 50), "pid": st.integers(0, 3), "tid": st.integers(0, 5), "ts": us}),
-    st.fixed_dictionaries({"ph": st.just("i"), "name": st.just("Record Window End"), "pid": st.just(""), "tid": st.just(""), "ts": us, "s": st.just("g")}),
+    st.fixed_dictionaries(
+        {
+            "ph": st.just("M"),
+            "name": st.just("thread_name"),
+            "pid": st.integers(0, 3),
+            "tid": st.integers(0, 5),
+            "args": st.just({"name": "t"}),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "ph": st.sampled_from(["s", "f"]),
+            "cat": st.just("ac2g"),
+            "id": st.integers(0, 50),
+            "pid": st.integers(0, 3),
+            "tid": st.integers(0, 5),
+            "ts": us,
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "ph": st.just("i"),
+            "name": st.just("Record Window End"),
+            "pid": st.just(""),
+            "tid": st.just(""),
+            "ts": us,
+            "s": st.just("g"),
+        }
+    ),
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(events=st.lists(st.one_of(x_event, x_event, other_event), min_size=1, max_size=40).filter(lambda es: any(e["ph"] == "X" for e in es)),
-       base=st.one_of(st.none(), st.just(1_719_853_884_000_000_000)), indent=st.sampled_from([None, 1]), chunk=st.sampled_from([64, 1 << 20]))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    events=st.lists(st.one_of(x_event, x_event, other_event), min_size=1, max_size=40).filter(
+        lambda es: any(e["ph"] == "X" for e in es)
+    ),
+    base=st.one_of(st.none(), st.just(1_719_853_884_000_000_000)),
+    indent=st.sampled_from([None, 1]),
+    chunk=st.sampled_from([64, 1 << 20]),
+)
 def test_random_traces_round_trip(tmp_path_factory, events, base, indent, chunk):
     doc = {"schemaVersion": 1, "distributedInfo": {"rank": 1, "world_size": 2}, "traceEvents": events, "INFO": ["x]"]}
     if base is not None:
@@ -64,7 +127,10 @@ def test_random_traces_round_trip(tmp_path_factory, events, base, indent, chunk)
     for i, e in xs:
         if e["cat"] in ("cuda_runtime", "cuda_driver") and "correlation" in e["args"]:
             first_launch.setdefault(e["args"]["correlation"], i)
-    want = [first_launch.get(e["args"].get("correlation")) if e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset") else None for _, e in xs]
+    want = [
+        first_launch.get(e["args"].get("correlation")) if e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset") else None
+        for _, e in xs
+    ]
     assert ev["launch_id"].to_list() == want
 
 
@@ -82,5 +148,7 @@ def test_truncated_split_strings(vals, newer):
     text = "[" + ", ".join(map(str, head)) + ", ..." + (f", {vals[-1]}" if newer else "") + "]"
     full = parse_int_list(text, len(vals))
     assert full.truncated and len(full.values) == len(vals)
-    assert list(full.values[: len(head)]) == head and (full.values[-1] == vals[-1] if newer else full.values[-1] is None)
+    assert list(full.values[: len(head)]) == head and (
+        full.values[-1] == vals[-1] if newer else full.values[-1] is None
+    )
     assert list(parse_int_list(text).values) == head  # without the true length only the leading values are placed

@@ -28,15 +28,26 @@ def test_fifo_pairs_chunked_pipelines() -> None:
 
 def test_fifo_sequential_layers_and_repeated_splits() -> None:
     # two layers, same routing: d c d c; a dispatch equal to a combined one opens a new pair
-    assert _fifo_directions([[1, 2], [3, 4], [1, 2], [3, 4]], [[3, 4], [1, 2], [3, 4], [1, 2]]) == ["dispatch", "combine"] * 2
+    assert (
+        _fifo_directions([[1, 2], [3, 4], [1, 2], [3, 4]], [[3, 4], [1, 2], [3, 4], [1, 2]])
+        == ["dispatch", "combine"] * 2
+    )
     # unknown receive splits: the call can never be combined, the next one is a dispatch too
     assert _fifo_directions([[1, 2], [3, 4]], [None, [1, 2]]) == ["dispatch", "dispatch"]
 
 
 def _a2a_meta(send: list[int], recv: list[int], dtype: str = "Float") -> dict:
-    return {"Collective name": "all_to_allv", "dtype": dtype, "In msg nelems": sum(send) * 8, "Out msg nelems": sum(recv) * 8,
-            "Group size": 2, "In split size": str(send), "Out split size": str(recv), "Process Group Name": "0",
-            "Process Group Ranks": "[0, 1]"}
+    return {
+        "Collective name": "all_to_allv",
+        "dtype": dtype,
+        "In msg nelems": sum(send) * 8,
+        "Out msg nelems": sum(recv) * 8,
+        "Group size": 2,
+        "In split size": str(send),
+        "Out split size": str(recv),
+        "Process Group Name": "0",
+        "Process Group Ranks": "[0, 1]",
+    }
 
 
 def test_structural_rule_and_exclusions(tmp_path, kt) -> None:
@@ -53,8 +64,14 @@ def test_structural_rule_and_exclusions(tmp_path, kt) -> None:
     assert t.collectives.filter(pl.col("collective") == "all_to_allv").height == 6
     m = t.routing_matrix.sort("direction", "call", "dst")
     assert m.select("step", "direction", "call", "dst", "rows").rows() == [
-        (4, "combine", 0, 0, 10), (4, "combine", 0, 1, 20), (4, "combine", 1, 0, 30), (4, "combine", 1, 1, 40),
-        (4, "dispatch", 0, 0, 1), (4, "dispatch", 0, 1, 2), (4, "dispatch", 1, 0, 3), (4, "dispatch", 1, 1, 4),
+        (4, "combine", 0, 0, 10),
+        (4, "combine", 0, 1, 20),
+        (4, "combine", 1, 0, 30),
+        (4, "combine", 1, 1, 40),
+        (4, "dispatch", 0, 0, 1),
+        (4, "dispatch", 0, 1, 2),
+        (4, "dispatch", 1, 0, 3),
+        (4, "dispatch", 1, 1, 4),
     ]
     assert m["layer"].null_count() == m.height and set(m["microbatch"]) == {0} and set(m["source"]) == {"splits"}
 
@@ -62,14 +79,23 @@ def test_structural_rule_and_exclusions(tmp_path, kt) -> None:
 def test_stage_ranges_name_direction_layer_and_microbatch(tmp_path, kt) -> None:
     # symmetric splits (send == recv): only the ranges can tell dispatch from combine
     evs = [kt.x("user_annotation", "ProfilerStep#0", 0, 5000)]
-    names = ["ep:dispatch:l3:mb0:fwd", "ep:dispatch:l3:mb1:fwd", "ep:combine:l3:mb0:fwd", "ep:combine:l3:mb1:fwd", "ep:combine:l3:bwd"]
+    names = [
+        "ep:dispatch:l3:mb0:fwd",
+        "ep:dispatch:l3:mb1:fwd",
+        "ep:combine:l3:mb0:fwd",
+        "ep:combine:l3:mb1:fwd",
+        "ep:combine:l3:bwd",
+    ]
     for i, name in enumerate(names):
         evs.append(kt.x("user_annotation", name, 90 + 400 * i, 300))
         evs += kt.nccl_call(100 + 400 * i, 10 * i + 10, 1000 + 10 * i, _a2a_meta([5, 5 + i], [5, 5 + i]))
     kt.write_trace(tmp_path / "rank0.pt.trace.json", evs)
     m = read_trace_dir(tmp_path).routing_matrix.filter(pl.col("dst") == 1).sort("direction", "microbatch")
     assert m.select("layer", "microbatch", "direction", "call", "rows").rows() == [
-        (3, 0, "combine", 0, 7), (3, 1, "combine", 0, 8), (3, 0, "dispatch", 0, 5), (3, 1, "dispatch", 0, 6),
+        (3, 0, "combine", 0, 7),
+        (3, 1, "combine", 0, 8),
+        (3, 0, "dispatch", 0, 5),
+        (3, 1, "dispatch", 0, 6),
     ]
 
 

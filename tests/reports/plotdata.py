@@ -11,8 +11,11 @@ def arr(x: object) -> np.ndarray:
     """A trace attribute from ``fig.to_dict()`` as a numpy array (typed-array dicts decoded)."""
     if isinstance(x, dict) and "bdata" in x:
         a = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
-        return a.reshape(x["shape"]) if "shape" in x and isinstance(x["shape"], (list, tuple)) else (
-            a.reshape([int(s) for s in str(x["shape"]).split(",")]) if "shape" in x else a)
+        return (
+            a.reshape(x["shape"])
+            if "shape" in x and isinstance(x["shape"], (list, tuple))
+            else (a.reshape([int(s) for s in str(x["shape"]).split(",")]) if "shape" in x else a)
+        )
     return np.asarray(x)
 
 

@@ -17,7 +17,14 @@ from ep_trace.reports.html import render_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 pytestmark = [
     pytest.mark.browser,
@@ -40,7 +47,12 @@ def _open(browser, path: Path, screenshot: str | None = None) -> dict:
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("request", lambda r: errors.append(f"network request {r.url}") if not r.url.startswith(("file:", "data:", "blob:")) else None)
+    page.on(
+        "request",
+        lambda r: (
+            errors.append(f"network request {r.url}") if not r.url.startswith(("file:", "data:", "blob:")) else None
+        ),
+    )
     cdp = page.context.new_cdp_session(page)
     cdp.send("Performance.enable")
     t0 = time.perf_counter()
@@ -50,9 +62,13 @@ def _open(browser, path: Path, screenshot: str | None = None) -> dict:
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
     mark = "(n) => performance.getEntriesByName(n)[0].startTime / 1000"
     res = {
-        "errors": errors, "wall_s": wall_s, "main_thread_s": metrics["TaskDuration"], "main_thread_cpu_s": metrics["ThreadTime"],
+        "errors": errors,
+        "wall_s": wall_s,
+        "main_thread_s": metrics["TaskDuration"],
+        "main_thread_cpu_s": metrics["ThreadTime"],
         "first_paint_s": page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime / 1000"),
-        "first_figure_s": page.evaluate(mark, "ep-first-figure"), "all_figures_s": page.evaluate(mark, "ep-all-figures"),
+        "first_figure_s": page.evaluate(mark, "ep-first-figure"),
+        "all_figures_s": page.evaluate(mark, "ep-all-figures"),
         "rendered": int(page.evaluate("document.body.dataset.figuresRendered")),
         "plots": page.locator(".js-plotly-plot").count(),
         "divs": page.locator("div.plotly-graph-div").count(),
@@ -67,7 +83,7 @@ def _open(browser, path: Path, screenshot: str | None = None) -> dict:
 
 
 def test_demo_report_renders_in_chromium(browser, tmp_path, samples_dir):
-    from ep_trace.reports.pipeline import build_report
+    from ep_trace.cli.outputs import build_report
 
     out = tmp_path / "report.html"
     build_report(samples_dir / "skewed_straggler", out)

@@ -11,7 +11,14 @@ from fake_analysis import make_fake_analysis
 
 from ep_trace.errors import BadInputError
 from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, annotated_trace, write_annotated_traces
-from ep_trace.reports.compare import compare_runs, comparison_to_dict, digest_analysis, digest_summary, headline, render_compare_html
+from ep_trace.reports.compare import (
+    compare_runs,
+    comparison_to_dict,
+    digest_analysis,
+    digest_summary,
+    headline,
+    render_compare_html,
+)
 
 
 def test_compare_straggler_fixed():
@@ -27,8 +34,10 @@ def test_compare_straggler_fixed():
     assert c.explained_ns == -2_000_000
     f = {r["kind"]: r["status"] for r in c.findings.iter_rows(named=True)}
     assert f == {"straggler_wait": "resolved", "routing_imbalance": "same", "exposed_comm": "same"}
-    assert headline(c).startswith("B is 2.00 ms faster per step than A (-39.4%: 5.08 ms → 3.08 ms, mean step of the slowest rank). "
-                                  "Largest stage change: dispatch -1.50 ms.")
+    assert headline(c).startswith(
+        "B is 2.00 ms faster per step than A (-39.4%: 5.08 ms → 3.08 ms, mean step of the slowest rank). "
+        "Largest stage change: dispatch -1.50 ms."
+    )
     d = comparison_to_dict(c)
     assert d["unexplained_ns"] == 0
     assert d["step_time_ns"] == {"a": 5_078_000.0, "b": 3_078_000.0, "delta": -2_000_000.0, "statistic": "mean"}
@@ -38,9 +47,28 @@ def test_compare_straggler_fixed():
 def test_digest_summary_from_json_dict():
     s = {
         "schema_version": 1,
-        "ranks": [{"rank": 0, "step_time_ns": 10_000, "comm_ns": 4000, "exposed_comm_ns": 1000, "barrier_wait_ns": 500, "transfer_ns": 3500},
-                  {"rank": 1, "step_time_ns": 12_000, "comm_ns": 4000, "exposed_comm_ns": 3000, "barrier_wait_ns": 0, "transfer_ns": 3500}],
-        "stages": [{"rank": 0, "stage": "dispatch", "busy_ns": 100, "window_ns": 300}, {"rank": 1, "stage": "dispatch", "busy_ns": 100, "window_ns": 100}],
+        "ranks": [
+            {
+                "rank": 0,
+                "step_time_ns": 10_000,
+                "comm_ns": 4000,
+                "exposed_comm_ns": 1000,
+                "barrier_wait_ns": 500,
+                "transfer_ns": 3500,
+            },
+            {
+                "rank": 1,
+                "step_time_ns": 12_000,
+                "comm_ns": 4000,
+                "exposed_comm_ns": 3000,
+                "barrier_wait_ns": 0,
+                "transfer_ns": 3500,
+            },
+        ],
+        "stages": [
+            {"rank": 0, "stage": "dispatch", "busy_ns": 100, "window_ns": 300},
+            {"rank": 1, "stage": "dispatch", "busy_ns": 100, "window_ns": 100},
+        ],
         "findings": [{"kind": "exposed_comm", "severity": "low", "title": "t", "est_saving_ns": 2000}],
     }
     d = digest_summary(s, "s.json")
@@ -67,7 +95,11 @@ def test_annotated_trace_has_tracks_and_events():
     stages = [e for e in extra if e["tid"] == TRACK_TIDS["stage"]]
     assert len(stages) == 36 and stages[0]["name"] == "ep:route:l0:fwd"  # 3 steps x 2 layers x 6 stages
     first = min(orig, key=lambda e: e["ts"])
-    assert first["ts"] == 0.0 and first["name"] == "ep:route:l0:fwd" and doc["otherData"]["base_time_ns"] == 1_700_000_000_000_000_000
+    assert (
+        first["ts"] == 0.0
+        and first["name"] == "ep:route:l0:fwd"
+        and doc["otherData"]["base_time_ns"] == 1_700_000_000_000_000_000
+    )
     names = {e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
     assert "barrier wait" in names and "exposed comm (not overlapped)" in names
 
@@ -76,7 +108,9 @@ def test_write_annotated_traces(tmp_path):
     paths = write_annotated_traces(make_fake_analysis(), tmp_path)
     assert [p.name for p in paths] == [f"rank{r}.ep-annotated.json.gz" for r in range(4)]
     doc = orjson.loads(gzip.decompress(paths[2].read_bytes()))
-    assert not [e for e in doc["traceEvents"] if e.get("tid") == TRACK_TIDS["wait"] and e["ph"] == "X"]  # the straggler never waits
+    assert not [
+        e for e in doc["traceEvents"] if e.get("tid") == TRACK_TIDS["wait"] and e["ph"] == "X"
+    ]  # the straggler never waits
 
 
 def test_annotated_events_move_to_the_aligned_clock():
@@ -86,11 +120,19 @@ def test_annotated_events_move_to_the_aligned_clock():
 
     a = make_fake_analysis()
     shifted = dataclasses.replace(a, clock=a.clock.with_columns(pl.lit(5_000, pl.Int64).alias("offset_ns")))
-    ev0 = {e["name"]: e["ts"] for e in orjson.loads(annotated_trace(a, 0))["traceEvents"] if e["ph"] == "X" and e["pid"] == 100}
+    ev0 = {
+        e["name"]: e["ts"]
+        for e in orjson.loads(annotated_trace(a, 0))["traceEvents"]
+        if e["ph"] == "X" and e["pid"] == 100
+    }
     doc = orjson.loads(annotated_trace(shifted, 0, base_ns=1_700_000_000_000_000_000))
     ev1 = {e["name"]: e["ts"] for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == 100}
     assert ev1["ep:route:l0:fwd"] == ev0["ep:route:l0:fwd"] + 5.0  # events get the host offset (5 µs) ...
-    comm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e.get("tid") == TRACK_TIDS["comm"] and e["pid"] == ANALYSIS_PID]
+    comm = [
+        e
+        for e in doc["traceEvents"]
+        if e["ph"] == "X" and e.get("tid") == TRACK_TIDS["comm"] and e["pid"] == ANALYSIS_PID
+    ]
     assert min(e["ts"] for e in comm) == 125.0  # ... calls are already aligned: route 50 + permute 75 µs, unshifted
 
 
@@ -101,11 +143,18 @@ def test_headline_explains_overlapping_stage_windows():
 
     a = digest_analysis(make_fake_analysis(straggler=None), "A")
     # B: same step time, but the dispatch window grew by 2 ms while overlapping other stages
-    st = a.stages.with_columns(pl.when(pl.col("stage") == "dispatch").then(pl.col("window_ns") + 2e6).otherwise(pl.col("window_ns")).alias("window_ns"))
+    st = a.stages.with_columns(
+        pl.when(pl.col("stage") == "dispatch")
+        .then(pl.col("window_ns") + 2e6)
+        .otherwise(pl.col("window_ns"))
+        .alias("window_ns")
+    )
     c = compare_runs(a, dataclasses.replace(a, stages=st, label="B"))
     assert c.step_delta_ns == 0 and c.explained_ns == 2e6
-    assert headline(c).endswith("Stage changes sum to +2.00 ms, more than the step-time change: stage windows overlap each other "
-                                "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial.")
+    assert headline(c).endswith(
+        "Stage changes sum to +2.00 ms, more than the step-time change: stage windows overlap each other "
+        "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial."
+    )
 
 
 def test_exposed_comm_track_covers_every_step(samples_dir):
@@ -121,6 +170,10 @@ def test_exposed_comm_track_covers_every_step(samples_dir):
     a = analyze(read_trace_dir(d))
     x = analysis_tracks(a).filter(pl.col("track") == "exposed_comm")
     got = x.group_by("rank", "step").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("ns")).sort("rank", "step")
-    want = a.steps.filter(pl.col("exposed_comm_ns") > 0).select(pl.col("rank").cast(pl.Int32), "step", pl.col("exposed_comm_ns").alias("ns")).sort("rank", "step")
+    want = (
+        a.steps.filter(pl.col("exposed_comm_ns") > 0)
+        .select(pl.col("rank").cast(pl.Int32), "step", pl.col("exposed_comm_ns").alias("ns"))
+        .sort("rank", "step")
+    )
     assert got.height == want.height == 12  # 4 ranks x 3 steps
     assert got.equals(want.cast(got.schema))

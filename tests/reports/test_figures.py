@@ -43,7 +43,7 @@ def _boxes(fig, name):
     tr = next(t for t in d["data"] if t["name"] == name)
     x, y = arr(tr["x"]), arr(tr["y"])
     yaxis = d["layout"]["yaxis"]
-    label = dict(zip(arr(yaxis["tickvals"]).tolist(), yaxis["ticktext"]))
+    label = dict(zip(arr(yaxis["tickvals"]).tolist(), yaxis["ticktext"], strict=False))
     return [label[c] for c in y[0::3].tolist()], np.round(x[1::3] - x[0::3], 4)
 
 
@@ -53,9 +53,19 @@ def test_timeline_draws_waits_on_the_comm_rows(a4):
     assert sorted(rows) == ["r0 comm"] * 2 + ["r1 comm"] * 2 + ["r3 comm"] * 2  # the straggler never waits
     np.testing.assert_allclose(durs, [1.0] * 6)  # 2 dispatches x 3 waiting ranks, 1 ms each
     rows, durs = _boxes(fig, "expert")
-    assert dict(zip(rows, durs))["r2 stages"] == 1.5  # the straggler's expert stage: 500 µs + 1 ms
+    assert dict(zip(rows, durs, strict=False))["r2 stages"] == 1.5  # the straggler's expert stage: 500 µs + 1 ms
     names = [t["name"] for t in fig.to_dict()["data"] if t.get("showlegend") is not False]
-    assert names == ["route", "permute", "dispatch", "expert", "combine", "unpermute", "comm", "barrier wait", "exposed comm"]
+    assert names == [
+        "route",
+        "permute",
+        "dispatch",
+        "expert",
+        "combine",
+        "unpermute",
+        "comm",
+        "barrier wait",
+        "exposed comm",
+    ]
     hover = next(t for t in fig.to_dict()["data"] if t["name"] == "barrier wait (hover)")
     assert hover["hovertext"][0] == "wait for rank 2: 1000.0 µs"
 

@@ -24,7 +24,17 @@ def page4(a4):
 
 def test_units():
     assert [fmt_ns(x) for x in (None, 0, 999, 1500, 45_600, 880_000, 2_000_000, 12_345_678, 250_000_000, 2.5e9)] == [
-        "–", "0 ns", "999 ns", "1.50 µs", "45.6 µs", "880 µs", "2.00 ms", "12.3 ms", "250 ms", "2.50 s"]
+        "–",
+        "0 ns",
+        "999 ns",
+        "1.50 µs",
+        "45.6 µs",
+        "880 µs",
+        "2.00 ms",
+        "12.3 ms",
+        "250 ms",
+        "2.50 s",
+    ]
     assert fmt_ns(-1500, signed=True) == "-1.50 µs" and fmt_ns(1500, signed=True) == "+1.50 µs"
     assert fmt_pct(0.394) == "39.4%" and fmt_pct(float("nan")) == "–"
 
@@ -35,7 +45,10 @@ def test_verdict_names_the_top_finding_with_its_saving(a4):
     assert v.severity == "high"
     # step (slowest rank) = 2 layers x 1230 µs x 1.25 + 2 ms + 3 µs rank skew = 5.078 ms, every step.
     assert v.detail.startswith("Estimated saving 2.00 ms per step (39.4% of the mean step). Remedy: Find why rank 2")
-    assert v.context == "4 ranks, 3 steps analysed; step time (slowest rank) mean 5.08 ms, P50 5.08 ms, P99 5.08 ms, max 5.08 ms"
+    assert (
+        v.context
+        == "4 ranks, 3 steps analysed; step time (slowest rank) mean 5.08 ms, P50 5.08 ms, P99 5.08 ms, max 5.08 ms"
+    )
 
 
 def test_rank_table_percentiles(a4):
@@ -44,12 +57,28 @@ def test_rank_table_percentiles(a4):
     assert rt["step_p50_ns"].to_list() == [5_075_000.0, 5_076_000.0, 5_077_000.0, 5_078_000.0]
     assert rt["step_max_ns"].to_list() == rt["step_p99_ns"].to_list()
     assert rt["barrier_wait_ns"].to_list() == [2_000_000, 2_000_000, 0, 2_000_000]
-    assert rt["wait_p99_ns"].to_list() == [2e6, 2e6, 0.0, 2e6] and rt["exposed_p99_ns"].to_list() == [2.16e6, 2.16e6, 6.6e5, 2.16e6]
+    assert rt["wait_p99_ns"].to_list() == [2e6, 2e6, 0.0, 2e6] and rt["exposed_p99_ns"].to_list() == [
+        2.16e6,
+        2.16e6,
+        6.6e5,
+        2.16e6,
+    ]
 
 
 def test_sections_in_the_required_order(page4):
     ids = re.findall(r'<section id="([a-z]+)"', page4)
-    assert ids == ["verdict", "stages", "timeline", "routing", "overlap", "wait", "alphabeta", "stalls", "load", "definitions"]
+    assert ids == [
+        "verdict",
+        "stages",
+        "timeline",
+        "routing",
+        "overlap",
+        "wait",
+        "alphabeta",
+        "stalls",
+        "load",
+        "definitions",
+    ]
     assert page4.index("Rank 2 arrives last") < page4.index('id="fig-stages"')
 
 
@@ -94,9 +123,16 @@ def test_hta_overlap_and_unmatched_collectives_are_shown(a4):
 
     a = dataclasses.replace(
         a4,
-        hta_overlap=pl.DataFrame({"rank": [0, 1], "comm_us": [10, 10], "overlap_us": [2, 3], "comp_comm_overlap_pctg": [20.0, 30.0]}),
-        misaligned=pl.DataFrame({"pg_name": ["0"], "step": [1], "calls_per_rank": ["0:3,1:2"], "reason": ["rank 1 has fewer calls"]}),
+        hta_overlap=pl.DataFrame(
+            {"rank": [0, 1], "comm_us": [10, 10], "overlap_us": [2, 3], "comp_comm_overlap_pctg": [20.0, 30.0]}
+        ),
+        misaligned=pl.DataFrame(
+            {"pg_name": ["0"], "step": [1], "calls_per_rank": ["0:3,1:2"], "reason": ["rank 1 has fewer calls"]}
+        ),
     )
     html = render_report(a)
     assert '<tr><td class="l">0</td><td>20.0%</td><td>25.0%</td></tr>' in html
-    assert '<tr><td class="l">0</td><td class="l">1</td><td class="l">0:3,1:2</td><td class="l">rank 1 has fewer calls</td></tr>' in html
+    assert (
+        '<tr><td class="l">0</td><td class="l">1</td><td class="l">0:3,1:2</td><td class="l">rank 1 has fewer calls</td></tr>'
+        in html
+    )

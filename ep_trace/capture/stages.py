@@ -65,12 +65,14 @@ def _hooks() -> _Hooks:
     push = pop = None
     if torch.cuda.is_available() and _nvtx_wanted():
         push, pop = torch.cuda.nvtx.range_push, torch.cuda.nvtx.range_pop
-    hooks = _Hooks(torch._C._autograd._profiler_enabled, enter, exit_op, torch._C.DisableTorchFunctionSubclass, push, pop)
+    hooks = _Hooks(
+        torch._C._autograd._profiler_enabled, enter, exit_op, torch._C.DisableTorchFunctionSubclass, push, pop
+    )
     _HOOKS.append(hooks)
     return hooks
 
 
-# The running CUPTI collector, if any: ep_trace.cupti.collector.CuptiCollector.start() appends itself,
+# The running CUPTI collector, if any: ep_trace.capture.cupti.collector.CuptiCollector.start() appends itself,
 # stop() removes it. A module slot, so a stage() call costs one global read when none runs.
 _CUPTI: list[Any] = []
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ep_trace.capture.sidecar import SidecarWriter, _pop, _push, sidecar_path, trace_path
 from ep_trace.errors import ConfigError, MissingDependencyError
-from ep_trace.sidecar import SidecarWriter, _pop, _push, sidecar_path, trace_path
 
 __all__ = ["Tracer", "require_torch"]
 
@@ -96,7 +96,9 @@ class _StepScope:
             )
         return self._tracer
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         t = self._tracer
         if t._open_step == self.number:
             t._end_step()
@@ -123,7 +125,7 @@ class Tracer:
         meta: Extra ``meta`` keys of docs/sidecar.md known up front (``num_experts``, ``top_k``,
             ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
         backend: ``"kineto"`` (torch.profiler, writes ``rank{r}.pt.trace.json.gz``) or ``"cupti"``
-            (:class:`ep_trace.cupti.collector.CuptiCollector`, writes ``rank{r}.ep-events.parquet``;
+            (:class:`ep_trace.capture.cupti.collector.CuptiCollector`, writes ``rank{r}.ep-events.parquet``;
             needs the ``cupti`` extra and a GPU).
 
     Raises:
@@ -203,7 +205,7 @@ class Tracer:
         self.trace_file = trace_path(self.out_dir, rank)
         self.sidecar_file = sidecar_path(self.out_dir, rank)
         if self._backend == "cupti":  # before the sidecar opens: no cupti-python / GPU -> clear error, no files
-            from ep_trace.cupti.collector import CuptiCollector
+            from ep_trace.capture.cupti.collector import CuptiCollector
 
             self._cupti = CuptiCollector(self.out_dir, rank, world_size=world, job_id=meta["job_id"]).start()
             self.trace_file = self._cupti.path
@@ -218,7 +220,8 @@ class Tracer:
         self._prof = prof
         # Kineto copies this into the trace's top level, so a trace file alone names its job and rank.
         prof.add_metadata_json(
-            "ep_trace", json.dumps({"job_id": meta["job_id"], "rank": rank, "world_size": world, "version": ep_trace.__version__})
+            "ep_trace",
+            json.dumps({"job_id": meta["job_id"], "rank": rank, "world_size": world, "version": ep_trace.__version__}),
         )
         _push(self._writer)
         return self
@@ -256,7 +259,9 @@ class Tracer:
         self._initial_step_open = True
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc_type is None:
             self.stop()
         else:

@@ -15,22 +15,11 @@ from typing import Any
 
 import orjson
 
+from ep_trace.trace_files import SIDECAR_VERSION, sidecar_path, trace_path
+
 __all__ = ["SIDECAR_VERSION", "SidecarWriter", "active_writer", "sidecar_path", "trace_path"]
 
 logger = logging.getLogger(__name__)
-
-#: Version of the sidecar schema written (``"v"`` of every record).
-SIDECAR_VERSION = 1
-
-
-def sidecar_path(out_dir: str | Path, rank: int) -> Path:
-    """``<out_dir>/rank{rank}.ep.jsonl``."""
-    return Path(out_dir) / f"rank{rank}.ep.jsonl"
-
-
-def trace_path(out_dir: str | Path, rank: int) -> Path:
-    """``<out_dir>/rank{rank}.pt.trace.json.gz``."""
-    return Path(out_dir) / f"rank{rank}.pt.trace.json.gz"
 
 
 class SidecarWriter:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ep_trace.capture.sidecar import active_writer
 from ep_trace.errors import ConfigError
-from ep_trace.sidecar import active_writer
 
 __all__ = ["record_routing", "record_a2a", "reserve_a2a_call", "A2A_DIRECTIONS"]
 

@@ -1,6 +1,6 @@
 """CUPTI activity records (as dicts) -> the canonical ``events`` table. Pure: polars only, no cupti.
 
-The collector (:mod:`ep_trace.cupti.collector`) copies every activity record it receives from
+The collector (:mod:`ep_trace.capture.cupti.collector`) copies every activity record it receives from
 cupti-python into a plain dict whose keys are the cupti-python attribute names (snake case of the
 CUPTI C struct members: ``CUpti_ActivityKernel9.correlationId`` -> ``correlation_id``), plus two
 keys that CUPTI does not give and the collector adds:
@@ -272,9 +272,11 @@ def records_to_events(
         .unique(["pid", "correlation"], keep="first")
         .select("pid", "correlation", pl.col("event_id").alias("launch_id"))
     )
-    range_ids = rows.filter(pl.col("_range_ext").is_not_null()).select(
-        pl.col("pid"), pl.col("_range_ext").alias("external_id"), pl.col("event_id").alias("op_id")
-    ).unique(["pid", "external_id"], keep="first")
+    range_ids = (
+        rows.filter(pl.col("_range_ext").is_not_null())
+        .select(pl.col("pid"), pl.col("_range_ext").alias("external_id"), pl.col("event_id").alias("op_id"))
+        .unique(["pid", "external_id"], keep="first")
+    )
 
     rows = (
         rows.join(ext, on=["pid", "correlation"], how="left", nulls_equal=False)

@@ -4,13 +4,13 @@ A cheaper alternative to a full ``torch.profiler`` trace: cupti-python's activit
 concurrent kernels, memcpy, memset, runtime (and optionally driver) API calls with their correlation
 ids, and external-correlation records that tie each API call to the innermost open ep-trace range.
 Records are copied into plain dicts in the buffer-completed callback, converted per step with
-:func:`ep_trace.cupti.convert.records_to_events` and appended as one Parquet row group per step; no
+:func:`ep_trace.capture.cupti.convert.records_to_events` and appended as one Parquet row group per step; no
 Kineto JSON is produced or parsed.
 
 Attribution to ``stage()`` ranges: :meth:`CuptiCollector.range_push` pushes a fresh external
-correlation id (kind CUSTOM2, see :data:`~ep_trace.cupti.convert.EXTERNAL_KIND_EP_TRACE`) and
+correlation id (kind CUSTOM2, see :data:`~ep_trace.capture.cupti.convert.EXTERNAL_KIND_EP_TRACE`) and
 records the host range; CUPTI stamps every CUDA API call made inside it with that id. ``stage()``
-reaches the running collector through the module slot ``ep_trace.stages._CUPTI`` that
+reaches the running collector through the module slot ``ep_trace.capture.stages._CUPTI`` that
 :meth:`CuptiCollector.start` fills (one collector per process: CUPTI's activity buffers and
 callbacks are process-global, so a second collector could only steal the first one's records).
 
@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ep_trace.cupti.convert import (
+from ep_trace.capture.cupti.convert import (
     EXTERNAL_KIND_EP_TRACE,
     KIND_CONCURRENT_KERNEL,
     KIND_DRIVER,
@@ -43,7 +43,7 @@ from ep_trace.cupti.convert import (
     KIND_RUNTIME,
     records_to_events,
 )
-from ep_trace.cupti.writer import EventsWriter, events_path
+from ep_trace.capture.cupti.writer import EventsWriter, events_path
 from ep_trace.errors import ConfigError, EpTraceError, MissingDependencyError
 
 __all__ = [
@@ -98,13 +98,13 @@ def active() -> CuptiCollector | None:
 
 
 def _stage_slot() -> list[Any]:
-    """``ep_trace.stages._CUPTI``: the slot ``stage()`` reads per call (one global read when empty).
+    """``ep_trace.capture.stages._CUPTI``: the slot ``stage()`` reads per call (one global read when empty).
 
     Registering there, instead of ``stage()`` asking this module, keeps ``stage()`` free of imports
-    and function calls when no collector runs. Falls back to a private list when ``ep_trace.stages``
+    and function calls when no collector runs. Falls back to a private list when ``ep_trace.capture.stages``
     has no slot (integration not applied): the collector then records only what ``range_push`` gets.
     """
-    from ep_trace import stages
+    from ep_trace.capture import stages
 
     slot = getattr(stages, "_CUPTI", None)
     return slot if isinstance(slot, list) else _NO_SLOT
@@ -244,7 +244,11 @@ class CuptiCollector:
         self._cupti = cupti
         # The binding takes the CUpti_ExternalCorrelationKind enum; its int value is the same (CUSTOM2 = 5).
         self._ext_kind = getattr(getattr(cupti, "ExternalCorrelationKind", None), "CUSTOM2", EXTERNAL_KIND_EP_TRACE)
-        kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.RUNTIME, cupti.ActivityKind.EXTERNAL_CORRELATION]
+        kinds = [
+            cupti.ActivityKind.CONCURRENT_KERNEL,
+            cupti.ActivityKind.RUNTIME,
+            cupti.ActivityKind.EXTERNAL_CORRELATION,
+        ]
         if self.config.driver_api:
             kinds.append(cupti.ActivityKind.DRIVER)
         if self.config.memcpy:
@@ -268,7 +272,9 @@ class CuptiCollector:
                 self.out_dir.mkdir(parents=True, exist_ok=True)
                 self._writer = EventsWriter(self.path, self._file_meta())
             except OSError as exc:
-                raise ConfigError(f"out_dir: cannot write {self.path} ({exc.strerror or exc}); choose a writable directory") from exc
+                raise ConfigError(
+                    f"out_dir: cannot write {self.path} ({exc.strerror or exc}); choose a writable directory"
+                ) from exc
             self._step_start = int(cupti.get_timestamp())
         except BaseException:  # roll back: collection disabled, no active collector left behind
             self._disable()
@@ -294,8 +300,14 @@ class CuptiCollector:
         now = int(self._cupti.get_timestamp())
         with self._lock:
             self._ranges.append(
-                {"name": f"ProfilerStep#{int(step)}", "start": self._step_start, "end": now, "process_id": self.pid,
-                 "thread_id": threading.get_native_id(), "step": int(step)}
+                {
+                    "name": f"ProfilerStep#{int(step)}",
+                    "start": self._step_start,
+                    "end": now,
+                    "process_id": self.pid,
+                    "thread_id": threading.get_native_id(),
+                    "step": int(step),
+                }
             )
         self._step_start = now
         self._steps += 1
@@ -357,8 +369,14 @@ class CuptiCollector:
         end = int(cupti.get_timestamp())
         cupti.activity_pop_external_correlation_id(self._ext_kind)
         name, ext, start = stack.pop()
-        rng = {"name": name, "start": start, "end": end, "process_id": self.pid,
-               "thread_id": threading.get_native_id(), "external_id": ext}
+        rng = {
+            "name": name,
+            "start": start,
+            "end": end,
+            "process_id": self.pid,
+            "thread_id": threading.get_native_id(),
+            "external_id": ext,
+        }
         with self._lock:
             self._ranges.append(rng)
 
@@ -407,7 +425,10 @@ class CuptiCollector:
 
     def _mute_noisy_apis(self) -> None:
         cupti = self._cupti
-        for fn, cbids in (("activity_enable_runtime_api", _MUTED_RUNTIME_CBIDS), ("activity_enable_driver_api", _MUTED_DRIVER_CBIDS)):
+        for fn, cbids in (
+            ("activity_enable_runtime_api", _MUTED_RUNTIME_CBIDS),
+            ("activity_enable_driver_api", _MUTED_DRIVER_CBIDS),
+        ):
             f = getattr(cupti, fn, None)
             for cbid in cbids if f is not None else ():
                 try:
@@ -434,7 +455,10 @@ class CuptiCollector:
         if not records and not ranges:
             return 0
         events = records_to_events(
-            records, rank=self.rank, ranges=ranges, clock_offset_ns=self.clock_offset_ns,
+            records,
+            rank=self.rank,
+            ranges=ranges,
+            clock_offset_ns=self.clock_offset_ns,
             event_id_base=self._next_event_id,
         )
         assert self._writer is not None

@@ -21,24 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ep_trace.schema import EVENTS, validate
+from ep_trace.trace_files import CUPTI_FORMAT_VERSION as FORMAT_VERSION
+from ep_trace.trace_files import CUPTI_METADATA_KEY as METADATA_KEY
+from ep_trace.trace_files import events_path
 
-__all__ = ["FILE_SUFFIX", "METADATA_KEY", "FORMAT_VERSION", "events_path", "EventsWriter"]
-
-#: File name suffix the directory dispatcher routes to ``read_cupti``.
-FILE_SUFFIX = ".ep-events.parquet"
-#: Parquet footer key holding the JSON metadata.
-METADATA_KEY = b"ep_trace.cupti"
-#: Version of this file layout; readers reject newer versions.
-FORMAT_VERSION = 1
-
-
-def events_path(out_dir: str | Path, rank: int) -> Path:
-    """``<out_dir>/rank{rank}.ep-events.parquet`` (beside the sidecar ``rank{rank}.ep.jsonl``)."""
-    return Path(out_dir) / f"rank{int(rank)}{FILE_SUFFIX}"
+__all__ = ["EventsWriter", "events_path"]
 
 
 class EventsWriter:
