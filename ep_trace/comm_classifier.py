@@ -39,6 +39,7 @@ kernels also start with ``nccl``).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import polars as pl
 
@@ -76,7 +77,7 @@ def first_match_expr(name: pl.Expr, table: tuple[tuple[str, str], ...]) -> pl.Ex
     """
     rows = list(table)
     label, rx = rows[0]
-    chain = pl.when(name.str.contains(rx)).then(pl.lit(label))
+    chain: Any = pl.when(name.str.contains(rx)).then(pl.lit(label))  # Then, then ChainedThen
     for label, rx in rows[1:]:
         chain = chain.when(name.str.contains(rx)).then(pl.lit(label))
     return chain.otherwise(pl.lit(None, dtype=pl.Utf8))

@@ -17,7 +17,7 @@ present); the analysis trusts its inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import polars as pl
 
@@ -218,7 +218,7 @@ for _name, _cols in (
     ("routing_matrix", _ROUTING_MATRIX_COLS),
     ("placement", _PLACEMENT_COLS),
 ):
-    SCHEMAS[_name] = pl.Schema([(c, t) for c, t, _, _ in _cols])
+    SCHEMAS[_name] = pl.Schema([(c, cast(pl.DataType, t)) for c, t, _, _ in _cols])
     COLUMN_DOCS[_name] = {c: d for c, _, _, d in _cols}
     _NOT_NULL[_name] = tuple(c for c, _, nullable, _ in _cols if not nullable)
 

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import polars as pl
 
@@ -73,7 +73,15 @@ _NSYS_DIR_MARKERS = (
     "META_DATA_EXPORT.parquet",
     "TARGET_INFO_SESSION_START_TIME.parquet",
 )
-_TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
+_TABLES: tuple[schema.TableName, ...] = (
+    "ranks",
+    "events",
+    "collectives",
+    "routing_counts",
+    "routing_matrix",
+    "placement",
+    "stages",
+)
 
 
 def detect_format(path: Path) -> str | None:
@@ -177,11 +185,11 @@ def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
         raise RankConflictError(
             f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong"
         )
-    pgs = {}
+    pgs: dict[tuple[Any, ...], str] = {}
     for _, info in parts:
         pg = getattr(info, "default_pg", None)
         if pg is not None:
-            pgs.setdefault(pg, info.path)  # type: ignore[attr-defined]
+            pgs.setdefault(pg, str(getattr(info, "path", "?")))
     if len(pgs) > 1:
         (pa, fa), (pb, fb) = list(pgs.items())[:2]
         raise RankConflictError(

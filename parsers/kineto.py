@@ -101,7 +101,7 @@ def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> Trace
 
 
 def _strict_series(
-    name: str, values: list[Any], dtype: pl.DataType, path: Path, ev_index: list[int], what: str
+    name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType], path: Path, ev_index: list[int], what: str
 ) -> pl.Series:
     """Build a typed column; on a bad value (string, int beyond the type) name the event."""
     try:
@@ -354,7 +354,8 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     header, kept_args, frames = _decode(path)
     allocator.release_free_heap()  # the decode's freed gzip / slice buffers (ep_trace.parsers.allocator)
     issues: list[schema.LoadIssue] = []
-    dist = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+    info = header.get("distributedInfo")
+    dist: dict[str, Any] = info if isinstance(info, dict) else {}
     base = header.get("baseTimeNanoseconds")
     try:
         base_ns = int(base) if base is not None else 0

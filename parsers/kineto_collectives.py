@@ -48,7 +48,7 @@ _PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional
 def _is_wait(name: str, args: dict[str, Any] | None) -> bool:
     if "wait" in name:
         return True
-    return name == "record_param_comms" and bool(args) and args.get("Collective name") == "wait"
+    return name == "record_param_comms" and args is not None and args.get("Collective name") == "wait"
 
 
 def _int(v: Any) -> int | None:
@@ -81,7 +81,7 @@ def _call_row(
     members: list[dict[str, Any]], kept: dict[int, dict[str, Any]], dist: dict[str, Any], world: int | None, source: str
 ) -> dict[str, Any] | None:
     """Fields of one call from its member ops (dicts of event columns), or None if it is no call."""
-    by = {"c10d": None, "func": None, "rpc": None, "title": None}
+    by: dict[str, dict[str, Any] | None] = {"c10d": None, "func": None, "rpc": None, "title": None}
     for mb in members:
         n = mb["name"]
         key = (
@@ -95,11 +95,13 @@ def _call_row(
         )
         if by[key] is None:
             by[key] = mb
-    rpc_args = kept.get(by["rpc"]["event_id"], {}) if by["rpc"] else {}
+    rpc = by["rpc"]
+    rpc_args: dict[str, Any] = kept.get(rpc["event_id"], {}) if rpc else {}
     meta = rpc_args if "Collective name" in rpc_args else {}
     if not meta and by["c10d"] is None and by["title"] is None and by["func"] is None:
         return None
-    launcher = by["c10d"] or by["func"] or by["title"] or by["rpc"]
+    launcher = by["c10d"] or by["func"] or by["title"] or rpc
+    assert launcher is not None  # one of them is set: the test above returned otherwise
     row = _fields_from(meta, launcher, by, kept, dist, world, source)
     row.update(
         op_name=launcher["name"],

@@ -50,7 +50,7 @@ __all__ = ["decode_columnar"]
 _ARGS = pl.Struct(
     {"correlation": pl.Float64, "External id": pl.Float64, "bytes": pl.Float64, "Collective name": pl.Utf8}
 )
-_SCHEMA = {
+_SCHEMA: dict[str, Any] = {
     "ph": pl.Utf8,
     "cat": pl.Utf8,
     "name": pl.Utf8,
@@ -197,11 +197,11 @@ def _slice_frame(
     )
     if stats.item() != text.count(b'"Collective name"'):
         raise _Surprise("null or nested Collective name")
-    checks = checks.row(0, named=True)
-    if checks["text"] or checks["ints"]:
+    row = checks.row(0, named=True)
+    if row["text"] or row["ints"]:
         raise _Surprise("numeric text or non-int id")
     # label strings ("Spans", "stream 7 ") among the ints: rare, per Series
-    track = {c: _track(cols[f"_{c}"], cols[f"{c}_raw"]) if checks[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
+    track = {c: _track(cols[f"_{c}"], cols[f"{c}_raw"]) if row[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
     frame = pl.DataFrame(
         [track[c[:3]].alias(c) if c in ("pid_raw", "tid_raw") else cols.get_column(c) for c in _FRAME_COLS]
     )

@@ -38,7 +38,7 @@ _NON_SPACE = re.compile(rb"\S")
 _FIX_REEXPORT = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
 
 
-def _gunzip(raw: bytes) -> bytearray:
+def _gunzip(raw: bytes | bytearray) -> bytearray:
     """Decompress gzip into one preallocated buffer.
 
     ``gzip.decompress`` peaks at twice the output (CPython 3.11 grows and copies its result); the
@@ -82,7 +82,7 @@ def read_bytes(path: Path) -> bytes | bytearray:
     Raises:
         TraceFormatError: empty file, or an invalid / truncated gzip stream.
     """
-    raw = path.read_bytes()
+    raw: bytes | bytearray = path.read_bytes()
     if not raw:
         raise TraceFormatError(path, "empty file", _FIX_REEXPORT)
     if raw[:2] == b"\x1f\x8b":

@@ -17,6 +17,8 @@ keeps it when it still contains the point. The deepest containing level wins.
 
 from __future__ import annotations
 
+from typing import cast
+
 import polars as pl
 
 __all__ = ["innermost_enclosing", "link_events"]
@@ -77,7 +79,7 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
     if ops.height == 0 or points.height == 0:
         return out
     ops = _depths(ops, by)
-    for d in range(int(ops["depth"].max()) + 1):
+    for d in range(cast(int, ops["depth"].max()) + 1):
         level = (
             ops.filter(pl.col("depth") == d)
             .select(*by, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op"))

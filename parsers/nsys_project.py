@@ -15,6 +15,8 @@ own disjoint block of the time axis, so ``range.start <= launch.start`` and
 
 from __future__ import annotations
 
+from typing import cast
+
 import polars as pl
 
 __all__ = ["enclosing_pairs", "innermost_range", "range_envelopes"]
@@ -39,9 +41,9 @@ def enclosing_pairs(ops: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     threads = (
         pl.concat([ops.select("_gtid"), ranges.select("_gtid")]).unique().sort("_gtid").with_row_index("_t")
     ).with_columns(pl.col("_t").cast(pl.Int64))
-    t0 = min(ops["_ls"].min(), ranges["_rs"].min())  # type: ignore[type-var]
-    t1 = max(ops["_le"].max(), ranges["_re"].max())  # type: ignore[type-var]
-    span = int(t1 - t0) + 1  # type: ignore[operator]
+    t0 = min(cast(int, ops["_ls"].min()), cast(int, ranges["_rs"].min()))
+    t1 = max(cast(int, ops["_le"].max()), cast(int, ranges["_re"].max()))
+    span = t1 - t0 + 1
     per_chunk = max(1, _MAX_KEY // span)
     ops_k = ops.join(threads, on="_gtid").select(
         pl.col("_uid").alias("_op"),

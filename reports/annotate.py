@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import cast
 
 import orjson
 import polars as pl
@@ -196,7 +197,7 @@ def annotated_trace(
     tr = analysis_tracks(analysis) if tracks is None else tracks
     if base_ns is None:
         starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
-        base_ns = int(min(starts)) if starts else 0  # type: ignore[call-overload]
+        base_ns = int(cast(int, min(starts))) if starts else 0
     e = ev.filter(pl.col("rank") == rank)
     is_gpu = pl.col("kind").is_in(list(_GPU_KINDS))
     e = e.with_columns(
@@ -259,7 +260,7 @@ def write_annotated_traces(
         else sorted(set(ev["rank"].unique().to_list()) | set(tr["rank"].unique().to_list()))
     )
     starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
-    base = int(min(starts)) if starts else 0  # type: ignore[call-overload]
+    base = int(cast(int, min(starts))) if starts else 0
     paths = []
     for i, r in enumerate(todo):
         p = out / f"rank{r}.ep-annotated.json.gz"

@@ -74,11 +74,11 @@ class RunDigest:
 
 
 _FINDINGS_SCHEMA = {"kind": pl.Utf8, "severity": pl.Utf8, "title": pl.Utf8, "est_saving_ns": pl.Int64}
-_STAGES_SCHEMA = {"stage": pl.Utf8, "busy_ns": pl.Float64, "window_ns": pl.Float64}
+_STAGES_SCHEMA = pl.Schema({"stage": pl.Utf8, "busy_ns": pl.Float64, "window_ns": pl.Float64})
 
 
 def _rank_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
-    data = {"rank": [int(r["rank"]) for r in rows]}
+    data: dict[str, list[Any]] = {"rank": [int(r["rank"]) for r in rows]}
     for c in _RANK_COLS:
         data[c] = [None if r.get(c) is None else float(r[c]) for r in rows]
     return pl.DataFrame(data, schema={"rank": pl.Int64, **{c: pl.Float64 for c in _RANK_COLS}}).sort("rank")

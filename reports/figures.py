@@ -10,6 +10,7 @@ sample of ranks (:func:`timeline_selection`), the α–β scatter is thinned to 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import plotly.graph_objects as go
@@ -184,7 +185,7 @@ def timeline_selection(analysis: Analysis, max_intervals: int = 20_000) -> Timel
             per = analysis.steps.group_by("step").agg(pl.col("step_time_ns").max()).sort("step_time_ns", "step")
             step = int(per["step"][(per.height - 1) // 2])
         elif iv.height:
-            step = int(iv["step"].drop_nulls().min()) if iv["step"].drop_nulls().len() else None
+            step = cast(int, iv["step"].drop_nulls().min()) if iv["step"].drop_nulls().len() else None
     budget = max(int(analysis.config.max_timeline_ranks), 1)
     if len(all_ranks) <= budget:
         chosen = list(all_ranks)
@@ -523,7 +524,10 @@ def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
 def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
     """Per rank: time in collectives split into barrier wait (a − s_r) and transfer, ms per step."""
     rs = analysis.rank_summary
-    if rs.height == 0 or (rs["barrier_wait_ns"].fill_null(0).sum() + rs["transfer_ns"].fill_null(0).sum()) == 0:
+    if (
+        rs.height == 0
+        or (cast(int, rs["barrier_wait_ns"].fill_null(0).sum()) + cast(int, rs["transfer_ns"].fill_null(0).sum())) == 0
+    ):
         return None
     x = [f"r{r}" for r in rs["rank"].to_list()]
     fig = go.Figure(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import polars as pl
 
@@ -77,7 +78,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         stage_df = stage_df.filter(pl.col("step").is_not_null())
 
     say("matching", 3, total)
-    world = max(ranks.height, int(ranks["world_size"].max() or 0) if ranks.height else 0)
+    world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)
     matched, misaligned = matching.match_collectives(coll, windows, world)
     if config.steps is not None:
         matched = matched.filter(pl.col("step").is_not_null())
@@ -98,7 +99,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         .with_columns(pl.col("end_ns") - pl.col("_b") + pl.col("_o"))
     )
     resid = clocks.residuals(cr0a, ranks)
-    tol = _TOL_FLOOR_NS + int(resid["residual_ns"].max() or 0) if resid.height else _TOL_FLOOR_NS
+    tol = _TOL_FLOOR_NS + int(cast(int, resid["residual_ns"].max()) or 0) if resid.height else _TOL_FLOOR_NS
     calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
     clock = host_off.join(resid, on="host", how="left").with_columns(pl.col("residual_ns").fill_null(0))
     # every wait figure carries the clock uncertainty of its rank's host
@@ -160,7 +161,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("imbalance", 5, total)
     n_exp = ranks["num_experts"].max() if ranks.height else None
-    el = imbalance.expert_load(tables.routing_counts, n_exp)
+    el = imbalance.expert_load(tables.routing_counts, cast("int | None", n_exp))
     cm = imbalance.count_matrix(tables.routing_matrix, matched)
     rl = imbalance.rank_load(cm, sorted(int(r) for r in ranks["rank"]))
     imb = imbalance.imbalance_table(el, rl, cm, ranks)
@@ -197,7 +198,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         )
         .sort("rank", "start_ns")
     )
-    filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(dict(STAGES_SCHEMA)))
+    filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
     partial = Analysis(
         config=config,
         tables=filled,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -47,7 +47,7 @@ def _num(x: Any) -> Any:
 
 def with_findings(a: Analysis) -> Analysis:
     """Return ``a`` with its findings filled and ranked by estimated saving."""
-    step_ns = float(a.rank_summary["step_time_ns"].median() or 0.0) if a.rank_summary.height else 0.0
+    step_ns = float(cast(float, a.rank_summary["step_time_ns"].median()) or 0.0) if a.rank_summary.height else 0.0
     n_steps = max(int(a.steps["step"].n_unique()), 1) if a.steps.height else 1
     out: list[Finding] = []
     out += _exposed(a, step_ns)
@@ -142,7 +142,7 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "next_rank_lateness_p50_ns": second,
         "own_wait_ns": int(r["total_wait_ns"]),
         "waiting_ranks": {int(x["waiter"]): int(x["wait_ns"]) for x in wm.iter_rows(named=True)},
-        "clock_uncertainty_ns": int(a.clock["residual_ns"].max() or 0) if a.clock.height else 0,
+        "clock_uncertainty_ns": int(cast(int, a.clock["residual_ns"].max()) or 0) if a.clock.height else 0,
         "saving_rule": "P50 over steps of the straggler's lateness over the second-last arrival",
     }
     return [
@@ -171,7 +171,7 @@ def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
     exp = a.stages.filter(pl.col("stage") == "expert")
     if ir and exp.height and rl.height:
         per = exp.group_by(["rank", "step"]).agg(pl.col("busy_ns").sum()).group_by("rank").agg(pl.col("busy_ns").mean())
-        saving = int(float(per["busy_ns"].max()) * (1 - 1 / ir))
+        saving = int(float(cast(float, per["busy_ns"].max())) * (1 - 1 / ir))
     hot = []
     if a.expert_load.height:
         el = a.expert_load.group_by("expert").agg(pl.col("count").sum()).sort("count", descending=True)

@@ -10,6 +10,8 @@ maxima / sum of the means (a token-weighted ratio, the inverse of vLLM EPLB's ba
 
 from __future__ import annotations
 
+from typing import cast
+
 import polars as pl
 
 from ep_trace.analysis.matching import splits_long
@@ -22,7 +24,7 @@ def expert_load(routing_counts: pl.DataFrame, num_experts: int | None) -> pl.Dat
     if routing_counts.is_empty():
         return pl.DataFrame(schema={"step": pl.Int64, "layer": pl.Int32, "expert": pl.Int32, "count": pl.Int64})
     n = routing_counts.group_by(["step", "layer", "expert"]).agg(pl.col("count").sum())
-    e = max(int(num_experts or 0), int(n["expert"].max()) + 1)
+    e = max(int(num_experts or 0), cast(int, n["expert"].max()) + 1)
     grid = (
         n.select("step", "layer")
         .unique()

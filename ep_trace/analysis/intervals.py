@@ -10,6 +10,8 @@ unions so that the running sum only takes the values 0..3.
 
 from __future__ import annotations
 
+from typing import cast
+
 import polars as pl
 
 __all__ = [
@@ -173,19 +175,20 @@ def range_join(
     Returns:
         The joined pairs (columns of both frames, ``by`` once).
     """
-    by = list(by)
+    cols = list(by)
     if left.is_empty() or right.is_empty():
-        return left.join(right.drop(by), how="cross").head(0)
+        return left.join(right.drop(cols), how="cross").head(0)
     keys = (
-        pl.concat([left.select(by), right.select(by)])
+        pl.concat([left.select(cols), right.select(cols)])
         .unique()
         .with_row_index("__gid")
         .with_columns(pl.col("__gid").cast(pl.Int64))
     )
-    a = left.join(keys, on=by, how="left", nulls_equal=True)
-    b = right.join(keys, on=by, how="left", nulls_equal=True).drop(by)
-    t0 = min(left[left_span[0]].min(), right[right_span[0]].min())
-    t1 = max(left[left_span[1]].max(), right[right_span[1]].max())
+    a = left.join(keys, on=cols, how="left", nulls_equal=True)
+    b = right.join(keys, on=cols, how="left", nulls_equal=True).drop(cols)
+    # both frames are non-empty int64 epoch-ns spans here: the extremes are ints
+    t0: int = min(cast(int, left[left_span[0]].min()), cast(int, right[right_span[0]].min()))
+    t1: int = max(cast(int, left[left_span[1]].max()), cast(int, right[right_span[1]].max()))
     if t1 - t0 >= 1 << _SHIFT or keys.height >= 1 << (62 - _SHIFT):  # > 19.5 h or > 65k groups: slower join
         out = a.join_where(
             b.rename({"__gid": "__gid_r"}),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import tomllib
@@ -40,7 +41,7 @@ KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
     ("permute", r"(?i)permute|moe_align|scatter|gather_tokens"),
 )
 
-_RANGE_SCHEMA = {
+_RANGE_SCHEMA: dict[str, Any] = {
     "rank": pl.Int32,
     "tid": pl.Int64,
     "stage": pl.Utf8,
@@ -154,7 +155,7 @@ def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
                 pl.lit(int(p.get("tier", 1)), pl.Int32).alias("tier"),
             )
         )
-    out = pl.concat([x.cast(_RANGE_SCHEMA) for x in parts], how="vertical")
+    out = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical")
     best = out.group_by("rank").agg(pl.col("tier").min().alias("_best"))
     out = out.join(best, on="rank").filter(pl.col("tier") == pl.col("_best")).drop("_best")
     return _dedupe_nested(out)
@@ -167,7 +168,7 @@ def kernel_family_ranges(act: pl.DataFrame, ranks_without: pl.Series) -> pl.Data
         The matching activity rows with a ``stage`` column.
     """
     k = act.filter(pl.col("rank").is_in(ranks_without.implode()) & (pl.col("cls") != "memory"))
-    fam = pl.when(pl.col("name").str.contains(KERNEL_FAMILIES[0][1])).then(pl.lit(KERNEL_FAMILIES[0][0]))
+    fam: Any = pl.when(pl.col("name").str.contains(KERNEL_FAMILIES[0][1])).then(pl.lit(KERNEL_FAMILIES[0][0]))
     for st, rx in KERNEL_FAMILIES[1:]:
         fam = fam.when(pl.col("name").str.contains(rx)).then(pl.lit(st))
     return k.with_columns(fam.otherwise(None).alias("stage")).filter(pl.col("stage").is_not_null())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
@@ -125,7 +125,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "step_time_p99_ns": _max(rs, "step_time_p99_ns"),
         "exposed_comm_ns": _max(rs, "exposed_comm_ns"),
         "barrier_wait_ns": _max(rs, "barrier_wait_ns"),
-        "overlap_efficiency_min": float(rs["overlap_efficiency"].fill_nan(None).min())
+        "overlap_efficiency_min": float(cast(float, rs["overlap_efficiency"].fill_nan(None).min()))
         if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len()
         else None,
         "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),

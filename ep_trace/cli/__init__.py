@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if type(exc).__name__ == "Abort":
             code = 130
         elif callable(getattr(exc, "show", None)):
-            exc.show()  # prints "Usage: ... Error: ..." to stderr
+            getattr(exc, "show")()  # noqa: B009 - click usage error: prints "Usage: ... Error: ..." to stderr
             code = exit_code if isinstance(exit_code, int) else 2
         elif isinstance(exit_code, int):
             code = exit_code

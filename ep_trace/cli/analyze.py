@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional, cast
 
 import typer
 
@@ -38,11 +38,11 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
     return first, last
 
 
-def check_format(fmt: str) -> str:
+def check_format(fmt: str) -> Literal["auto", "kineto", "nsys"]:
     """Validate ``--format`` of the analysis commands (the formats a user exports: no ``cupti``)."""
     from ep_trace.parsers.dispatch import check_format as check
 
-    return check(fmt, ("auto", "kineto", "nsys"))
+    return cast(Literal["auto", "kineto", "nsys"], check(fmt, ("auto", "kineto", "nsys")))
 
 
 @contextmanager
@@ -51,7 +51,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
     if not enabled or not err_console.is_terminal:
         yield None
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
     with Progress(
         TextColumn("{task.description:<12}"),
@@ -61,7 +61,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
         console=err_console,
         transient=True,
     ) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def update(stage: str, done: int, total: int) -> None:
             if stage not in tasks:

@@ -64,7 +64,7 @@ def layer_truth(trace_dir: str | Path) -> list[LayerTruth]:
     matrix: dict[tuple[int, int], np.ndarray] = {}
     for rank, rs in recs.items():
         for r in rs:
-            key = (r.get("step"), r.get("layer"))
+            key = (int(r.get("step") or 0), int(r.get("layer") or 0))
             if r["type"] == "routing" and r.get("microbatch", 0) == 0:
                 counts[key] = counts.get(key, 0) + np.asarray(r["expert_counts"], dtype=np.int64)
             elif r["type"] == "a2a" and r["direction"] == "dispatch" and r.get("phase", "fwd") == "fwd":

@@ -430,7 +430,9 @@ class CuptiCollector:
             ("activity_enable_driver_api", _MUTED_DRIVER_CBIDS),
         ):
             f = getattr(cupti, fn, None)
-            for cbid in cbids if f is not None else ():
+            if f is None:
+                continue
+            for cbid in cbids:
                 try:
                     f(cbid, 0)
                 except Exception as exc:  # CUPTI < 12.5: no per-API filter; records are just more numerous
