@@ -74,21 +74,14 @@ def host_stalls(
         pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), busy_cpu.select("rank", "start_ns", "end_ns")]),
         ["rank"],
     )
-    cov = (
-        range_join(blk, busy.rename({"start_ns": "b_s", "end_ns": "b_e"}), ("start_ns", "end_ns"), ("b_s", "b_e"))
-        .select("bid", (pl.min_horizontal("end_ns", "b_e") - pl.max_horizontal("start_ns", "b_s")).clip(0).alias("_c"))
-        .group_by("bid")
-        .agg(pl.col("_c").sum())
-    )
+    # device time under each blocking call: the length of (call span ∩ busy span), summed per call
+    covered = (pl.min_horizontal("end_ns", "b_e") - pl.max_horizontal("start_ns", "b_s")).clip(0)
+    spans = busy.rename({"start_ns": "b_s", "end_ns": "b_e"})
+    cov = range_join(blk, spans, ("start_ns", "end_ns"), ("b_s", "b_e")).group_by("bid").agg(covered.sum().alias("_c"))
+    stall = pl.col("end_ns") - pl.col("start_ns") - pl.col("_c").fill_null(0)
     return (
         blk.join(cov, on="bid", how="left")
-        .select(
-            "rank",
-            "name",
-            "start_ns",
-            "end_ns",
-            (pl.col("end_ns") - pl.col("start_ns") - pl.col("_c").fill_null(0)).alias("stall_ns"),
-        )
+        .select("rank", "name", "start_ns", "end_ns", stall.alias("stall_ns"))
         .filter(pl.col("stall_ns") > 0)
         .sort(["rank", "start_ns"])
     )
