@@ -122,7 +122,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     if calls.height and not calls["complete"].all():
         notes.append(
             f"{int((~calls['complete']).sum())} matched calls miss ranks of their group (not in the trace set): "
-            "left out of wait figures"
+            "wait and straggler cannot be measured for them (no wait / transfer split is claimed); left out of wait figures"
         )
     if calls.height and not calls["causal"].all():
         notes.append(
@@ -198,7 +198,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         stalls.filter(pl.col("rank").is_in(gpu_ranks)),
         unmatched,
     )
-    model = whatif.model(g, rl)
+    model = whatif.model(g, rl, config.whatif_chunks)
 
     say("findings", 8, total)
     hta = None

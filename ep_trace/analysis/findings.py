@@ -222,16 +222,19 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "whatif": _wf_ev(r),
         "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
+    ep = has_ep_traffic(a)
+    why = "for reasons its expert load does not explain" if ep else "before the collectives"
     return [
         Finding(
             "straggler_wait",
             severity(saving, step_ns),
-            f"Rank {rank} is late at the collectives for reasons its expert load does not explain (last at "
-            f"{row['times_last']} of {n_calls} calls); removing its lateness saves {fmt_ns(saving)} per step (simulated).",
+            f"Rank {rank} is late {why} (last at {row['times_last']} of {n_calls} calls); removing its lateness "
+            f"saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
             f"Find why rank {rank} is late before the collective: a host stall, slower hardware, a noisy neighbour or "
-            "extra work outside the experts; its comm is the shortest, so this is not the network.",
+            + ("extra work outside the experts" if ep else "extra work on that rank")
+            + "; its comm is the shortest, so this is not the network.",
             (rank,),
         )
     ]

@@ -45,16 +45,18 @@ class Prepared:
     transfer: np.ndarray
     levels: list[np.ndarray]
     end_nodes: np.ndarray
+    t0: int  # times are relative to it: float64 keeps ns exact only below 2**53 (epoch ns are ~2**60)
 
 
 @dataclass(frozen=True)
 class Replay:
-    """Replayed times (aligned clock, ns; float64) of every node and every (rank, step) end."""
+    """Replayed times (ns after ``t0`` on the aligned clock; float64) of every node and (rank, step) end."""
 
     start: np.ndarray
     arrival: np.ndarray
     end: np.ndarray
     step_end: np.ndarray  # per row of StepGraph.starts
+    t0: int
 
 
 def prepare(g: StepGraph) -> Prepared:
@@ -73,6 +75,7 @@ def prepare(g: StepGraph) -> Prepared:
     end_nodes = np.full(g.starts.height, -1, dtype=np.int64)
     ei = np.flatnonzero(is_end)
     end_nodes[rs[ei]] = ei
+    t0 = int(g.starts["start_ns"].min() or 0) if g.starts.height else 0
     return Prepared(
         pred=n["pred"].to_numpy().astype(np.int64),
         group=n["group"].to_numpy().astype(np.int64),
@@ -81,11 +84,12 @@ def prepare(g: StepGraph) -> Prepared:
         sync=kind == "call",
         is_end=is_end,
         rs=rs.astype(np.int64),
-        step_start=g.starts["start_ns"].to_numpy().astype(np.float64),
+        step_start=(g.starts["start_ns"].to_numpy() - t0).astype(np.float64),
         gap=n["gap_ns"].to_numpy().astype(np.float64),
         transfer=n["transfer_ns"].to_numpy().astype(np.float64),
         levels=levels,
         end_nodes=end_nodes,
+        t0=t0,
     )
 
 
@@ -141,13 +145,13 @@ def replay(
     s[en[ok]] = se
     a[en[ok]] = se
     e[en[ok]] = se
-    return Replay(start=s, arrival=a, end=e, step_end=step_end)
+    return Replay(start=s, arrival=a, end=e, step_end=step_end, t0=p.t0)
 
 
 def step_times(g: StepGraph, r: Replay) -> pl.DataFrame:
     """``rank, step, replayed_ns`` (replayed step end - step start)."""
     return g.starts.select("rank", "step").with_columns(
-        pl.Series("replayed_ns", np.rint(r.step_end - g.starts["start_ns"].to_numpy()).astype(np.int64))
+        pl.Series("replayed_ns", np.rint(r.step_end - (g.starts["start_ns"].to_numpy() - r.t0)).astype(np.int64))
     )
 
 

@@ -5,9 +5,10 @@ median over steps of the mean over ranks of the replayed step length, ``saving_n
 baseline (the same statistic, unedited) minus it. A scenario that does not apply to the trace (no
 routing counts, no collectives, no stall) is absent, never a zero row.
 
-* ``no_straggler``: the late rank's work before each arrival, less its expert compute (the part its
-  load explains, which is ``balanced_routing``'s), set to the median of the other ranks' (never
-  lengthened). The late rank is the one with the largest such excess over all calls.
+* ``no_straggler``: the late rank's work before each arrival where it came last, less its expert
+  compute (the part its load explains, which is ``balanced_routing``'s), set to the median of the
+  other ranks' (never lengthened). The late rank is the one with the largest such excess over all calls, present only
+  when it stands out (:data:`STANDOUT` x the next rank's excess).
 * ``balanced_routing``: each rank's expert compute scaled by mean load / its load per (step,
   layer) from ``rank_load`` (exact counts or split lists).
 * ``full_overlap``: every transfer runs behind the work that follows it (the next collective of
@@ -25,6 +26,7 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,11 @@ from ep_trace.analysis.critical_path import critical_path
 from ep_trace.analysis.graph import StepGraph
 from ep_trace.analysis.replay import Prepared, prepare, replay, replay_error
 
-__all__ = ["Model", "model", "chunked", "WHATIF_SCHEMA"]
+__all__ = ["Model", "model", "chunked", "WHATIF_SCHEMA", "STANDOUT"]
+
+log = logging.getLogger(__name__)
+#: The late rank's excess over the others must be this multiple of the next rank's.
+STANDOUT = 1.3
 
 WHATIF_SCHEMA = {
     "scenario": pl.Utf8,
@@ -56,8 +62,8 @@ class Model:
     straggler_rank: int | None
 
 
-def _step_stat(g: StepGraph, step_end: np.ndarray) -> float:
-    d = g.starts.select("step").with_columns(pl.Series("_t", step_end - g.starts["start_ns"].to_numpy()))
+def _step_stat(g: StepGraph, p: Prepared, step_end: np.ndarray) -> float:
+    d = g.starts.select("step").with_columns(pl.Series("_t", step_end - p.step_start))
     per = d.group_by("step").agg(pl.col("_t").mean())
     return float(per["_t"].median() or 0.0)
 
@@ -78,15 +84,24 @@ def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple
     if calls.is_empty():
         return np.zeros(n.height), None
     x = calls.with_columns(pl.Series("_x", (gap - expert)[calls["node"].to_numpy()]))
+    # only the lateness that delayed others counts: calls where the rank arrived last
+    s = n["start_ns"].to_numpy()[calls["node"].to_numpy()]
+    x = x.with_columns(pl.Series("_s", s)).with_columns((pl.col("_s") == pl.col("_s").max().over("group")).alias("_last"))
     pairs = x.join(x.select("group", pl.col("node").alias("_o"), pl.col("_x").alias("_ox")), on="group").filter(
         pl.col("node") != pl.col("_o")
     )
     med = pairs.group_by("node").agg(pl.col("_ox").median().alias("_m"))
-    x = x.join(med, on="node", how="inner").with_columns((pl.col("_x") - pl.col("_m")).clip(0).alias("_ex"))
+    x = x.join(med, on="node", how="inner").with_columns(
+        pl.when(pl.col("_last")).then((pl.col("_x") - pl.col("_m")).clip(0)).otherwise(0.0).alias("_ex")
+    )
     if x.is_empty():
         return np.zeros(n.height), None
     tot = x.group_by("rank").agg(pl.col("_ex").sum()).sort(["_ex", "rank"], descending=[True, False])
-    if float(tot["_ex"][0]) <= 0:
+    log.debug("straggler excess per rank: %s", tot.rows())
+    second = float(tot["_ex"][1]) if tot.height > 1 else 0.0
+    # a straggler stands out: at least STANDOUT x the next rank's excess (else it is scheduling noise
+    # spread over the ranks, not one late rank)
+    if float(tot["_ex"][0]) <= 0 or float(tot["_ex"][0]) < STANDOUT * second:
         return np.zeros(n.height), None
     r = int(tot["rank"][0])
     sel = x.filter(pl.col("rank") == r)
@@ -154,12 +169,13 @@ def _overhead(g: StepGraph) -> float:
     return 2.0 * float(src["transfer_ns"].median() or 0.0)
 
 
-def model(g: StepGraph, rank_load: pl.DataFrame) -> Model:
+def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
     Args:
         g: The step graph.
         rank_load: ``Analysis.rank_load`` (receive rows per rank, step, layer).
+        chunk_counts: k values ``chunked_pipeline`` tries.
 
     Returns:
         The :class:`Model`.
@@ -168,7 +184,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame) -> Model:
     r0 = replay(p)
     rep = replay_error(g, r0)
     cp = critical_path(g)
-    base = _step_stat(g, r0.step_end)
+    base = _step_stat(g, p, r0.step_end)
     rows: list[tuple[str, float, list[int], int | None]] = []
     all_ranks = sorted(int(r) for r in g.starts["rank"].unique())
     n = g.nodes
@@ -178,7 +194,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame) -> Model:
     edits = False
 
     def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool = False) -> float:
-        return _step_stat(g, replay(p, gap, tr, overlap).step_end)
+        return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
 
     sd, srank = _straggler_delta(g, p.gap, expert) if has_calls else (np.zeros(n.height), None)
     if srank is not None:
@@ -215,7 +231,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame) -> Model:
         gap_all -= 0.5 * perm
     ovh = _overhead(g)
     best: tuple[float, int] | None = None
-    for k in range(2, 9):
+    for k in chunk_counts:
         e = chunked(g, p, k, ovh)
         if e is None:
             break
