@@ -91,7 +91,7 @@ def verdict(analysis: Analysis) -> Verdict:
         )
     top = found[0]
     share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
-    detail = f"Simulated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
+    detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
     wf = analysis.whatif
     if wf is not None and wf.height and (wf["scenario"] == "all").any():
         bound = int(wf.filter(pl.col("scenario") == "all")["saving_ns"][0])

@@ -39,6 +39,14 @@ def _max(df: pl.DataFrame, col: str) -> Any:
     return df[col].max() if df.height and col in df.columns else None
 
 
+def _spread(steps: pl.DataFrame) -> float | None:
+    """Std over steps of the slowest rank's step time (the run's own noise; ``ep-trace compare``)."""
+    if steps.is_empty():
+        return None
+    per = steps.group_by("step").agg(pl.col("step_time_ns").max())
+    return float(per["step_time_ns"].cast(pl.Float64).std() or 0.0) if per.height > 1 else None
+
+
 def build_summary(a: Analysis) -> dict[str, Any]:
     """Build the summary dict of ``a`` (keys documented in docs/summary.md).
 
@@ -129,6 +137,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len()
         else None,
         "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),
+        "step_time_spread_ns": _spread(a.steps),
         "matched_calls": valid.height,
         "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
     }
