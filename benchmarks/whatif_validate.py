@@ -43,7 +43,18 @@ PAIRS = {
 
 
 def _demo(out: Path, extra: list[str], steps: int, tokens: int) -> None:
-    cmd = [sys.executable, "-c", "from ep_trace.cli import main; main()", "demo", "--out", str(out), "--ranks", "2", "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from ep_trace.cli import main; main()",
+        "demo",
+        "--out",
+        str(out),
+        "--ranks",
+        "2",
+        "--steps",
+        str(steps),
+    ]
     cmd += ["--tokens", str(tokens), "--seed", "0", *extra]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
 
@@ -105,7 +116,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        print("| pair | what-if | A ms (min..max) | B ms (min..max) | measured saving ms | predicted ms (min..max) | error % |")
+        print(
+            "| pair | what-if | A ms (min..max) | B ms (min..max) | measured saving ms | predicted ms (min..max) | error % |"
+        )
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
             r = run_pair(name, args.repeats, args.steps, work)

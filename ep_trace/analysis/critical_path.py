@@ -14,15 +14,20 @@ Segments tile the critical rank's step window, so ``by_cause`` sums to its step 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import polars as pl
 
 from ep_trace.analysis.graph import StepGraph
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
 __all__ = ["critical_path", "CP_SCHEMA", "CAUSES", "composition"]
 
 CAUSES = ("compute", "transfer", "barrier_wait", "host_stall", "launch_gap", "unexplained")
-CP_SCHEMA = {
+CP_SCHEMA: dict[str, PolarsDataType] = {
     "step": pl.Int64,
     "seq": pl.Int32,
     "rank": pl.Int32,
@@ -72,7 +77,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     hi = np.searchsorted(wnode, np.arange(n.height), "right")
     starts = g.starts
     st_start = {(int(r), int(t)): int(x) for r, t, x in starts.select("rank", "step", "start_ns").iter_rows()}
-    end_node = {(int(rank[i]), int(step[i])): i for i in np.flatnonzero(kind == "end")}
+    end_node: dict[tuple[int, int], int] = {(int(rank[i]), int(step[i])): int(i) for i in np.flatnonzero(kind == "end")}
     lengths = starts.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("_l")).sort(
         ["step", "_l", "rank"], descending=[False, True, False]
     )
@@ -80,7 +85,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     rows: list[tuple[int, int, int, int, str, str | None, str]] = []
     for stp, rho, t_lo, t_hi in crit.select("step", "rank", "start_ns", "end_ns").iter_rows():
         seg: list[tuple[int, int, int, str, str | None, str]] = []
-        cur = end_node.get((int(rho), int(stp)))
+        cur: int | None = end_node.get((int(rho), int(stp)))
         guard = 0
         while cur is not None and guard < n.height + 1:
             guard += 1
@@ -88,7 +93,9 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
             if kind[i] != "end":
                 lbl = coll[i] + (f" ({direc[i]})" if direc[i] else "")
                 if kind[i] == "local":
-                    seg.append((int(rank[i]), int(s[i]), int(e[i]), "transfer", None, lbl + " (not joined across ranks)"))
+                    seg.append(
+                        (int(rank[i]), int(s[i]), int(e[i]), "transfer", None, lbl + " (not joined across ranks)")
+                    )
                 else:
                     cause = "host_stall" if direc[i] == "count" else "transfer"
                     seg.append((int(rank[i]), int(max(s[i], a[i])), int(e[i]), cause, None, lbl))
@@ -105,7 +112,9 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
                 continue
             q0 = st_start.get((int(rank[i]), int(stp)), t_lo)
             if q0 > t_lo:
-                seg.append((int(rho), int(t_lo), int(q0), "barrier_wait", None, f"rank {int(rank[i])} not yet in the step"))
+                seg.append(
+                    (int(rho), int(t_lo), int(q0), "barrier_wait", None, f"rank {int(rank[i])} not yet in the step")
+                )
             break
         rows += _tile(int(stp), seg, int(t_lo), int(t_hi), int(rho))
     if not rows:
@@ -115,7 +124,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
         out.sort("step", "start_ns")
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over("step").alias("seq"))
         .select(list(CP_SCHEMA))
-        .cast(CP_SCHEMA)
+        .cast(pl.Schema(CP_SCHEMA))
     )
 
 

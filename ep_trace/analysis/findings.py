@@ -6,7 +6,8 @@ different findings come from one model and rank against each other (they still o
 ``all`` what-if is the bound, not their sum):
 
 * exposed_comm <- ``chunked_pipeline`` on EP traces (the remedy named), else ``full_overlap``;
-* straggler_wait <- ``no_straggler`` (lateness its expert load does not explain);
+* straggler_wait <- ``no_straggler`` (lateness its expert load does not explain); the most loaded
+  rank whose lateness balancing the routing recovers by half or more is routing imbalance instead;
 * routing_imbalance <- ``balanced_routing``;
 * host_stall <- ``no_host_stalls``;
 * bandwidth_bound <- ``fp8_dispatch`` (EP traffic only);
@@ -38,6 +39,9 @@ __all__ = ["with_findings", "severity", "fmt_ns", "MIN_FIT_CALLS", "MIN_FIT_R2"]
 
 MIN_FIT_CALLS = 8  # calls in an alpha-beta fit before it may make a finding
 MIN_FIT_R2 = 0.8  # and its r2
+REBALANCE_SHARE = (
+    0.5  # balanced_routing saving / no_straggler saving above which the late, most loaded rank is imbalance
+)
 
 _ORDER = {"high": 0, "medium": 1, "low": 2}
 
@@ -162,7 +166,11 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
             "Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while "
             "the expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch."
         )
-        how = f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks" if r["scenario"] == "chunked_pipeline" else "full overlap"
+        how = (
+            f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks"
+            if r["scenario"] == "chunked_pipeline"
+            else "full overlap"
+        )
     else:
         remedy = (
             "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
@@ -172,11 +180,19 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
     mostly_wait = measurable and wait > 0.5 * exp
     if mostly_wait:
         remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first."
-    split = "" if not measurable else (
-        f"; {fmt_ns(wait)} of it is waiting for a late rank" if mostly_wait else f"; {fmt_ns(max(exp - wait, 0))} of it is transfer, not wait"
+    split = (
+        ""
+        if not measurable
+        else (
+            f"; {fmt_ns(wait)} of it is waiting for a late rank"
+            if mostly_wait
+            else f"; {fmt_ns(max(exp - wait, 0))} of it is transfer, not wait"
+        )
     )
     layers = (
-        tuple(sorted({int(v) for v in st.filter(pl.col("rank") == w["rank"])["layer"].drop_nulls()})) if st.height else ()
+        tuple(sorted({int(v) for v in st.filter(pl.col("rank") == w["rank"])["layer"].drop_nulls()}))
+        if st.height
+        else ()
     )
     return [
         Finding(
@@ -199,16 +215,22 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         return []
     rank = int(r["ranks"][0])
     saving = int(r["saving_ns"])
-    # a straggler stands out: removing its lateness must save a meaningful part of the step (1 %),
-    # and more than rebalancing the routing (else its lateness is load, i.e. routing_imbalance)
-    bal = _wf(a, "balanced_routing")
+    # a straggler stands out: removing its lateness must save a meaningful part of the step (1 %)
     if step_ns > 0 and saving < 0.01 * step_ns:
         return []
-    if bal is not None and int(bal["saving_ns"]) >= saving and rank in [int(x) for x in bal["ranks"]]:
+    # the most loaded rank, late by about what balancing the routing saves, is routing imbalance:
+    # a CPU-starved or memory-bound rank with more tokens is slower in every phase, not only in its
+    # expert GEMMs (REBALANCE_SHARE of the straggler saving explained by load is enough)
+    bal = _wf(a, "balanced_routing")
+    if bal is not None and rank == _most_loaded(a) and int(bal["saving_ns"]) >= REBALANCE_SHARE * saving:
         return []
     s = a.stragglers.filter(pl.col("rank") == rank)
     n_calls = int(a.calls.filter(pl.col("valid")).height) if a.calls.height else 0
-    row = s.row(0, named=True) if s.height else {"times_last": 0, "induced_wait_ns": 0, "lateness_p50_ns": 0, "total_wait_ns": 0}
+    row = (
+        s.row(0, named=True)
+        if s.height
+        else {"times_last": 0, "induced_wait_ns": 0, "lateness_p50_ns": 0, "total_wait_ns": 0}
+    )
     wm = a.wait_matrix.filter(pl.col("waited_for") == rank)
     ev = {
         "rank": rank,
@@ -240,6 +262,17 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     ]
 
 
+def _most_loaded(a: Analysis) -> int | None:
+    rl = a.rank_load
+    if rl.is_empty():
+        return None
+    return int(
+        rl.group_by("rank")
+        .agg(pl.col("recv_rows").sum())
+        .sort(["recv_rows", "rank"], descending=[True, False])["rank"][0]
+    )
+
+
 def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
     r = _wf(a, "balanced_routing")
     agg = run_aggregate(a.imbalance)
@@ -253,7 +286,8 @@ def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
         el = a.expert_load.group_by("expert").agg(pl.col("count").sum()).sort("count", descending=True)
         tot = float(el["count"].sum()) or 1.0
         hot = [
-            {"expert": int(x["expert"]), "share": round(float(x["count"]) / tot, 4)} for x in el.head(3).iter_rows(named=True)
+            {"expert": int(x["expert"]), "share": round(float(x["count"]) / tot, 4)}
+            for x in el.head(3).iter_rows(named=True)
         ]
     worst = a.imbalance.sort("I_r", descending=True, nulls_last=True).head(1)
     maxrank = None
@@ -306,7 +340,12 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         .sort("p50", descending=True)
     )
     w = per.row(0, named=True)
-    names = hs.filter(pl.col("rank") == w["rank"]).group_by("name").agg(pl.col("stall_ns").sum()).sort("stall_ns", descending=True)
+    names = (
+        hs.filter(pl.col("rank") == w["rank"])
+        .group_by("name")
+        .agg(pl.col("stall_ns").sum())
+        .sort("stall_ns", descending=True)
+    )
     ev = {
         "rank": w["rank"],
         "stall_p50_ns_per_step": int(w["p50"]),
@@ -314,7 +353,8 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "calls": int(w["n"]),
         "by_call": {x["name"]: int(x["stall_ns"]) for x in names.head(5).iter_rows(named=True)},
         "by_stage": {
-            str(x["stage"]): int(x["stall_ns"]) for x in hs.group_by("stage").agg(pl.col("stall_ns").sum()).iter_rows(named=True)
+            str(x["stage"]): int(x["stall_ns"])
+            for x in hs.group_by("stage").agg(pl.col("stall_ns").sum()).iter_rows(named=True)
         },
         "whatif": _wf_ev(r),
         "saving_rule": "simulated: blocking host calls take no time",
@@ -397,7 +437,11 @@ def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
                     f"{words} are bandwidth-bound at {r['beta_gbps']:.3g} GB/s (r2 = {r['r2']:.2f}); FP8 dispatch saves "
                     f"{fmt_ns(saving)} per step (simulated).",
                     saving,
-                    {**{k: _num(v) for k, v in r.items()}, "whatif": _wf_ev(wf), "saving_rule": "simulated: dispatch transfers halved"},
+                    {
+                        **{k: _num(v) for k, v in r.items()},
+                        "whatif": _wf_ev(wf),
+                        "saving_rule": "simulated: dispatch transfers halved",
+                    },
                     "Dispatch in FP8, use hierarchical all-to-all (NVLink inside the node, one RDMA hop across), and "
                     "node-limited routing to cut cross-node bytes.",
                 )
@@ -411,7 +455,11 @@ def _pack(a: Analysis, step_ns: float) -> list[Finding]:
     if r is None or st.is_empty() or int(r["saving_ns"]) <= 0:
         return []
     per = (
-        st.group_by(["rank", "step"]).agg(pl.col("busy_ns").sum()).group_by("rank").agg(pl.col("busy_ns").mean()).sort("busy_ns", descending=True)
+        st.group_by(["rank", "step"])
+        .agg(pl.col("busy_ns").sum())
+        .group_by("rank")
+        .agg(pl.col("busy_ns").mean())
+        .sort("busy_ns", descending=True)
     )
     w = per.row(0, named=True)
     if step_ns <= 0 or w["busy_ns"] < 0.1 * step_ns:

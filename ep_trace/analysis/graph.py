@@ -30,14 +30,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import polars as pl
 
 from ep_trace.analysis.intervals import range_join, subtract, union
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
 __all__ = ["StepGraph", "build_graph"]
 
-_NODE_SCHEMA = {
+_NODE_SCHEMA: dict[str, PolarsDataType] = {
     "node": pl.Int64,
     "rank": pl.Int32,
     "step": pl.Int64,
@@ -53,7 +58,7 @@ _NODE_SCHEMA = {
     "full": pl.Boolean,
     "waited_for": pl.Int32,
 }
-_COLS = {k: v for k, v in _NODE_SCHEMA.items() if k != "node"}
+_COLS: dict[str, PolarsDataType] = {k: v for k, v in _NODE_SCHEMA.items() if k != "node"}
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ def build_graph(
             )
         )
     comm = (
-        pl.concat([p.cast(_COLS, strict=False) for p in parts]).join(
+        pl.concat([p.cast(pl.Schema(_COLS), strict=False) for p in parts]).join(
             starts.select("rank", "step"), on=["rank", "step"], how="semi"
         )
         if parts
@@ -189,7 +194,7 @@ def build_graph(
         pl.col("rank").alias("waited_for"),
     )
     nodes = (
-        pl.concat([comm.select(list(_COLS)), ends.cast(_COLS)])
+        pl.concat([comm.select(list(_COLS)), ends.cast(pl.Schema(_COLS))])
         .sort(["rank", "step", "start_ns", "end_ns"])
         .with_row_index("node")
         .with_columns(pl.col("node").cast(pl.Int64))
@@ -238,7 +243,7 @@ def _work(
     stalls: pl.DataFrame,
 ) -> pl.DataFrame:
     """Tile every lead gap with compute / host_stall / launch_gap pieces, split by stage windows."""
-    schema = {
+    schema: dict[str, PolarsDataType] = {
         "node": pl.Int64,
         "rank": pl.Int32,
         "step": pl.Int64,
@@ -259,7 +264,9 @@ def _work(
         )
     ).drop("offset_ns")
     comp = union(
-        to_aligned(activity.filter(pl.col("cls") == "compute").select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns")),
+        to_aligned(
+            activity.filter(pl.col("cls") == "compute").select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns")
+        ),
         ["rank"],
     )
     stl = to_aligned(stalls.select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns"))
@@ -276,7 +283,9 @@ def _work(
     c = clip_to_gaps(comp)
     h = subtract(clip_to_gaps(stl), c, ["node", "rank"]) if stl.height else c.head(0)
     busy = pl.concat([c, h.select(c.columns)])
-    idle = subtract(g.select("node", "rank", pl.col("g_s").alias("start_ns"), pl.col("g_e").alias("end_ns")), busy, ["node", "rank"])
+    idle = subtract(
+        g.select("node", "rank", pl.col("g_s").alias("start_ns"), pl.col("g_e").alias("end_ns")), busy, ["node", "rank"]
+    )
     pieces = pl.concat(
         [
             c.with_columns(pl.lit("compute").alias("cause")),
@@ -316,22 +325,36 @@ def _work(
             .drop("_pe")
         )
         rest = subtract(
-            pieces.select("pid", "rank", "start_ns", "end_ns"), staged.select("pid", "rank", "start_ns", "end_ns"), ["pid", "rank"]
+            pieces.select("pid", "rank", "start_ns", "end_ns"),
+            staged.select("pid", "rank", "start_ns", "end_ns"),
+            ["pid", "rank"],
         ).join(pieces.select("pid", "node", "cause"), on="pid")
         out = pl.concat(
             [
                 staged.drop("pid"),
                 rest.select(
-                    "node", "rank", "cause", pl.lit(None, pl.Utf8).alias("stage"), pl.lit(None, pl.Int32).alias("layer"), "start_ns", "end_ns"
+                    "node",
+                    "rank",
+                    "cause",
+                    pl.lit(None, pl.Utf8).alias("stage"),
+                    pl.lit(None, pl.Int32).alias("layer"),
+                    "start_ns",
+                    "end_ns",
                 ),
             ]
         )
     else:
         out = pieces.select(
-            "node", "rank", "cause", pl.lit(None, pl.Utf8).alias("stage"), pl.lit(None, pl.Int32).alias("layer"), "start_ns", "end_ns"
+            "node",
+            "rank",
+            "cause",
+            pl.lit(None, pl.Utf8).alias("stage"),
+            pl.lit(None, pl.Int32).alias("layer"),
+            "start_ns",
+            "end_ns",
         )
     out = out.join(nodes.select("node", "step"), on="node")
-    return out.select(list(schema)).cast(schema).sort("node", "start_ns")
+    return out.select(list(schema)).cast(pl.Schema(schema)).sort("node", "start_ns")
 
 
 def level_order(nodes: pl.DataFrame) -> np.ndarray:

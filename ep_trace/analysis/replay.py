@@ -75,7 +75,7 @@ def prepare(g: StepGraph) -> Prepared:
     end_nodes = np.full(g.starts.height, -1, dtype=np.int64)
     ei = np.flatnonzero(is_end)
     end_nodes[rs[ei]] = ei
-    t0 = int(g.starts["start_ns"].min() or 0) if g.starts.height else 0
+    t0 = int(g.starts["start_ns"].to_numpy().min()) if g.starts.height else 0
     return Prepared(
         pred=n["pred"].to_numpy().astype(np.int64),
         group=n["group"].to_numpy().astype(np.int64),

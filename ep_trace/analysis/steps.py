@@ -101,7 +101,9 @@ def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.Dat
     steps = sorted(int(s) for s in windows["step"].unique())
     active = {int(s) for s in active_steps.drop_nulls()}
     while len(steps) > 1 and steps[-1] not in active:
-        notes.append(f"step {steps[-1]} holds no activity on any rank (empty trailing step): left out (--steps overrides)")
+        notes.append(
+            f"step {steps[-1]} holds no activity on any rank (empty trailing step): left out (--steps overrides)"
+        )
         steps.pop()
     if len(steps) >= 3:
         per = (
@@ -111,7 +113,7 @@ def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.Dat
             .sort("step")
         )
         first, rest = float(per["_t"][0]), per["_t"][1:]
-        med = float(rest.median() or 0.0)
+        med = float(rest.median() or 0.0)  # type: ignore[arg-type]  # a numeric column
         if med > 0 and first > WARMUP_FACTOR * med:
             notes.append(
                 f"step {steps[0]} is warm-up ({first / med:.3g}x the median of the other steps): left out "

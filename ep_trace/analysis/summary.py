@@ -204,7 +204,7 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
             pl.col("error_pct").max(), pl.col("measured_ns").median(), pl.col("replayed_ns").median()
         )
         replay = {
-            "error_pct": float(rep["error_pct"].max()),
+            "error_pct": float(rep["error_pct"].to_numpy().max()),
             "per_rank": [
                 {
                     "rank": int(r["rank"]),
@@ -224,9 +224,7 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
         critical = composition(cp, rep_step)
         seg = cp.filter(pl.col("step") == rep_step)
         critical["segments"] = seg.select("seq", "rank", "start_ns", "end_ns", "cause", "stage", "name").to_dicts()
-        critical["per_step"] = [composition(cp, int(s)) | {"segments": None} for s in sorted(cp["step"].unique())]
-        for d in critical["per_step"]:
-            d.pop("segments", None)
+        critical["per_step"] = [composition(cp, int(s)) for s in sorted(cp["step"].unique())]
     wf = a.whatif
     whatif = (
         [

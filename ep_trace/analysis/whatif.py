@@ -5,8 +5,8 @@ median over steps of the mean over ranks of the replayed step length, ``saving_n
 baseline (the same statistic, unedited) minus it. A scenario that does not apply to the trace (no
 routing counts, no collectives, no stall) is absent, never a zero row.
 
-* ``no_straggler``: the late rank's work before each arrival where it came last, less its expert
-  compute (the part its load explains, which is ``balanced_routing``'s), set to the median of the
+* ``no_straggler``: the late rank's work before each arrival where it came last, less the part its
+  expert load explains (``_load_explained``; that part is ``balanced_routing``'s), set to the median of the
   other ranks' (never lengthened). The late rank is the one with the largest such excess over all calls, present only
   when it stands out (:data:`STANDOUT` x the next rank's excess).
 * ``balanced_routing``: each rank's expert compute scaled by mean load / its load per (step,
@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import polars as pl
 
@@ -36,13 +38,16 @@ from ep_trace.analysis.critical_path import critical_path
 from ep_trace.analysis.graph import StepGraph
 from ep_trace.analysis.replay import Prepared, prepare, replay, replay_error
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
 __all__ = ["Model", "model", "chunked", "WHATIF_SCHEMA", "STANDOUT"]
 
 log = logging.getLogger(__name__)
 #: The late rank's excess over the others must be this multiple of the next rank's.
 STANDOUT = 1.3
 
-WHATIF_SCHEMA = {
+WHATIF_SCHEMA: dict[str, PolarsDataType] = {
     "scenario": pl.Utf8,
     "predicted_step_ns": pl.Int64,
     "saving_ns": pl.Int64,
@@ -65,7 +70,7 @@ class Model:
 def _step_stat(g: StepGraph, p: Prepared, step_end: np.ndarray) -> float:
     d = g.starts.select("step").with_columns(pl.Series("_t", step_end - p.step_start))
     per = d.group_by("step").agg(pl.col("_t").mean())
-    return float(per["_t"].median() or 0.0)
+    return float(np.median(per["_t"].to_numpy())) if per.height else 0.0
 
 
 def _per_node(g: StepGraph, mask: pl.Expr) -> np.ndarray:
@@ -78,7 +83,7 @@ def _per_node(g: StepGraph, mask: pl.Expr) -> np.ndarray:
 
 
 def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, int | None]:
-    """Gap reduction of the late rank's calls (0 elsewhere) and that rank."""
+    """Gap reduction of the late rank's calls (0 elsewhere) and that rank (``expert``: the load-explained part)."""
     n = g.nodes
     calls = n.select("node", "rank", "group", "kind").filter(pl.col("kind") == "call")
     if calls.is_empty():
@@ -86,7 +91,9 @@ def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple
     x = calls.with_columns(pl.Series("_x", (gap - expert)[calls["node"].to_numpy()]))
     # only the lateness that delayed others counts: calls where the rank arrived last
     s = n["start_ns"].to_numpy()[calls["node"].to_numpy()]
-    x = x.with_columns(pl.Series("_s", s)).with_columns((pl.col("_s") == pl.col("_s").max().over("group")).alias("_last"))
+    x = x.with_columns(pl.Series("_s", s)).with_columns(
+        (pl.col("_s") == pl.col("_s").max().over("group")).alias("_last")
+    )
     pairs = x.join(x.select("group", pl.col("node").alias("_o"), pl.col("_x").alias("_ox")), on="group").filter(
         pl.col("node") != pl.col("_o")
     )
@@ -110,6 +117,43 @@ def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple
     return d, r
 
 
+def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -> np.ndarray:
+    """Per node: the part of its lead gap its expert load explains, ns.
+
+    Without routing counts: its expert compute. With them: its expert-stage time (compute, and the
+    idle between ops that a CPU-starved, busier rank also accumulates) up to what the other ranks of
+    the same call take per token times its tokens: ``min(E_r, L_r x median_q (E_q / L_q))``, never less
+    than its expert compute. A sleep or stall inside the stage is beyond that, so it stays lateness.
+    """
+    if rank_load.is_empty() or g.work.is_empty():
+        return expert
+    L = rank_load.group_by(["step", "layer", "rank"]).agg(pl.col("recv_rows").sum().cast(pl.Float64).alias("_L"))
+    L = L.with_columns(pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32))
+    w = (
+        g.work.filter(pl.col("stage") == "expert")
+        .group_by(["node", "rank", "step", "layer"])
+        .agg((pl.col("end_ns") - pl.col("start_ns")).sum().cast(pl.Float64).alias("_E"))
+        .join(L, on=["step", "layer", "rank"], how="inner")
+        .group_by("node")
+        .agg(pl.col("_E").sum(), pl.col("_L").sum())
+        .filter(pl.col("_L") > 0)
+    )
+    if w.is_empty():
+        return expert
+    x = g.nodes.select("node", "group").join(w, on="node", how="inner")
+    pairs = x.join(
+        x.select("group", pl.col("node").alias("_o"), (pl.col("_E") / pl.col("_L")).alias("_rate")), on="group"
+    )
+    rate = pairs.filter(pl.col("node") != pl.col("_o")).group_by("node").agg(pl.col("_rate").median())
+    x = x.join(rate, on="node", how="inner").with_columns(
+        pl.min_horizontal("_E", pl.col("_rate") * pl.col("_L")).alias("_ex")
+    )
+    out = expert.copy()
+    idx = x["node"].to_numpy()
+    out[idx] = np.maximum(out[idx], x["_ex"].to_numpy())
+    return out
+
+
 def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, list[int]]:
     """Gap reduction (negative = lengthening) of expert compute scaled to the mean load."""
     z = np.zeros(g.nodes.height)
@@ -117,7 +161,9 @@ def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, l
         return z, []
     L = rank_load.group_by(["step", "layer", "rank"]).agg(pl.col("recv_rows").sum().alias("_L"))
     L = L.with_columns(pl.col("_L").mean().over(["step", "layer"]).alias("_m")).filter(pl.col("_L") > 0)
-    f_layer = L.select("step", pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_f"))
+    f_layer = L.select(
+        "step", pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_f")
+    )
     Ls = L.group_by(["step", "rank"]).agg(pl.col("_L").sum(), pl.col("_m").sum())
     f_step = Ls.select("step", pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_fs"))
     w = (
@@ -166,7 +212,7 @@ def _overhead(g: StepGraph) -> float:
     src = cnt if cnt.height else n
     if src.is_empty():
         return 0.0
-    return 2.0 * float(src["transfer_ns"].median() or 0.0)
+    return 2.0 * float(np.median(src["transfer_ns"].to_numpy()))
 
 
 def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> Model:
@@ -196,7 +242,8 @@ def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] =
     def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool = False) -> float:
         return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
 
-    sd, srank = _straggler_delta(g, p.gap, expert) if has_calls else (np.zeros(n.height), None)
+    explained = _load_explained(g, expert, rank_load)
+    sd, srank = _straggler_delta(g, p.gap, explained) if has_calls else (np.zeros(n.height), None)
     if srank is not None:
         rows.append(("no_straggler", run(np.maximum(p.gap - sd, 0)), [srank], None))
         gap_all -= sd

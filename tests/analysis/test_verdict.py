@@ -135,9 +135,9 @@ def _windows(lengths: list[int]) -> pl.DataFrame:
     for s, ln in enumerate(lengths):
         rows.append((0, s, t, t + ln, 1, "profiler_step"))
         t += ln
-    return pl.DataFrame(
-        rows, schema=["rank", "step", "start_ns", "end_ns", "tid", "method"], orient="row"
-    ).cast({"rank": pl.Int32, "step": pl.Int64})
+    return pl.DataFrame(rows, schema=["rank", "step", "start_ns", "end_ns", "tid", "method"], orient="row").cast(
+        {"rank": pl.Int32, "step": pl.Int64}
+    )
 
 
 def test_warmup_and_empty_trailing_steps():

@@ -199,8 +199,12 @@ def test_compare_within_noise_and_no_common_rank():
     assert c.noise_ns == pytest.approx(2 * (9e12 / 3 + 9e12 / 3) ** 0.5)
     assert headline(c).startswith("Within noise: B - A = +1.00 ms per step") and "neither run is better" in headline(c)
     assert comparison_to_dict(c)["step_time_ns"]["within_noise"] is True
-    quiet = compare_runs(dataclasses.replace(a, step_spread_ns=1e4, n_steps=3), dataclasses.replace(b, step_spread_ns=1e4, n_steps=3))
+    quiet = compare_runs(
+        dataclasses.replace(a, step_spread_ns=1e4, n_steps=3), dataclasses.replace(b, step_spread_ns=1e4, n_steps=3)
+    )
     assert headline(quiet).startswith("B is 1.00 ms slower per step than A")
     other = dataclasses.replace(b, ranks=b.ranks.with_columns(pl.col("rank") + 4))
     h = headline(compare_runs(a, other))
-    assert h.startswith("A and B have no rank in common (A: 0, 1, 2, 3; B: 4, 5, 6, 7): the figures compare different ranks.")
+    assert h.startswith(
+        "A and B have no rank in common (A: 0, 1, 2, 3; B: 4, 5, 6, 7): the figures compare different ranks."
+    )
