@@ -29,7 +29,6 @@ step end (:mod:`ep_trace.analysis.replay`); edits of the gaps and transfers are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np

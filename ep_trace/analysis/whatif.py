@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 import numpy as np
