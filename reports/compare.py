@@ -35,6 +35,7 @@ __all__ = [
     "compare_runs",
     "comparison_to_dict",
     "headline",
+    "within_noise",
     "stage_delta_figure",
     "rank_delta_figure",
     "render_compare_html",
@@ -52,12 +53,18 @@ class RunDigest:
         ranks: rank + ``_RANK_COLS`` (ns per step; step_time_ns is the P50 over steps, step_time_mean_ns the mean).
         stages: stage, busy_ns, window_ns (ns per step, mean over ranks).
         findings: kind, severity, title, est_saving_ns.
+        step_spread_ns: Step-to-step spread (std over steps of the slowest rank's step), the run's noise.
+        n_steps: Steps analysed.
     """
 
     label: str
     ranks: pl.DataFrame
     stages: pl.DataFrame
     findings: pl.DataFrame
+    #: Standard deviation over steps of the per-step step time (slowest rank), ns; None when unknown.
+    step_spread_ns: float | None = None
+    #: Steps behind the step statistics.
+    n_steps: int = 0
 
     @property
     def step_stat(self) -> str:
@@ -112,7 +119,17 @@ def digest_analysis(analysis: Analysis, label: str) -> RunDigest:
         ],
         schema=_FINDINGS_SCHEMA,
     )
-    return RunDigest(label, ranks, stages, findings)
+    spread, n = _spread(analysis.steps)
+    return RunDigest(label, ranks, stages, findings, spread, n)
+
+
+def _spread(steps: pl.DataFrame) -> tuple[float | None, int]:
+    """Std over steps of the per-step slowest-rank step time, and the number of steps."""
+    if steps.is_empty():
+        return None, 0
+    per = steps.group_by("step").agg(pl.col("step_time_ns").max())
+    n = per.height
+    return (float(per["step_time_ns"].cast(pl.Float64).std() or 0.0) if n > 1 else None), n
 
 
 def _records(obj: Any, key_name: str) -> list[dict[str, Any]]:
@@ -169,7 +186,17 @@ def digest_summary(summary: Mapping[str, Any], label: str) -> RunDigest:
         }
         for f in _records(summary.get("findings"), "kind")
     ]
-    return RunDigest(label, ranks, stages, pl.DataFrame(frows, schema=_FINDINGS_SCHEMA))
+    ov = summary.get("overall") or {}
+    spread = ov.get("step_time_spread_ns") if isinstance(ov, Mapping) else None
+    n_steps = len(summary.get("steps") or [])
+    return RunDigest(
+        label,
+        ranks,
+        stages,
+        pl.DataFrame(frows, schema=_FINDINGS_SCHEMA),
+        None if spread is None else float(spread),
+        n_steps,
+    )
 
 
 @dataclass(frozen=True)
@@ -197,6 +224,11 @@ class Comparison:
     step_stat: str = "mean"
     a_step_ns: float | None = None
     b_step_ns: float | None = None
+    #: 2 x the standard error of the step-time difference from the runs' own step-to-step spread
+    #: (None when a run has fewer than 2 steps or no spread): a change within it is noise.
+    noise_ns: float | None = None
+    #: Ranks present in both runs.
+    common_ranks: tuple[int, ...] = ()
 
 
 def _change(delta: pl.Expr, base: pl.Expr, tol: float) -> pl.Expr:
@@ -266,7 +298,13 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
     stat = "mean" if a.step_stat == b.step_stat == "mean" else "P50"
     sa, sb = a.step_time_ns(stat), b.step_time_ns(stat)
     delta = None if sa is None or sb is None else sb - sa
-    return Comparison(a, b, delta, st, rk, fd, float(st["delta_ns"].sum()) if st.height else 0.0, stat, sa, sb)
+    noise = None
+    if a.step_spread_ns is not None and b.step_spread_ns is not None and a.n_steps > 1 and b.n_steps > 1:
+        noise = 2.0 * math.sqrt(a.step_spread_ns**2 / a.n_steps + b.step_spread_ns**2 / b.n_steps)
+    common = tuple(sorted(set(a.ranks["rank"].to_list()) & set(b.ranks["rank"].to_list())))
+    return Comparison(
+        a, b, delta, st, rk, fd, float(st["delta_ns"].sum()) if st.height else 0.0, stat, sa, sb, noise, common
+    )
 
 
 def _clean(x: Any) -> Any:
@@ -283,7 +321,15 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
         "schema_version": 1,
         "a": c.a.label,
         "b": c.b.label,
-        "step_time_ns": {"a": c.a_step_ns, "b": c.b_step_ns, "delta": c.step_delta_ns, "statistic": c.step_stat},
+        "step_time_ns": {
+            "a": c.a_step_ns,
+            "b": c.b_step_ns,
+            "delta": c.step_delta_ns,
+            "statistic": c.step_stat,
+            "noise": c.noise_ns,
+            "within_noise": within_noise(c),
+        },
+        "common_ranks": list(c.common_ranks),
         "explained_by_stages_ns": c.explained_ns,
         "unexplained_ns": None if c.step_delta_ns is None else c.step_delta_ns - c.explained_ns,
         "stages": recs(c.stages),
@@ -292,16 +338,37 @@ def comparison_to_dict(c: Comparison) -> dict[str, Any]:
     }
 
 
+def within_noise(c: Comparison) -> bool | None:
+    """The step-time change is within the runs' own step-to-step spread (None when unknown)."""
+    if c.step_delta_ns is None or c.noise_ns is None:
+        return None
+    return abs(c.step_delta_ns) <= c.noise_ns
+
+
 def headline(c: Comparison) -> str:
-    """One sentence: how the step time moved and which stage moved most."""
+    """One sentence: how the step time moved (or that it is within noise) and which stage moved most."""
+    pre = ""
+    if not c.common_ranks and c.a.ranks.height and c.b.ranks.height:
+        pre = (
+            f"A and B have no rank in common (A: {_ranks_txt(c.a)}; B: {_ranks_txt(c.b)}): the figures compare "
+            "different ranks. "
+        )
     if c.step_delta_ns is None or not c.a_step_ns:
-        return "Step time not comparable (one run has no steps)."
-    word = "faster" if c.step_delta_ns < 0 else "slower"
+        return pre + "Step time not comparable (one run has no steps)."
     stat = c.step_stat
-    s = (
-        f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A ({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
-        f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank)."
-    )
+    if within_noise(c):
+        s = pre + (
+            f"Within noise: B - A = {fmt_ns(c.step_delta_ns, signed=True)} per step ({fmt_ns(c.a_step_ns)} → "
+            f"{fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank) is inside the runs' own step-to-step spread "
+            f"(±{fmt_ns(c.noise_ns)}, 2 standard errors); neither run is better."
+        )
+    else:
+        word = "faster" if c.step_delta_ns < 0 else "slower"
+        s = pre + (
+            f"B is {fmt_ns(abs(c.step_delta_ns))} {word} per step than A "
+            f"({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
+            f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank)."
+        )
     if c.stages.height:
         top = c.stages.sort(pl.col("delta_ns").abs(), descending=True).row(0, named=True)
         s += f" Largest stage change: {top['stage']} {fmt_ns(top['delta_ns'], signed=True)}."
@@ -320,7 +387,14 @@ def headline(c: Comparison) -> str:
         if stat == "mean"
         else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
     )
+    if c.noise_ns is not None and not within_noise(c):
+        s += f" The change is beyond the runs' own step-to-step spread (±{fmt_ns(c.noise_ns)}, 2 standard errors)."
     return s
+
+
+def _ranks_txt(d: RunDigest) -> str:
+    r = sorted(int(x) for x in d.ranks["rank"])
+    return ", ".join(str(x) for x in r[:8]) + (" ..." if len(r) > 8 else "")
 
 
 def stage_delta_figure(c: Comparison) -> go.Figure | None:

@@ -79,6 +79,8 @@ def verdict(analysis: Analysis) -> Verdict:
             f"; step time (slowest rank) mean {fmt_ns(ss.mean_ns)}, P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, "
             f"max {fmt_ns(ss.max_ns)}"
         )
+    if any("cannot be measured" in n for n in analysis.notes):
+        context += "; ranks are missing from some groups: wait and straggler cannot be measured"
     found = ranked_findings(analysis)
     if not found:
         return Verdict(
@@ -90,6 +92,10 @@ def verdict(analysis: Analysis) -> Verdict:
     top = found[0]
     share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
     detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
+    wf = analysis.whatif
+    if wf is not None and wf.height and (wf["scenario"] == "all").any():
+        bound = int(wf.filter(pl.col("scenario") == "all")["saving_ns"][0])
+        detail += f" Every fix at once (simulated bound): {fmt_ns(bound)} per step; the findings' savings overlap, do not add them."
     return Verdict(top.title, detail, context, top.severity)
 
 

@@ -19,6 +19,7 @@ class AnalysisConfig:
         align_clocks: Estimate and apply per-host clock offsets from matched collectives.
         representative_step: Step shown in the report timeline; ``None`` = the median-length step.
         max_timeline_ranks: Ranks drawn in the timeline before sampling (large jobs stay openable).
+        whatif_chunks: Chunk counts the ``chunked_pipeline`` what-if tries (it reports the best).
     """
 
     steps: tuple[int, int] | None = None
@@ -27,3 +28,4 @@ class AnalysisConfig:
     align_clocks: bool = True
     representative_step: int | None = None
     max_timeline_ranks: int = 16
+    whatif_chunks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)

@@ -14,13 +14,13 @@ from typing import cast
 
 import polars as pl
 
-from ep_trace.analysis import bandwidth, clocks, findings, imbalance, matching, stages
+from ep_trace.analysis import bandwidth, clocks, findings, graph, imbalance, matching, stages, whatif
 from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
 from ep_trace.analysis.result import Analysis
-from ep_trace.analysis.steps import assign_step, step_windows
+from ep_trace.analysis.steps import assign_step, select_steps, step_windows
 from ep_trace.errors import NothingToAnalyzeError
 from ep_trace.schema import STAGES as STAGES_SCHEMA
 from ep_trace.schema import TraceTables
@@ -46,7 +46,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     Raises:
         NothingToAnalyzeError: no events, or no profiler step in ``config.steps``.
     """
-    total = 8
+    total = 9
     say = progress or (lambda stage, done, tot: None)
     ev, coll, ranks = tables.events, tables.collectives, tables.ranks
     if ev.is_empty():
@@ -65,6 +65,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("overlap", 1, total)
     act, mode = device_activity(ev, coll, windows)
+    if config.steps is None:
+        windows, dropped = select_steps(windows, assign_step(act, windows, "anchor_ns")["step"])
+        notes += dropped
     act = assign_step(act, windows, "anchor_ns")
     ins = act.filter(pl.col("step").is_not_null())
     comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
@@ -80,8 +83,12 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     say("matching", 3, total)
     world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)
     matched, misaligned = matching.match_collectives(coll, windows, world)
-    if config.steps is not None:
-        matched = matched.filter(pl.col("step").is_not_null())
+    n_setup = int(matched.filter(pl.col("step").is_null())["coll_id"].len())
+    if n_setup:
+        # setup collectives (a c10d::barrier before the first ProfilerStep, ...) are not part of any
+        # analysed step: they would dominate every wait figure (1.61 s of 2.82 s in a skewed demo)
+        notes.append(f"{n_setup} collective rows outside the analysed profiler steps (setup barriers...): left out")
+    matched = matched.filter(pl.col("step").is_not_null())
     base = ranks.select("rank", pl.col("clock_offset_ns").alias("offset_ns"))
     calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
     ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
@@ -116,7 +123,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     if calls.height and not calls["complete"].all():
         notes.append(
             f"{int((~calls['complete']).sum())} matched calls miss ranks of their group (not in the trace set): "
-            "left out of wait figures"
+            "wait and straggler cannot be measured for them (no wait / transfer split is claimed); left out of wait figures"
         )
     if calls.height and not calls["causal"].all():
         notes.append(
@@ -179,7 +186,22 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     stalls = host_stalls(ev, matched, act, mode, arrivals)
     stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
 
-    say("findings", 7, total)
+    say("model", 7, total)
+    gpu_ranks = [r for r, m in mode.items() if m == "gpu"]
+    unmatched = matched.filter(pl.col("match_id").is_null()).select("rank", "step", "collective", "start_ns", "end_ns")
+    g = graph.build_graph(
+        windows,
+        rank_off,
+        calls,
+        call_ranks,
+        act,
+        stage_df,
+        stalls.filter(pl.col("rank").is_in(gpu_ranks)),
+        unmatched,
+    )
+    model = whatif.model(g, rl, config.whatif_chunks)
+
+    say("findings", 8, total)
     hta = None
     if config.hta_compatible:
         from ep_trace.analysis.hta_compat import hta_overlap
@@ -225,6 +247,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         load_report=tables.load_report,
         notes=tuple(notes),
         misaligned=misaligned,
+        replay=model.replay,
+        critical_path=model.critical_path,
+        whatif=model.whatif,
     )
     out = findings.with_findings(partial)
     log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))

@@ -1,34 +1,47 @@
-"""Findings: the ranked bottleneck verdict, each with evidence, an estimated saving and a remedy.
+"""Findings: the ranked bottleneck verdict, each with evidence, a simulated saving and a remedy.
 
-Estimated savings (per step, ns) — deliberately simple, stated in each finding's evidence:
+Every saving (per step, ns) is the ``saving_ns`` of a what-if re-simulated on the step graph
+(:mod:`ep_trace.analysis.whatif`), stated in each finding's ``evidence.whatif``, so savings of
+different findings come from one model and rank against each other (they still overlap: the
+``all`` what-if is the bound, not their sum):
 
-* exposed_comm: full overlap removes the exposed communication minus its barrier wait (the wait is
-  the straggler's / imbalance's) of the worst rank (P50 over steps);
-* straggler_wait: removing the straggler's lateness (last arrival - second-last arrival, summed
-  over the calls it was last in), P50 over steps; reported only when the rank stands out (twice the
-  next rank's P50 lateness, or last in at least half of the calls);
-* routing_imbalance: max replaced by mean: the expert stage of the most loaded rank shrinks by
-  (1 - 1/I_r);
-* host_stall: the device idle time under blocking host calls of the worst rank (P50 over steps);
-* small_message_latency: upper bound = calls per step x alpha of the class;
-* bandwidth_bound: FP8 dispatch halves dispatch bytes: half the dispatch transfer time per step;
-* pack_unpack_overhead: half of the permute + unpermute busy time of the worst rank per step
-  (fused permute kernels);
-* split_inconsistency / missing_collective: correctness findings, saving 0.
+* exposed_comm <- ``chunked_pipeline`` on EP traces (the remedy named), else ``full_overlap``;
+* straggler_wait <- ``no_straggler`` (lateness its expert load does not explain); the most loaded
+  rank whose lateness balancing the routing recovers by half or more is routing imbalance instead;
+* routing_imbalance <- ``balanced_routing``;
+* host_stall <- ``no_host_stalls``;
+* bandwidth_bound <- ``fp8_dispatch`` (EP traffic only);
+* pack_unpack_overhead <- ``fused_permute``;
+* small_message_latency: upper bound calls per step x alpha (no graph edit), only from a fit with
+  enough calls and r2 >= 0.8;
+* split_inconsistency / missing_collective: correctness findings, saving 0, listed after the
+  performance findings.
+
+Verdict hygiene (each rule has a test in tests/analysis/test_verdict.py): a finding with no positive
+simulated saving is not reported; EP remedies (all-to-all pipelining, DeepEP, count exchange,
+expert placement) only when the trace holds EP all-to-all traffic; with ranks missing from the
+calls' groups no wait / transfer split and no straggler is claimed; a headline never contradicts its
+remedy; figures carry 3 significant digits (:func:`fmt_ns`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, cast
+from typing import Any
 
 import polars as pl
 
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.result import Analysis, Finding
 
-__all__ = ["with_findings", "severity"]
+__all__ = ["with_findings", "severity", "fmt_ns", "MIN_FIT_CALLS", "MIN_FIT_R2"]
+
+MIN_FIT_CALLS = 8  # calls in an alpha-beta fit before it may make a finding
+MIN_FIT_R2 = 0.8  # and its r2
+REBALANCE_SHARE = (
+    0.5  # balanced_routing saving / no_straggler saving above which the late, most loaded rank is imbalance
+)
 
 _ORDER = {"high": 0, "medium": 1, "low": 2}
 
@@ -45,9 +58,58 @@ def _num(x: Any) -> Any:
     return x
 
 
+def fmt_ns(ns: float) -> str:
+    """A duration with 3 significant digits and a unit: ``2.45 s``, ``245 ms``, ``24.5 ms``, ``2.45 µs``."""
+    v = float(ns)
+    units = (("ns", 1.0), ("µs", 1e3), ("ms", 1e6), ("s", 1e9))
+    i = 0
+    while i < 3 and abs(v) >= units[i + 1][1]:
+        i += 1
+    while True:
+        x = v / units[i][1]
+        d = 0 if abs(x) >= 100 or i == 0 else 1 if abs(x) >= 10 else 2
+        txt = f"{x:.{d}f}"
+        if abs(float(txt)) < 1000 or i == 3:  # 999.7 ms prints as 1.00 s, not 1000 ms
+            return f"{txt} {units[i][0]}"
+        i += 1
+
+
+def _wf(a: Analysis, scenario: str) -> dict[str, Any] | None:
+    """The what-if row of ``scenario`` (None when absent: not applicable to this trace)."""
+    w = a.whatif
+    if w is None or w.is_empty():
+        return None
+    r = w.filter(pl.col("scenario") == scenario)
+    return r.row(0, named=True) if r.height else None
+
+
+def _wf_ev(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "scenario": r["scenario"],
+        "predicted_step_ns": int(r["predicted_step_ns"]),
+        "saving_ns": int(r["saving_ns"]),
+        "ranks": [int(x) for x in r["ranks"]],
+        **({"chunks": int(r["chunks"])} if r.get("chunks") is not None else {}),
+    }
+
+
+def has_ep_traffic(a: Analysis) -> bool:
+    """The trace holds expert-parallel token all-to-all traffic (an all-to-all(v) moving bytes)."""
+    c = a.calls
+    if c.is_empty():
+        return False
+    return bool(c.filter(pl.col("collective").str.starts_with("all_to_all")).height)
+
+
+def waits_measurable(a: Analysis) -> bool:
+    """Every matched call has all ranks of its group in the trace set (else wait is unmeasurable)."""
+    c = a.calls
+    return bool(c.height) and bool(c.filter(pl.col("n_ranks") > 1)["complete"].all()) if c.height else False
+
+
 def with_findings(a: Analysis) -> Analysis:
-    """Return ``a`` with its findings filled and ranked by estimated saving."""
-    step_ns = float(cast(float, a.rank_summary["step_time_ns"].median()) or 0.0) if a.rank_summary.height else 0.0
+    """Return ``a`` with its findings filled and ranked by simulated saving."""
+    step_ns = float(a.rank_summary["step_time_ns"].median() or 0.0) if a.rank_summary.height else 0.0
     n_steps = max(int(a.steps["step"].n_unique()), 1) if a.steps.height else 1
     out: list[Finding] = []
     out += _exposed(a, step_ns)
@@ -56,21 +118,23 @@ def with_findings(a: Analysis) -> Analysis:
     out += _stalls(a, step_ns, n_steps)
     out += _alpha_beta(a, step_ns, n_steps)
     out += _pack(a, step_ns)
-    out += _correctness(a)
+    # no finding without a positive saving heads (or joins) the performance list
+    out = [f for f in out if f.est_saving_ns > 0]
     out.sort(key=lambda f: (-f.est_saving_ns, _ORDER.get(f.severity, 3), f.kind))
+    out += _correctness(a)
     return dataclasses.replace(a, findings=tuple(out))
 
 
 def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
-    # Overlap can only hide the transfer: the part of the exposed comm that is barrier wait belongs
-    # to the straggler / imbalance findings, so it is taken out here (no double counting).
-    per = a.steps.with_columns((pl.col("exposed_comm_ns") - pl.col("barrier_wait_ns")).clip(0).alias("_x"))
-    x = per.group_by("rank").agg(pl.col("_x").median().round(0).cast(pl.Int64).alias("exposed_transfer_p50_ns"))
-    rs = a.rank_summary.join(x, on="rank").filter(pl.col("exposed_comm_p50_ns") > 0)
-    if rs.is_empty():
+    ep = has_ep_traffic(a)
+    r = (_wf(a, "chunked_pipeline") if ep else None) or _wf(a, "full_overlap")
+    rs = a.rank_summary.filter(pl.col("exposed_comm_p50_ns") > 0)
+    if r is None or rs.is_empty():
         return []
-    w = rs.sort(["exposed_transfer_p50_ns", "exposed_comm_p50_ns"], descending=True).row(0, named=True)
-    saving = int(w["exposed_transfer_p50_ns"])
+    saving = int(r["saving_ns"])
+    w = rs.sort(["exposed_comm_ns", "rank"], descending=[True, False]).row(0, named=True)
+    bound = _wf(a, "full_overlap")
+    measurable = waits_measurable(a)
     st = a.stages.filter(pl.col("exposed_comm_ns") > 0)
     n = max(int(a.steps["step"].n_unique()), 1)
     top = (
@@ -81,26 +145,50 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
         if st.height
         else st
     )
+    wait, exp = int(w["barrier_wait_ns"]), int(w["exposed_comm_ns"])
     ev = {
         "rank": w["rank"],
+        "exposed_comm_mean_ns": exp,
         "exposed_comm_p50_ns": int(w["exposed_comm_p50_ns"]),
-        "exposed_comm_mean_ns": int(w["exposed_comm_ns"]),
-        "exposed_transfer_p50_ns": saving,
         "comm_ns_per_step": int(w["comm_ns"]),
         "overlap_efficiency": _num(float(w["overlap_efficiency"])),
         "step_time_ns": int(w["step_time_ns"]),
-        "barrier_wait_ns_per_step": int(w["barrier_wait_ns"]),
-        "worst_stages_ns_per_step_all_ranks": {r["stage"]: int(r["exposed_comm_ns"]) for r in top.iter_rows(named=True)}
+        "barrier_wait_ns_per_step": wait if measurable else None,
+        "worst_stages_ns_per_step_all_ranks": {x["stage"]: int(x["exposed_comm_ns"]) for x in top.iter_rows(named=True)}
         if top.height
         else {},
-        "saving_rule": "full overlap hides the exposed comm minus its barrier wait, worst rank, P50 over steps",
+        "whatif": _wf_ev(r),
+        "bound_full_overlap": _wf_ev(bound) if bound else None,
+        "saving_rule": f"simulated what-if {r['scenario']} on the step graph",
     }
-    remedy = (
-        "Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while the "
-        "expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch."
-    )
-    if w["barrier_wait_ns"] > 0.5 * w["exposed_comm_ns"]:  # both means per step
+    if ep:
+        remedy = (
+            "Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while "
+            "the expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch."
+        )
+        how = (
+            f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks"
+            if r["scenario"] == "chunked_pipeline"
+            else "full overlap"
+        )
+    else:
+        remedy = (
+            "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
+            "size, bucket_cap_mb), prefetch all-gathers, and keep the comm stream free of host syncs."
+        )
+        how = "full overlap"
+    mostly_wait = measurable and wait > 0.5 * exp
+    if mostly_wait:
         remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first."
+    split = (
+        ""
+        if not measurable
+        else (
+            f"; {fmt_ns(wait)} of it is waiting for a late rank"
+            if mostly_wait
+            else f"; {fmt_ns(max(exp - wait, 0))} of it is transfer, not wait"
+        )
+    )
     layers = (
         tuple(sorted({int(v) for v in st.filter(pl.col("rank") == w["rank"])["layer"].drop_nulls()}))
         if st.height
@@ -110,8 +198,8 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
         Finding(
             "exposed_comm",
             severity(saving, step_ns),
-            f"Rank {w['rank']} spends {int(w['exposed_comm_p50_ns']) / 1e6:.3f} ms per step in communication not hidden by compute "
-            f"(overlap efficiency {100 * (ev['overlap_efficiency'] or 0):.1f}%); {saving / 1e6:.3f} ms of it is transfer, not wait.",
+            f"Rank {w['rank']} spends {fmt_ns(exp)} per step in communication not hidden by compute{split}; "
+            f"{how} would save {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
             remedy,
@@ -122,56 +210,77 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
 
 
 def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
-    s = a.stragglers
+    r = _wf(a, "no_straggler")
+    if r is None or not waits_measurable(a) or int(r["saving_ns"]) <= 0:
+        return []
+    rank = int(r["ranks"][0])
+    saving = int(r["saving_ns"])
+    # a straggler stands out: removing its lateness must save a meaningful part of the step (1 %)
+    if step_ns > 0 and saving < 0.01 * step_ns:
+        return []
+    # the most loaded rank, late by about what balancing the routing saves, is routing imbalance:
+    # a CPU-starved or memory-bound rank with more tokens is slower in every phase, not only in its
+    # expert GEMMs (REBALANCE_SHARE of the straggler saving explained by load is enough)
+    bal = _wf(a, "balanced_routing")
+    if bal is not None and rank == _most_loaded(a) and int(bal["saving_ns"]) >= REBALANCE_SHARE * saving:
+        return []
+    s = a.stragglers.filter(pl.col("rank") == rank)
     n_calls = int(a.calls.filter(pl.col("valid")).height) if a.calls.height else 0
-    if s.is_empty() or n_calls == 0 or int(s["induced_wait_ns"][0]) <= 0:
-        return []
-    r = s.row(0, named=True)
-    second = int(s["lateness_p50_ns"][1]) if s.height > 1 else 0
-    # a straggler stands out: twice the next rank's typical lateness, or last in most calls
-    if r["lateness_p50_ns"] <= 0 or (r["lateness_p50_ns"] < 2 * second and r["times_last"] < 0.5 * n_calls):
-        return []
-    saving = int(r["lateness_p50_ns"])
-    wm = a.wait_matrix.filter(pl.col("waited_for") == r["rank"])
+    row = (
+        s.row(0, named=True)
+        if s.height
+        else {"times_last": 0, "induced_wait_ns": 0, "lateness_p50_ns": 0, "total_wait_ns": 0}
+    )
+    wm = a.wait_matrix.filter(pl.col("waited_for") == rank)
     ev = {
-        "rank": r["rank"],
-        "times_last": int(r["times_last"]),
+        "rank": rank,
+        "times_last": int(row["times_last"]),
         "matched_calls": n_calls,
-        "induced_wait_ns": int(r["induced_wait_ns"]),
-        "lateness_p50_ns_per_step": saving,
-        "next_rank_lateness_p50_ns": second,
-        "own_wait_ns": int(r["total_wait_ns"]),
+        "induced_wait_ns": int(row["induced_wait_ns"]),
+        "lateness_p50_ns_per_step": int(row["lateness_p50_ns"]),
+        "own_wait_ns": int(row["total_wait_ns"]),
         "waiting_ranks": {int(x["waiter"]): int(x["wait_ns"]) for x in wm.iter_rows(named=True)},
-        "clock_uncertainty_ns": int(cast(int, a.clock["residual_ns"].max()) or 0) if a.clock.height else 0,
-        "saving_rule": "P50 over steps of the straggler's lateness over the second-last arrival",
+        "clock_uncertainty_ns": int(a.clock["residual_ns"].max() or 0) if a.clock.height else 0,
+        "whatif": _wf_ev(r),
+        "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
+    ep = has_ep_traffic(a)
+    why = "for reasons its expert load does not explain" if ep else "before the collectives"
     return [
         Finding(
             "straggler_wait",
             severity(saving, step_ns),
-            f"Rank {r['rank']} arrives last at {r['times_last']} of {n_calls} matched collectives; the others wait "
-            f"{r['induced_wait_ns'] / 1e6:.3f} ms in total for it.",
+            f"Rank {rank} is late {why} (last at {row['times_last']} of {n_calls} calls); removing its lateness "
+            f"saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
-            f"Find why rank {r['rank']} is late before the collective: more tokens for its experts (re-place or replicate "
-            "hot experts), a host stall, slower hardware or a noisy neighbour; its comm kernels are the shortest, "
-            "so this is not the network.",
-            (int(r["rank"]),),
+            f"Find why rank {rank} is late before the collective: a host stall, slower hardware, a noisy neighbour or "
+            + ("extra work outside the experts" if ep else "extra work on that rank")
+            + "; its comm is the shortest, so this is not the network.",
+            (rank,),
         )
     ]
 
 
+def _most_loaded(a: Analysis) -> int | None:
+    rl = a.rank_load
+    if rl.is_empty():
+        return None
+    return int(
+        rl.group_by("rank")
+        .agg(pl.col("recv_rows").sum())
+        .sort(["recv_rows", "rank"], descending=[True, False])["rank"][0]
+    )
+
+
 def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
+    r = _wf(a, "balanced_routing")
     agg = run_aggregate(a.imbalance)
     ie, ir = agg["I_e"], agg["I_r"]
-    if (ie is None or ie < 1.5) and (ir is None or ir < 1.1):
+    if r is None or int(r["saving_ns"]) <= 0:
         return []
-    saving = 0
+    saving = int(r["saving_ns"])
     rl = a.rank_load
-    exp = a.stages.filter(pl.col("stage") == "expert")
-    if ir and exp.height and rl.height:
-        per = exp.group_by(["rank", "step"]).agg(pl.col("busy_ns").sum()).group_by("rank").agg(pl.col("busy_ns").mean())
-        saving = int(float(cast(float, per["busy_ns"].max())) * (1 - 1 / ir))
     hot = []
     if a.expert_load.height:
         el = a.expert_load.group_by("expert").agg(pl.col("count").sum()).sort("count", descending=True)
@@ -191,16 +300,19 @@ def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
         "hot_experts": hot,
         "most_loaded_rank": maxrank,
         "worst": {k: _num(v) for k, v in worst.row(0, named=True).items()} if worst.height else None,
-        "saving_rule": "max replaced by mean in the expert stage of the most loaded rank",
+        "whatif": _wf_ev(r),
+        "saving_rule": "simulated: every rank's expert compute scaled by mean load / its load",
     }
     hot_txt = ", ".join(str(h["expert"]) for h in hot) or "the hottest experts"
     layers = tuple(sorted({int(x) for x in a.imbalance.filter(pl.col("I_r") >= 1.1)["layer"].drop_nulls()}))
+    ir_txt = f"{ir:.3g}" if ir is not None else "n/a"
+    ie_txt = f"{ie:.3g}" if ie is not None else "n/a"
     return [
         Finding(
             "routing_imbalance",
-            severity(saving, step_ns) if saving else "medium",
-            f"Routing is uneven: I_e = {ie or float('nan'):.2f}, I_r = {ir or float('nan'):.2f} (max/mean); the most loaded "
-            "rank sets the pace of every dispatch and combine.",
+            severity(saving, step_ns),
+            f"Routing is uneven (I_e = {ie_txt}, I_r = {ir_txt}, max/mean): rank {maxrank}'s experts carry the most tokens "
+            f"and set the pace; balanced routing saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
             f"Replicate or re-place hot experts ({hot_txt}) across ranks (EPLB-style), strengthen load balancing "
@@ -213,8 +325,10 @@ def _imbalance(a: Analysis, step_ns: float) -> list[Finding]:
 
 def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     hs = a.host_stalls
-    if hs.is_empty():
+    r = _wf(a, "no_host_stalls")
+    if r is None or hs.is_empty() or int(r["saving_ns"]) <= 0:
         return []
+    saving = int(r["saving_ns"])
     steps = a.steps.select("rank", "step")
     per_step = steps.join(
         hs.group_by(["rank", "step"]).agg(pl.col("stall_ns").sum()), on=["rank", "step"], how="left"
@@ -225,35 +339,44 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         .join(hs.group_by("rank").agg(pl.len().alias("n")), on="rank")
         .sort("p50", descending=True)
     )
-    r = per.row(0, named=True)
-    saving = int(r["p50"])
+    w = per.row(0, named=True)
     names = (
-        hs.filter(pl.col("rank") == r["rank"])
+        hs.filter(pl.col("rank") == w["rank"])
         .group_by("name")
         .agg(pl.col("stall_ns").sum())
         .sort("stall_ns", descending=True)
     )
     ev = {
-        "rank": r["rank"],
-        "stall_p50_ns_per_step": saving,
-        "stall_ns_total": int(r["stall_ns"]),
-        "calls": int(r["n"]),
+        "rank": w["rank"],
+        "stall_p50_ns_per_step": int(w["p50"]),
+        "stall_ns_total": int(w["stall_ns"]),
+        "calls": int(w["n"]),
         "by_call": {x["name"]: int(x["stall_ns"]) for x in names.head(5).iter_rows(named=True)},
         "by_stage": {
             str(x["stage"]): int(x["stall_ns"])
             for x in hs.group_by("stage").agg(pl.col("stall_ns").sum()).iter_rows(named=True)
         },
+        "whatif": _wf_ev(r),
+        "saving_rule": "simulated: blocking host calls take no time",
     }
+    count_x = a.calls.height and bool((a.calls["direction"] == "count").any())
+    remedy = (
+        "Keep split sizes on the device: exchange counts with a device-side layout (DeepEP-style notify) or overlap the "
+        "count all-to-all with permute; avoid .item()/cudaStreamSynchronize inside dispatch; use pinned non-blocking D2H."
+        if has_ep_traffic(a) and count_x
+        else "Remove blocking host syncs from the step (.item(), cudaStreamSynchronize, synchronous D2H copies): keep values "
+        "on the device, use non-blocking copies into pinned memory, and sync once per step."
+    )
     return [
         Finding(
             "host_stall",
             severity(saving, step_ns),
-            f"Rank {r['rank']}'s device is idle {saving / 1e6:.3f} ms per step while the host blocks (count exchange / sync / .item()).",
+            f"Rank {w['rank']}'s device is idle {fmt_ns(int(w['p50']))} per step while the host blocks; removing the "
+            f"blocking calls saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
-            "Keep split sizes on the device: exchange counts with a device-side layout (DeepEP-style notify) or overlap the "
-            "count all-to-all with permute; avoid .item()/cudaStreamSynchronize inside dispatch; use pinned non-blocking D2H.",
-            (int(r["rank"]),),
+            remedy,
+            (int(w["rank"]),),
         )
     ]
 
@@ -265,47 +388,59 @@ _LINK_WORDS = {
 }
 
 
+def fit_conclusive(r: dict[str, Any]) -> bool:
+    """An alpha-beta fit may make a finding: enough calls and r2 >= :data:`MIN_FIT_R2`."""
+    r2 = r.get("r2")
+    n = r.get("n") or 0
+    return r2 is not None and not math.isnan(float(r2)) and float(r2) >= MIN_FIT_R2 and int(n) >= MIN_FIT_CALLS
+
+
 def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     out = []
     vc = a.calls.filter(pl.col("valid")) if a.calls.height else a.calls
+    ep = has_ep_traffic(a)
     for r in a.alpha_beta.iter_rows(named=True):
+        if not fit_conclusive(r):
+            continue  # shown as inconclusive in the summary's alpha_beta table, no finding
         cls_calls = vc.filter(pl.col("link_class") == r["link_class"])
+        words = _LINK_WORDS.get(r["link_class"], r["link_class"] + " collectives")
         if r["verdict"] == "latency_bound":
             saving = int(cls_calls.height / n_steps * r["alpha_us"] * 1e3)
             out.append(
                 Finding(
                     "small_message_latency",
                     severity(saving, step_ns),
-                    f"{_LINK_WORDS.get(r['link_class'], r['link_class'] + ' collectives')} are latency-bound: alpha = {r['alpha_us']:.1f} µs dominates at the median "
-                    f"message of {int(r['median_bytes'])} B.",
+                    f"{words} are latency-bound: alpha = {fmt_ns(r['alpha_us'] * 1e3)} dominates at the median message of "
+                    f"{int(r['median_bytes'])} B (fit r2 = {r['r2']:.2f} over {r['n']} calls).",
                     saving,
                     {
                         **{k: _num(v) for k, v in r.items()},
                         "calls_per_step": cls_calls.height / n_steps,
-                        "saving_rule": "upper bound: calls per step x alpha",
+                        "saving_rule": "upper bound: calls per step x alpha (not simulated)",
                     },
                     "Use low-latency all-to-all kernels for small (decode) messages (e.g. DeepEP low-latency mode), fuse "
-                    "the count exchange into the dispatch, or batch micro-batches to send fewer, larger messages.",
+                    "the count exchange into the dispatch, or batch micro-batches to send fewer, larger messages."
+                    if ep
+                    else "Send fewer, larger messages: bucket small all-reduces together (larger DDP buckets) and fuse "
+                    "small collectives.",
                 )
             )
-        elif r["verdict"] == "bandwidth_bound":
-            disp = cls_calls.filter(pl.col("direction") == "dispatch")
-            t = (
-                float(disp["transfer_ns"].sum()) * 0.5
-                if disp.height
-                else float(cls_calls.filter(pl.col("collective").str.contains("all_to_all"))["transfer_ns"].sum())
-                * 0.25
-            )
-            saving = int(t / n_steps)
+        elif r["verdict"] == "bandwidth_bound" and ep:
+            wf = _wf(a, "fp8_dispatch")
+            if wf is None or int(wf["saving_ns"]) <= 0:
+                continue
+            saving = int(wf["saving_ns"])
             out.append(
                 Finding(
                     "bandwidth_bound",
                     severity(saving, step_ns),
-                    f"{_LINK_WORDS.get(r['link_class'], r['link_class'] + ' collectives')} are bandwidth-bound at {r['beta_gbps']:.2f} GB/s (r2 = {r['r2']:.2f}).",
+                    f"{words} are bandwidth-bound at {r['beta_gbps']:.3g} GB/s (r2 = {r['r2']:.2f}); FP8 dispatch saves "
+                    f"{fmt_ns(saving)} per step (simulated).",
                     saving,
                     {
                         **{k: _num(v) for k, v in r.items()},
-                        "saving_rule": "FP8 dispatch halves dispatch bytes (half of all-to-all time when direction is unknown)",
+                        "whatif": _wf_ev(wf),
+                        "saving_rule": "simulated: dispatch transfers halved",
                     },
                     "Dispatch in FP8, use hierarchical all-to-all (NVLink inside the node, one RDMA hop across), and "
                     "node-limited routing to cut cross-node bytes.",
@@ -315,8 +450,9 @@ def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
 
 
 def _pack(a: Analysis, step_ns: float) -> list[Finding]:
+    r = _wf(a, "fused_permute")
     st = a.stages.filter(pl.col("stage").is_in(["permute", "unpermute"]))
-    if st.is_empty():
+    if r is None or st.is_empty() or int(r["saving_ns"]) <= 0:
         return []
     per = (
         st.group_by(["rank", "step"])
@@ -325,23 +461,25 @@ def _pack(a: Analysis, step_ns: float) -> list[Finding]:
         .agg(pl.col("busy_ns").mean())
         .sort("busy_ns", descending=True)
     )
-    r = per.row(0, named=True)
-    if step_ns <= 0 or r["busy_ns"] < 0.1 * step_ns:
+    w = per.row(0, named=True)
+    if step_ns <= 0 or w["busy_ns"] < 0.1 * step_ns:
         return []
-    saving = int(0.5 * r["busy_ns"])
+    saving = int(r["saving_ns"])
     return [
         Finding(
             "pack_unpack_overhead",
             severity(saving, step_ns),
-            f"Permute + unpermute take {r['busy_ns'] / 1e6:.3f} ms per step on rank {r['rank']}.",
+            f"Permute + unpermute take {fmt_ns(w['busy_ns'])} per step on rank {w['rank']}; fused kernels at half the time "
+            f"save {fmt_ns(saving)} per step (simulated).",
             saving,
             {
-                "rank": r["rank"],
-                "permute_unpermute_ns_per_step": int(r["busy_ns"]),
-                "saving_rule": "half of it with fused kernels",
+                "rank": w["rank"],
+                "permute_unpermute_ns_per_step": int(w["busy_ns"]),
+                "whatif": _wf_ev(r),
+                "saving_rule": "simulated: permute / unpermute compute halved (fused kernels)",
             },
             "Fuse permute/unpermute with the dispatch/combine (DeepEP-style) or use fused moe_align / scatter kernels.",
-            (int(r["rank"]),),
+            (int(w["rank"]),),
         )
     ]
 

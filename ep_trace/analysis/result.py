@@ -195,6 +195,30 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "start_ns": "aligned clock",
         "end_ns": "aligned clock (every step: comm of the step not covered by its compute; lengths sum to steps.exposed_comm_ns)",
     },
+    "replay": {
+        "rank": "",
+        "step": "",
+        "measured_ns": "measured step length (ProfilerStep range)",
+        "replayed_ns": "step length replayed from the dependency graph with the measured durations",
+        "error_pct": "|replayed - measured| / measured, % (the model's error; max over ranks = replay.error_pct)",
+    },
+    "critical_path": {
+        "step": "",
+        "seq": "order of the segment along the path (0 = first in time)",
+        "rank": "rank whose work or wait the segment is",
+        "start_ns": "aligned clock",
+        "end_ns": "aligned clock (segments tile the critical rank's step window)",
+        "cause": "'compute' | 'transfer' | 'barrier_wait' | 'host_stall' | 'launch_gap' | 'unexplained'",
+        "stage": "stage of the segment (null when outside every stage range)",
+        "name": "collective / stage / reason",
+    },
+    "whatif": {
+        "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all'",
+        "chunks": "k of chunked_pipeline (null elsewhere)",
+        "predicted_step_ns": "re-simulated step length: median over steps of the mean over ranks",
+        "saving_ns": "replayed baseline step length - predicted_step_ns",
+        "ranks": "ranks whose work the edit changes",
+    },
 }
 
 
@@ -254,6 +278,12 @@ class Analysis:
     misaligned: pl.DataFrame | None = None
     #: Exposed-comm intervals of every step (``intervals`` holds the representative step only).
     exposed_comm: pl.DataFrame | None = None
+    #: Replay of every (rank, step) from the dependency graph (:mod:`ep_trace.analysis.replay`).
+    replay: pl.DataFrame | None = None
+    #: Critical path of every step (:mod:`ep_trace.analysis.critical_path`).
+    critical_path: pl.DataFrame | None = None
+    #: Simulated what-if edits of the graph (:mod:`ep_trace.analysis.whatif`); absent rows = not applicable.
+    whatif: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

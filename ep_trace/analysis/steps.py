@@ -76,3 +76,48 @@ def assign_step(df: pl.DataFrame, windows: pl.DataFrame, at: str, out: str = "st
         pl.when(pl.col(at) <= pl.col("_we")).then(pl.col(out)).otherwise(None).alias(out)
     ).drop(["_ws", "_we"])
     return pl.concat([joined, no_t.select(joined.columns)], how="vertical_relaxed")
+
+
+#: A first step longer than this multiple of the median of the other steps is warm-up.
+WARMUP_FACTOR = 1.5
+
+
+def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.DataFrame, list[str]]:
+    """The default step selection (only when ``--steps`` is not given; ``--steps`` overrides it).
+
+    Rules, in order: trailing steps with no device / compute activity on any rank are dropped (a
+    profiler schedule's last, empty ``ProfilerStep``); with at least 3 steps left, a first step
+    longer than :data:`WARMUP_FACTOR` x the median of the other steps (median over ranks per step)
+    is warm-up (allocator growth, lazy init, first-call autotuning) and dropped.
+
+    Args:
+        windows: :func:`step_windows` output.
+        active_steps: Steps that hold activity on some rank.
+
+    Returns:
+        ``(windows, notes)``: the kept windows and one note per rule that dropped a step.
+    """
+    notes: list[str] = []
+    steps = sorted(int(s) for s in windows["step"].unique())
+    active = {int(s) for s in active_steps.drop_nulls()}
+    while len(steps) > 1 and steps[-1] not in active:
+        notes.append(
+            f"step {steps[-1]} holds no activity on any rank (empty trailing step): left out (--steps overrides)"
+        )
+        steps.pop()
+    if len(steps) >= 3:
+        per = (
+            windows.filter(pl.col("step").is_in(steps))
+            .group_by("step")
+            .agg((pl.col("end_ns") - pl.col("start_ns")).median().alias("_t"))
+            .sort("step")
+        )
+        first, rest = float(per["_t"][0]), per["_t"][1:]
+        med = float(rest.median() or 0.0)  # type: ignore[arg-type]  # a numeric column
+        if med > 0 and first > WARMUP_FACTOR * med:
+            notes.append(
+                f"step {steps[0]} is warm-up ({first / med:.3g}x the median of the other steps): left out "
+                "(--steps overrides)"
+            )
+            steps = steps[1:]
+    return windows.filter(pl.col("step").is_in(steps)), notes

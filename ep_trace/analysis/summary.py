@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import ba
 __all__ = ["SUMMARY_SCHEMA_VERSION", "build_summary"]
 
 #: Version of the summary layout (docs/summary.md); bumped on any incompatible change.
-SUMMARY_SCHEMA_VERSION = 1
+SUMMARY_SCHEMA_VERSION = 2
 
 
 def _clean(x: Any) -> Any:
@@ -37,6 +37,14 @@ def _rows(df: pl.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
 
 def _max(df: pl.DataFrame, col: str) -> Any:
     return df[col].max() if df.height and col in df.columns else None
+
+
+def _spread(steps: pl.DataFrame) -> float | None:
+    """Std over steps of the slowest rank's step time (the run's own noise; ``ep-trace compare``)."""
+    if steps.is_empty():
+        return None
+    per = steps.group_by("step").agg(pl.col("step_time_ns").max())
+    return float(per["step_time_ns"].cast(pl.Float64).std() or 0.0) if per.height > 1 else None
 
 
 def build_summary(a: Analysis) -> dict[str, Any]:
@@ -129,6 +137,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len()
         else None,
         "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),
+        "step_time_spread_ns": _spread(a.steps),
         "matched_calls": valid.height,
         "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
     }
@@ -178,6 +187,57 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "load_report": load_report,
         "notes": list(a.notes),
     }
+    out.update(_model_sections(a))
     if a.hta_overlap is not None:
         out["hta_overlap"] = a.hta_overlap.to_dicts()
     return _clean(out)
+
+
+def _model_sections(a: Analysis) -> dict[str, Any]:
+    """``replay``, ``critical_path``, ``whatif`` (schema 2): the causal model behind the findings."""
+    from ep_trace.analysis.critical_path import composition
+
+    rep = a.replay
+    replay = None
+    if rep is not None and rep.height:
+        per = rep.group_by("rank").agg(
+            pl.col("error_pct").max(), pl.col("measured_ns").median(), pl.col("replayed_ns").median()
+        )
+        replay = {
+            "error_pct": float(rep["error_pct"].to_numpy().max()),
+            "per_rank": [
+                {
+                    "rank": int(r["rank"]),
+                    "error_pct": float(r["error_pct"]),
+                    "measured_ns": int(r["measured_ns"]),
+                    "replayed_ns": int(r["replayed_ns"]),
+                }
+                for r in per.sort("rank").iter_rows(named=True)
+            ],
+        }
+    cp = a.critical_path
+    critical = None
+    if cp is not None and cp.height:
+        # the representative step: the median-length step (as the report's timeline)
+        lens = cp.group_by("step").agg((pl.col("end_ns").max() - pl.col("start_ns").min()).alias("_l")).sort("_l")
+        rep_step = int(lens["step"][(lens.height - 1) // 2])
+        critical = composition(cp, rep_step)
+        seg = cp.filter(pl.col("step") == rep_step)
+        critical["segments"] = seg.select("seq", "rank", "start_ns", "end_ns", "cause", "stage", "name").to_dicts()
+        critical["per_step"] = [composition(cp, int(s)) for s in sorted(cp["step"].unique())]
+    wf = a.whatif
+    whatif = (
+        [
+            {
+                "scenario": r["scenario"],
+                "predicted_step_ns": int(r["predicted_step_ns"]),
+                "saving_ns": int(r["saving_ns"]),
+                "ranks": [int(x) for x in r["ranks"]],
+                "chunks": r.get("chunks"),
+            }
+            for r in wf.iter_rows(named=True)
+        ]
+        if wf is not None
+        else []
+    )
+    return {"replay": replay, "critical_path": critical, "whatif": whatif}

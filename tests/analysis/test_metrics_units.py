@@ -230,7 +230,7 @@ def test_steps_filter_and_empty(synth):
 def test_progress_callback(synth):
     seen = []
     analyze(synth["gpu_job"](STARTS, 600_000), progress=lambda s, d, n: seen.append((s, d, n)))
-    assert seen[0] == ("steps", 0, 8) and seen[-1] == ("done", 8, 8)
+    assert seen[0] == ("steps", 0, 9) and seen[-1] == ("done", 9, 9)
 
 
 def test_seq_matching_survives_a_missing_call(synth):

@@ -102,7 +102,8 @@ def test_analyze_real_sample_writes_report_and_summary(analyzed):
     html = (out / "skewed_straggler.html").read_text()
     assert html.count('class="plotly-graph-div ep-fig"') >= 9
     summary = orjson.loads((out / "skewed_straggler.json").read_bytes())
-    assert summary["schema_version"] == 1 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    assert summary["schema_version"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    assert summary["replay"]["error_pct"] <= 2.0 and summary["whatif"] and summary["critical_path"]["by_cause"]
     assert "sample_traces/skewed_straggler/rank3.pt.trace.json.gz" in html
 
 
@@ -126,7 +127,8 @@ def test_compare_two_saved_summaries(capsys, analyzed, tmp_path):
         str(tmp_path / "diff.json"),
     )
     assert code == 0
-    assert re.match(r"B is [\d.]+ [mµ]?s (faster|slower) per step than A", text)
+    # 3 steps of 176-302 ms each (4 ranks on 2 shared cores): the 65 ms difference is within the runs' spread
+    assert re.match(r"(B is [\d.]+ [mµ]?s (faster|slower) per step than A|Within noise: B - A = )", text)
     diff = orjson.loads((tmp_path / "diff.json").read_bytes())
     a = orjson.loads((out / "balanced.json").read_bytes())
     b = orjson.loads((out / "skewed_straggler.json").read_bytes())

@@ -40,7 +40,15 @@ def test_compare_straggler_fixed():
     )
     d = comparison_to_dict(c)
     assert d["unexplained_ns"] == 0
-    assert d["step_time_ns"] == {"a": 5_078_000.0, "b": 3_078_000.0, "delta": -2_000_000.0, "statistic": "mean"}
+    # every step of the fake runs is identical: no step-to-step spread, so any change is beyond noise
+    assert d["step_time_ns"] == {
+        "a": 5_078_000.0,
+        "b": 3_078_000.0,
+        "delta": -2_000_000.0,
+        "statistic": "mean",
+        "noise": 0.0,
+        "within_noise": False,
+    }
     assert "Plotly.newPlot(" in render_compare_html(c)
 
 
@@ -177,3 +185,26 @@ def test_exposed_comm_track_covers_every_step(samples_dir):
     )
     assert got.height == want.height == 12  # 4 ranks x 3 steps
     assert got.equals(want.cast(got.schema))
+
+
+def test_compare_within_noise_and_no_common_rank():
+    import dataclasses
+
+    a = digest_analysis(make_fake_analysis(straggler=None), "A")
+    b = dataclasses.replace(a, label="B", ranks=a.ranks.with_columns(pl.col("step_time_mean_ns") + 1_000_000))
+    # 1 ms slower, but the runs' own steps spread by 3 ms (3 steps each): 2 x sqrt(9/3 + 9/3) = 4.9 ms
+    noisy_a = dataclasses.replace(a, step_spread_ns=3e6, n_steps=3)
+    noisy_b = dataclasses.replace(b, step_spread_ns=3e6, n_steps=3)
+    c = compare_runs(noisy_a, noisy_b)
+    assert c.noise_ns == pytest.approx(2 * (9e12 / 3 + 9e12 / 3) ** 0.5)
+    assert headline(c).startswith("Within noise: B - A = +1.00 ms per step") and "neither run is better" in headline(c)
+    assert comparison_to_dict(c)["step_time_ns"]["within_noise"] is True
+    quiet = compare_runs(
+        dataclasses.replace(a, step_spread_ns=1e4, n_steps=3), dataclasses.replace(b, step_spread_ns=1e4, n_steps=3)
+    )
+    assert headline(quiet).startswith("B is 1.00 ms slower per step than A")
+    other = dataclasses.replace(b, ranks=b.ranks.with_columns(pl.col("rank") + 4))
+    h = headline(compare_runs(a, other))
+    assert h.startswith(
+        "A and B have no rank in common (A: 0, 1, 2, 3; B: 4, 5, 6, 7): the figures compare different ranks."
+    )

@@ -1,0 +1,138 @@
+"""Validate the simulated what-if savings against reality: paired demo runs, with and without the cause.
+
+Pairs (2 ranks, same seed, A has the cause, B does not):
+
+* straggler: A ``--straggler 1:30`` vs B none (512 tokens); predicted = A's ``no_straggler`` saving;
+* skew: A ``--skew hot:1:0.45`` vs B ``uniform`` (2048 tokens); predicted = A's ``balanced_routing`` saving;
+* chunks: A ``--chunks 1`` vs B ``--chunks 4`` (2048 tokens); predicted = A's ``chunked_pipeline`` saving at k = 4.
+
+measured saving = stat(A) - stat(B), stat = median over steps of the mean over ranks of the step
+length (the statistic ``predicted_step_ns`` uses; the warm-up rule drops an outlier first step).
+
+CPU contention (2 ranks = 4 busy threads on the 2 shared cores, other engineers' jobs): runs of a
+pair are interleaved A, B, A, B ... so that a load change hits both sides alike; each side is
+repeated ``--repeats`` times and the medians over repeats are compared; the spread (min..max over
+repeats) of each side is printed next to the figure, and a pair whose measured saving is within the
+spread of B is marked noisy.
+
+Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs straggler,skew,chunks]``
+(each demo run takes 5-15 s). Prints one Markdown table row per pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import polars as pl
+
+import ep_trace
+from ep_trace.analysis.config import AnalysisConfig
+
+#: name -> (A args, B args, what-if, k, tokens). The straggler pair runs a small compute load (512
+#: tokens) so that the injected sleep, not CPU contention, dominates the difference.
+PAIRS = {
+    "straggler": (["--straggler", "1:30"], [], "no_straggler", None, 512),
+    "skew": (["--skew", "hot:1:0.45"], [], "balanced_routing", None, 2048),
+    "chunks": (["--chunks", "1"], ["--chunks", "4"], "chunked_pipeline", 4, 2048),
+}
+
+
+def _demo(out: Path, extra: list[str], steps: int, tokens: int) -> None:
+    cmd = [
+        sys.executable,
+        "-c",
+        "from ep_trace.cli import main; main()",
+        "demo",
+        "--out",
+        str(out),
+        "--ranks",
+        "2",
+        "--steps",
+        str(steps),
+    ]
+    cmd += ["--tokens", str(tokens), "--seed", "0", *extra]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+
+
+def _stat(a: ep_trace.Analysis) -> float:
+    per = a.steps.group_by("step").agg(pl.col("step_time_ns").mean())
+    return float(per["step_time_ns"].median() or 0.0)
+
+
+def _predicted(a: ep_trace.Analysis, scenario: str) -> float | None:
+    w = a.whatif
+    if w is None:
+        return None
+    r = w.filter(pl.col("scenario") == scenario)
+    return float(r["saving_ns"][0]) if r.height else None
+
+
+def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, object]:
+    """Run one pair ``repeats`` times interleaved; medians, spreads, error."""
+    a_args, b_args, scenario, k, tokens = PAIRS[name]
+    cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
+    sa, sb, pred = [], [], []
+    for i in range(repeats):
+        for side, args in (("A", a_args), ("B", b_args)):
+            d = work / f"{name}_{side}{i}"
+            _demo(d, args, steps, tokens)
+            an = ep_trace.load([d], config=cfg)
+            (sa if side == "A" else sb).append(_stat(an))
+            if side == "A":
+                p = _predicted(an, scenario)
+                if p is not None:
+                    pred.append(p)
+    ma, mb = statistics.median(sa), statistics.median(sb)
+    measured = ma - mb
+    p = statistics.median(pred) if pred else float("nan")
+    err = 100.0 * abs(p - measured) / abs(measured) if measured else float("nan")
+    return {
+        "pair": name,
+        "scenario": scenario + (f" (k={k})" if k else ""),
+        "A_ms": ma / 1e6,
+        "A_spread_ms": (min(sa) / 1e6, max(sa) / 1e6),
+        "B_ms": mb / 1e6,
+        "B_spread_ms": (min(sb) / 1e6, max(sb) / 1e6),
+        "measured_ms": measured / 1e6,
+        "predicted_ms": p / 1e6,
+        "predicted_spread_ms": (min(pred) / 1e6, max(pred) / 1e6) if pred else None,
+        "error_pct": err,
+        "noisy": (max(sb) - min(sb)) > abs(measured),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--pairs", default="straggler,skew,chunks")
+    ap.add_argument("--work", type=Path, default=None, help="keep the traces here (default: a temp dir)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print(
+            "| pair | what-if | A ms (min..max) | B ms (min..max) | measured saving ms | predicted ms (min..max) | error % |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for name in args.pairs.split(","):
+            r = run_pair(name, args.repeats, args.steps, work)
+            ps = r["predicted_spread_ms"]
+            print(
+                f"| {r['pair']} | {r['scenario']} | {r['A_ms']:.1f} ({r['A_spread_ms'][0]:.1f}..{r['A_spread_ms'][1]:.1f}) "
+                f"| {r['B_ms']:.1f} ({r['B_spread_ms'][0]:.1f}..{r['B_spread_ms'][1]:.1f}) | {r['measured_ms']:.1f}"
+                f"{' (noisy)' if r['noisy'] else ''} | {r['predicted_ms']:.1f}"
+                f" ({ps[0]:.1f}..{ps[1]:.1f}) | {r['error_pct']:.1f} |"
+                if ps
+                else f"| {r['pair']} | {r['scenario']} | - | - | {r['measured_ms']:.1f} | n/a | n/a |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

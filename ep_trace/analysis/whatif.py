@@ -1,0 +1,296 @@
+"""What-ifs: edits of the step graph, re-simulated by :mod:`ep_trace.analysis.replay`.
+
+Every scenario edits measured lead gaps / transfers and replays; ``predicted_step_ns`` is the
+median over steps of the mean over ranks of the replayed step length, ``saving_ns`` the replayed
+baseline (the same statistic, unedited) minus it. A scenario that does not apply to the trace (no
+routing counts, no collectives, no stall) is absent, never a zero row.
+
+* ``no_straggler``: the late rank's work before each arrival where it came last, less the part its
+  expert load explains (``_load_explained``; that part is ``balanced_routing``'s), set to the median of the
+  other ranks' (never lengthened). The late rank is the one with the largest such excess over all calls, present only
+  when it stands out (:data:`STANDOUT` x the next rank's excess).
+* ``balanced_routing``: each rank's expert compute scaled by mean load / its load per (step,
+  layer) from ``rank_load`` (exact counts or split lists).
+* ``full_overlap``: every transfer runs behind the work that follows it (the next collective of
+  the rank still waits for it): the bound of any comm/compute overlap.
+* ``fp8_dispatch``: the dispatch transfers halved (half the bytes).
+* ``no_host_stalls``: host-stall pieces of the gaps removed; the blocking count exchange (direction
+  ``count``) takes no time (device-side split layout).
+* ``fused_permute``: permute / unpermute compute halved (fused kernels).
+* ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
+  span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
+  collective calls at the trace's per-call latency (the median transfer of its count exchange, the
+  smallest message), the best of k = 2..8.
+* ``all``: every edit at once (with ``full_overlap`` standing for the chunking): the bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+
+from ep_trace.analysis.critical_path import critical_path
+from ep_trace.analysis.graph import StepGraph
+from ep_trace.analysis.replay import Prepared, prepare, replay, replay_error
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+__all__ = ["Model", "model", "chunked", "WHATIF_SCHEMA", "STANDOUT"]
+
+log = logging.getLogger(__name__)
+#: The late rank's excess over the others must be this multiple of the next rank's.
+STANDOUT = 1.3
+
+WHATIF_SCHEMA: dict[str, PolarsDataType] = {
+    "scenario": pl.Utf8,
+    "predicted_step_ns": pl.Int64,
+    "saving_ns": pl.Int64,
+    "ranks": pl.List(pl.Int32),
+    "chunks": pl.Int32,
+}
+
+
+@dataclass(frozen=True)
+class Model:
+    """The causal model of a trace set: its graph, replay, critical path and what-ifs."""
+
+    graph: StepGraph
+    replay: pl.DataFrame
+    critical_path: pl.DataFrame
+    whatif: pl.DataFrame
+    straggler_rank: int | None
+
+
+def _step_stat(g: StepGraph, p: Prepared, step_end: np.ndarray) -> float:
+    d = g.starts.select("step").with_columns(pl.Series("_t", step_end - p.step_start))
+    per = d.group_by("step").agg(pl.col("_t").mean())
+    return float(np.median(per["_t"].to_numpy())) if per.height else 0.0
+
+
+def _per_node(g: StepGraph, mask: pl.Expr) -> np.ndarray:
+    """Sum of work piece lengths per node matching ``mask`` (row order = node)."""
+    w = g.work.filter(mask).group_by("node").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_d"))
+    out = np.zeros(g.nodes.height)
+    if w.height:
+        out[w["node"].to_numpy()] = w["_d"].to_numpy()
+    return out
+
+
+def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """Gap reduction of the late rank's calls (0 elsewhere) and that rank (``expert``: the load-explained part)."""
+    n = g.nodes
+    calls = n.select("node", "rank", "group", "kind").filter(pl.col("kind") == "call")
+    if calls.is_empty():
+        return np.zeros(n.height), None
+    x = calls.with_columns(pl.Series("_x", (gap - expert)[calls["node"].to_numpy()]))
+    # only the lateness that delayed others counts: calls where the rank arrived last
+    s = n["start_ns"].to_numpy()[calls["node"].to_numpy()]
+    x = x.with_columns(pl.Series("_s", s)).with_columns(
+        (pl.col("_s") == pl.col("_s").max().over("group")).alias("_last")
+    )
+    pairs = x.join(x.select("group", pl.col("node").alias("_o"), pl.col("_x").alias("_ox")), on="group").filter(
+        pl.col("node") != pl.col("_o")
+    )
+    med = pairs.group_by("node").agg(pl.col("_ox").median().alias("_m"))
+    x = x.join(med, on="node", how="inner").with_columns(
+        pl.when(pl.col("_last")).then((pl.col("_x") - pl.col("_m")).clip(0)).otherwise(0.0).alias("_ex")
+    )
+    if x.is_empty():
+        return np.zeros(n.height), None
+    tot = x.group_by("rank").agg(pl.col("_ex").sum()).sort(["_ex", "rank"], descending=[True, False])
+    log.debug("straggler excess per rank: %s", tot.rows())
+    second = float(tot["_ex"][1]) if tot.height > 1 else 0.0
+    # a straggler stands out: at least STANDOUT x the next rank's excess (else it is scheduling noise
+    # spread over the ranks, not one late rank)
+    if float(tot["_ex"][0]) <= 0 or float(tot["_ex"][0]) < STANDOUT * second:
+        return np.zeros(n.height), None
+    r = int(tot["rank"][0])
+    sel = x.filter(pl.col("rank") == r)
+    d = np.zeros(n.height)
+    d[sel["node"].to_numpy()] = sel["_ex"].to_numpy()
+    return d, r
+
+
+def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -> np.ndarray:
+    """Per node: the part of its lead gap its expert load explains, ns.
+
+    Without routing counts: its expert compute. With them: its expert-stage time (compute, and the
+    idle between ops that a CPU-starved, busier rank also accumulates) up to what the other ranks of
+    the same call take per token times its tokens: ``min(E_r, L_r x median_q (E_q / L_q))``, never less
+    than its expert compute. A sleep or stall inside the stage is beyond that, so it stays lateness.
+    """
+    if rank_load.is_empty() or g.work.is_empty():
+        return expert
+    L = rank_load.group_by(["step", "layer", "rank"]).agg(pl.col("recv_rows").sum().cast(pl.Float64).alias("_L"))
+    L = L.with_columns(pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32))
+    w = (
+        g.work.filter(pl.col("stage") == "expert")
+        .group_by(["node", "rank", "step", "layer"])
+        .agg((pl.col("end_ns") - pl.col("start_ns")).sum().cast(pl.Float64).alias("_E"))
+        .join(L, on=["step", "layer", "rank"], how="inner")
+        .group_by("node")
+        .agg(pl.col("_E").sum(), pl.col("_L").sum())
+        .filter(pl.col("_L") > 0)
+    )
+    if w.is_empty():
+        return expert
+    x = g.nodes.select("node", "group").join(w, on="node", how="inner")
+    pairs = x.join(
+        x.select("group", pl.col("node").alias("_o"), (pl.col("_E") / pl.col("_L")).alias("_rate")), on="group"
+    )
+    rate = pairs.filter(pl.col("node") != pl.col("_o")).group_by("node").agg(pl.col("_rate").median())
+    x = x.join(rate, on="node", how="inner").with_columns(
+        pl.min_horizontal("_E", pl.col("_rate") * pl.col("_L")).alias("_ex")
+    )
+    out = expert.copy()
+    idx = x["node"].to_numpy()
+    out[idx] = np.maximum(out[idx], x["_ex"].to_numpy())
+    return out
+
+
+def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, list[int]]:
+    """Gap reduction (negative = lengthening) of expert compute scaled to the mean load."""
+    z = np.zeros(g.nodes.height)
+    if rank_load.is_empty():
+        return z, []
+    L = rank_load.group_by(["step", "layer", "rank"]).agg(pl.col("recv_rows").sum().alias("_L"))
+    L = L.with_columns(pl.col("_L").mean().over(["step", "layer"]).alias("_m")).filter(pl.col("_L") > 0)
+    f_layer = L.select(
+        "step", pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_f")
+    )
+    Ls = L.group_by(["step", "rank"]).agg(pl.col("_L").sum(), pl.col("_m").sum())
+    f_step = Ls.select("step", pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_fs"))
+    w = (
+        g.work.filter((pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
+        .join(f_layer, on=["step", "layer", "rank"], how="left")
+        .join(f_step, on=["step", "rank"], how="left")
+        .with_columns(pl.coalesce("_f", "_fs").alias("_f"))
+        .filter(pl.col("_f").is_not_null())
+    )
+    if w.is_empty():
+        return z, []
+    dd = w.group_by("node").agg(((pl.col("end_ns") - pl.col("start_ns")) * (1 - pl.col("_f"))).sum().alias("_d"))
+    z[dd["node"].to_numpy()] = dd["_d"].to_numpy()
+    heavy = sorted({int(r) for r in w.filter(pl.col("_f") < 1)["rank"].unique()})
+    return z, heavy
+
+
+def chunked(g: StepGraph, p: Prepared, k: int, overhead_ns: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """Edited (gap, transfer) of ``chunked_pipeline`` with ``k`` chunks; None when no layer applies.
+
+    Applies to every (rank, step, layer) whose combine call directly follows its dispatch call
+    (the 1-chunk data path: dispatch -> expert work -> combine).
+    """
+    n = g.nodes
+    calls = n.filter(pl.col("kind") == "call").select("node", "rank", "step", "layer", "direction", "pred")
+    d = calls.filter(pl.col("direction") == "dispatch").select("rank", "step", "layer", pl.col("node").alias("_d"))
+    c = calls.filter(pl.col("direction") == "combine").join(d, on=["rank", "step", "layer"], how="inner")
+    c = c.filter(pl.col("pred") == pl.col("_d"))
+    if c.is_empty():
+        return None
+    ci, di = c["node"].to_numpy(), c["_d"].to_numpy()
+    gap, tr = p.gap.copy(), p.transfer.copy()
+    tD, X, tC = tr[di], gap[ci], tr[ci]
+    span = (tD + X + tC) / k + (k - 1) / k * np.maximum(np.maximum(tD, X), tC) + (k - 1) * overhead_ns
+    tr[di], tr[ci] = tD / k, tC / k
+    gap[ci] = np.maximum(span - (tD + tC) / k, 0.0)
+    return gap, tr
+
+
+def _overhead(g: StepGraph) -> float:
+    """Per extra chunk: two more collective calls, each costing the fixed per-call latency of the
+    trace, measured as the median wait-free transfer of its smallest-message calls (the count
+    exchange when recorded, else the calls of the smallest byte quartile)."""
+    n = g.nodes.filter(pl.col("kind") == "call")
+    cnt = n.filter(pl.col("direction") == "count")
+    src = cnt if cnt.height else n
+    if src.is_empty():
+        return 0.0
+    return 2.0 * float(np.median(src["transfer_ns"].to_numpy()))
+
+
+def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> Model:
+    """Replay, critical path and every applicable what-if of ``g``.
+
+    Args:
+        g: The step graph.
+        rank_load: ``Analysis.rank_load`` (receive rows per rank, step, layer).
+        chunk_counts: k values ``chunked_pipeline`` tries.
+
+    Returns:
+        The :class:`Model`.
+    """
+    p = prepare(g)
+    r0 = replay(p)
+    rep = replay_error(g, r0)
+    cp = critical_path(g)
+    base = _step_stat(g, p, r0.step_end)
+    rows: list[tuple[str, float, list[int], int | None]] = []
+    all_ranks = sorted(int(r) for r in g.starts["rank"].unique())
+    n = g.nodes
+    has_calls = bool((n["kind"] == "call").any())
+    expert = _per_node(g, (pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
+    gap_all, tr_all = p.gap.copy(), p.transfer.copy()
+    edits = False
+
+    def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool = False) -> float:
+        return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
+
+    explained = _load_explained(g, expert, rank_load)
+    sd, srank = _straggler_delta(g, p.gap, explained) if has_calls else (np.zeros(n.height), None)
+    if srank is not None:
+        rows.append(("no_straggler", run(np.maximum(p.gap - sd, 0)), [srank], None))
+        gap_all -= sd
+        edits = True
+    bd, heavy = _balance_delta(g, rank_load)
+    if heavy:
+        rows.append(("balanced_routing", run(p.gap - bd), heavy, None))
+        gap_all -= bd
+        edits = True
+    if has_calls and float(p.transfer[p.sync].sum()) > 0:
+        rows.append(("full_overlap", run(overlap=True), all_ranks, None))
+        edits = True
+    disp = (n["direction"] == "dispatch").fill_null(False).to_numpy() & p.sync
+    if disp.any():
+        tr = p.transfer.copy()
+        tr[disp] *= 0.5
+        rows.append(("fp8_dispatch", run(tr=tr), all_ranks, None))
+        tr_all[disp] *= 0.5
+    stall = _per_node(g, pl.col("cause") == "host_stall")
+    count = (n["direction"] == "count").fill_null(False).to_numpy() & (n["kind"] != "end").to_numpy()
+    if stall.any() or count.any():
+        tr = p.transfer.copy()
+        tr[count] = 0.0
+        ranks = sorted({int(r) for r in n.filter(pl.Series(count | (stall > 0)))["rank"].unique()})
+        rows.append(("no_host_stalls", run(p.gap - stall, tr), ranks, None))
+        gap_all -= stall
+        tr_all[count] = 0.0
+    perm = _per_node(g, (pl.col("cause") == "compute") & pl.col("stage").is_in(["permute", "unpermute"]))
+    if perm.any():
+        ranks = sorted({int(r) for r in n.filter(pl.Series(perm > 0))["rank"].unique()})
+        rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))
+        gap_all -= 0.5 * perm
+    ovh = _overhead(g)
+    best: tuple[float, int] | None = None
+    for k in chunk_counts:
+        e = chunked(g, p, k, ovh)
+        if e is None:
+            break
+        t = run(*e)
+        if best is None or t < best[0]:
+            best = (t, k)
+    if best is not None:
+        rows.append(("chunked_pipeline", best[0], all_ranks, best[1]))
+    if rows and edits or len(rows) > 1:
+        rows.append(("all", run(np.maximum(gap_all, 0), tr_all, overlap=has_calls), all_ranks, None))
+    wf = pl.DataFrame(
+        [(s, int(round(t)), int(round(base - t)), rk, k) for s, t, rk, k in rows],
+        schema=WHATIF_SCHEMA,
+        orient="row",
+    )
+    return Model(graph=g, replay=rep, critical_path=cp, whatif=wf, straggler_rank=srank)

@@ -1,0 +1,164 @@
+"""Verdict hygiene: one test per rule of the findings (ep_trace.analysis.findings docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from ep_trace.analysis import AnalysisConfig, analyze
+from ep_trace.analysis.findings import fit_conclusive, fmt_ns, with_findings
+from ep_trace.analysis.steps import select_steps
+
+STARTS = [200_000, 250_000, 300_000, 500_000]
+
+
+def test_three_significant_digits():
+    assert [fmt_ns(x) for x in (2_450_857_000, 2_450_857, 53_502_000, 999_700_000, 1234, 12)] == [
+        "2.45 s",
+        "2.45 ms",
+        "53.5 ms",
+        "1.00 s",
+        "1.23 µs",
+        "12 ns",
+    ]
+
+
+def test_alpha_beta_needs_calls_and_r2(synth):
+    assert not fit_conclusive({"r2": 0.0, "n": 100})
+    assert not fit_conclusive({"r2": 0.95, "n": 3})
+    assert not fit_conclusive({"r2": float("nan"), "n": 100})
+    assert fit_conclusive({"r2": 0.85, "n": 20})
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    ab = pl.DataFrame(
+        {
+            "link_class": ["inter_host"],
+            "alpha_us": [2796.9],
+            "beta_gbps": [1.0],
+            "r2": [0.0],
+            "n": [40],
+            "median_bytes": [64.0],
+            "verdict": ["latency_bound"],
+        }
+    )
+    kinds = [f.kind for f in with_findings(dataclasses.replace(a, alpha_beta=ab)).findings]
+    assert "small_message_latency" not in kinds
+    good = ab.with_columns(pl.lit(0.9).alias("r2"))
+    kinds = [f.kind for f in with_findings(dataclasses.replace(a, alpha_beta=good)).findings]
+    assert "small_message_latency" in kinds
+
+
+def test_no_zero_saving_headline(synth):
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    perf = [f for f in a.findings if f.kind not in ("split_inconsistency", "missing_collective")]
+    assert perf and all(f.est_saving_ns > 0 for f in perf)
+    # the ranking is by simulated saving and every saving is a what-if's
+    assert [f.est_saving_ns for f in perf] == sorted((f.est_saving_ns for f in perf), reverse=True)
+    w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
+    assert all(f.est_saving_ns == w[f.evidence["whatif"]["scenario"]] for f in perf)
+
+
+def test_ep_remedies_only_with_ep_traffic(synth):
+    t = synth["gpu_job"](STARTS, 600_000)
+    ar = t.collectives.with_columns(pl.lit("allreduce").alias("collective"), pl.lit("nccl:all_reduce").alias("op_name"))
+    a = analyze(dataclasses.replace(t, collectives=ar))
+    text = " ".join(f.remedy + f.title for f in a.findings)
+    assert a.findings and "all-to-all" not in text and "DeepEP" not in text and "expert" not in text.lower()
+    assert {"fp8_dispatch", "chunked_pipeline", "balanced_routing"}.isdisjoint(set(a.whatif["scenario"]))
+    ep = analyze(t)
+    assert any("all-to-all" in f.remedy for f in ep.findings)
+
+
+def test_missing_ranks_no_wait_claims(synth):
+    t = synth["gpu_job"](STARTS, 600_000)
+    keep = pl.col("rank") < 3  # rank 3 of the group of 4 is not in the trace set
+    t3 = dataclasses.replace(
+        t, ranks=t.ranks.filter(keep), events=t.events.filter(keep), collectives=t.collectives.filter(keep)
+    )
+    a = analyze(t3)
+    assert any("wait and straggler cannot be measured" in n for n in a.notes)
+    kinds = [f.kind for f in a.findings]
+    assert "straggler_wait" not in kinds
+    for f in a.findings:
+        assert "not wait" not in f.title and "waiting for a late rank" not in f.title
+    from ep_trace.reports import digest
+
+    assert "cannot be measured" in digest.verdict(a).context
+
+
+def test_headline_never_contradicts_remedy(synth):
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    for f in a.findings:
+        if "barrier wait for a late rank" in f.remedy:
+            assert "transfer, not wait" not in f.title
+        if "transfer, not wait" in f.title:
+            assert "barrier wait" not in f.remedy
+
+
+def test_setup_barrier_before_first_step_excluded(synth):
+    t = synth["gpu_job"](STARTS, 600_000)
+    T0 = synth["T0"]
+    # a c10d::barrier long before ProfilerStep#1: rank 0 waits 1.6 s in it for rank 1
+    rows = []
+    for r in range(4):
+        s = T0 - 2_000_000_000 + (1_600_000_000 if r == 1 else 0)
+        rows.append(
+            {
+                "rank": r,
+                "coll_id": 99,
+                "collective": "barrier",
+                "op_name": "c10d::barrier",
+                "pg_name": "0",
+                "group_ranks": [0, 1, 2, 3],
+                "group_size": 4,
+                "ordinal": 1,
+                "cpu_start_ns": s,
+                "cpu_end_ns": T0 - 300_000_000,
+                "start_ns": s,
+                "end_ns": T0 - 300_000_000,
+                "n_kernels": 1,
+                "splits_truncated": False,
+            }
+        )
+    extra = pl.DataFrame(rows).cast({k: v for k, v in t.collectives.schema.items() if k in rows[0]})
+    coll = pl.concat([t.collectives, extra], how="diagonal_relaxed").select(t.collectives.columns)
+    with_barrier = analyze(dataclasses.replace(t, collectives=coll.cast(t.collectives.schema)))
+    plain = analyze(t)
+    assert with_barrier.wait_matrix.rows() == plain.wait_matrix.rows()
+    assert with_barrier.stragglers["rank"][0] == plain.stragglers["rank"][0]
+    assert any("outside the analysed profiler steps" in n for n in with_barrier.notes)
+
+
+def _windows(lengths: list[int]) -> pl.DataFrame:
+    t, rows = 0, []
+    for s, ln in enumerate(lengths):
+        rows.append((0, s, t, t + ln, 1, "profiler_step"))
+        t += ln
+    return pl.DataFrame(rows, schema=["rank", "step", "start_ns", "end_ns", "tid", "method"], orient="row").cast(
+        {"rank": pl.Int32, "step": pl.Int64}
+    )
+
+
+def test_warmup_and_empty_trailing_steps():
+    w = _windows([300, 100, 110, 105, 5])
+    kept, notes = select_steps(w, pl.Series([0, 1, 2, 3]))  # step 4 holds no activity
+    assert kept["step"].to_list() == [1, 2, 3]
+    assert any("warm-up" in n for n in notes) and any("empty trailing step" in n for n in notes)
+    kept, notes = select_steps(_windows([120, 100, 110]), pl.Series([0, 1, 2]))
+    assert kept["step"].to_list() == [0, 1, 2] and notes == []
+
+
+def test_steps_option_overrides_the_step_rules(synth):
+    a = analyze(synth["gpu_job"](STARTS, 600_000), AnalysisConfig(steps=(1, 1)))
+    assert a.steps["step"].unique().to_list() == [1]
+
+
+@pytest.mark.parametrize("scenario", ["no_straggler", "full_overlap", "all"])
+def test_whatif_rows_exact_on_synthetic_job(synth, scenario):
+    # rank 3 arrives 200 µs after the others (lateness outside any expert work): the simulated
+    # saving of removing it equals the others' wait it causes on the step end
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
+    assert scenario in w and w[scenario] >= 0
+    assert float(a.replay["error_pct"].max()) == 0.0
