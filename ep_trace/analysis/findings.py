@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, cast
 
 import polars as pl
 
@@ -109,7 +109,7 @@ def waits_measurable(a: Analysis) -> bool:
 
 def with_findings(a: Analysis) -> Analysis:
     """Return ``a`` with its findings filled and ranked by simulated saving."""
-    step_ns = float(a.rank_summary["step_time_ns"].median() or 0.0) if a.rank_summary.height else 0.0
+    step_ns = float(cast(float, a.rank_summary["step_time_ns"].median()) or 0.0) if a.rank_summary.height else 0.0
     n_steps = max(int(a.steps["step"].n_unique()), 1) if a.steps.height else 1
     out: list[Finding] = []
     out += _exposed(a, step_ns)
@@ -240,7 +240,7 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "lateness_p50_ns_per_step": int(row["lateness_p50_ns"]),
         "own_wait_ns": int(row["total_wait_ns"]),
         "waiting_ranks": {int(x["waiter"]): int(x["wait_ns"]) for x in wm.iter_rows(named=True)},
-        "clock_uncertainty_ns": int(a.clock["residual_ns"].max() or 0) if a.clock.height else 0,
+        "clock_uncertainty_ns": int(cast(int, a.clock["residual_ns"].max()) or 0) if a.clock.height else 0,
         "whatif": _wf_ev(r),
         "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
