@@ -68,8 +68,8 @@ def test_rank_table_percentiles(a4):
 def test_sections_in_the_required_order(page4):
     ids = re.findall(r'<section id="([a-z]+)"', page4)
     assert ids == [
-        "verdict",
-        "stages",
+        "findings",
+        "breakdown",
         "timeline",
         "routing",
         "overlap",
@@ -80,6 +80,8 @@ def test_sections_in_the_required_order(page4):
         "definitions",
     ]
     assert page4.index("Rank 2 arrives last") < page4.index('id="fig-stages"')
+    # the verdict box comes right under the title, before the navigation and every section
+    assert page4.index('class="verdict') < page4.index("<nav>") < page4.index("<section")
 
 
 def test_self_contained_one_plotly_bundle(page4):
