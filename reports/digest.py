@@ -148,6 +148,8 @@ def verdict(analysis: Analysis) -> Verdict:
             f"; step time (slowest rank) mean {fmt_ns(ss.mean_ns)}, P50 {fmt_ns(ss.p50_ns)}, P99 {fmt_ns(ss.p99_ns)}, "
             f"max {fmt_ns(ss.max_ns)}"
         )
+    if analysis.calls.height == 0 and analysis.tables.collectives.height == 0:
+        context += "; no EP communication (no collective) in the trace"
     found = ranked_findings(analysis)
     dom = dominant_stage(analysis)
     top_share = (found[0].est_saving_ns / ss.mean_ns) if found and ss.mean_ns else 0.0

@@ -83,8 +83,9 @@ def rank_axis(
         grp = idx.join(span, on="_b").select(
             "rank", pl.format("r{}-{} ({} ranks)", "_lo", "_hi", "_n").alias("group"), pl.col("_lo").alias("order")
         )
-    own = pl.DataFrame({"rank": slow}, schema={"rank": pl.Int64}).select(
-        "rank", pl.format("r{} (slow)", "rank").alias("group"), (pl.col("rank") - (1 << 40)).alias("order")
+    # the slowest first, slowest leftmost, then the groups in rank order
+    own = pl.DataFrame({"rank": slow, "_i": list(range(len(slow)))}, schema={"rank": pl.Int64, "_i": pl.Int64}).select(
+        "rank", pl.format("r{} (slow)", "rank").alias("group"), (pl.col("_i") - (1 << 40)).alias("order")
     )
     g = pl.concat([own, grp.cast({"order": pl.Int64})])
     labels = g.group_by("group").agg(pl.col("order").min()).sort("order")["group"].to_list()
