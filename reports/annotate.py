@@ -182,16 +182,16 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
         )
     cp = getattr(analysis, "critical_path", None)  # from the verdict analysis, when present
     if isinstance(cp, pl.DataFrame) and cp.height:
-        label = [pl.col("cause").cast(pl.Utf8).fill_null("unexplained")]
+        cp_label: list[pl.Expr] = [pl.col("cause").cast(pl.Utf8).fill_null("unexplained")]
         if "stage" in cp.columns:
-            label += [pl.lit(": "), pl.col("stage").cast(pl.Utf8).fill_null("–")]
+            cp_label += [pl.lit(": "), pl.col("stage").cast(pl.Utf8).fill_null("–")]
         if "name" in cp.columns:
-            label += [pl.lit(" "), pl.col("name").cast(pl.Utf8).fill_null("")]
+            cp_label += [pl.lit(" "), pl.col("name").cast(pl.Utf8).fill_null("")]
         parts.append(
             cp.select(
                 pl.col("rank").cast(pl.Int32),
                 pl.lit("critical_path").alias("track"),
-                pl.concat_str(label).str.strip_chars().alias("name"),
+                pl.concat_str(cp_label).str.strip_chars().alias("name"),
                 (pl.col("step") if "step" in cp.columns else pl.lit(None)).cast(pl.Int64).alias("step"),
                 pl.col("start_ns").cast(pl.Int64),
                 pl.col("end_ns").cast(pl.Int64),
@@ -332,8 +332,8 @@ def annotated_trace(
         own = a.with_columns(pl.col("start_ns") - shift, pl.col("end_ns") - shift)
         used = set(analysis.tables.events.filter(pl.col("rank") == rank)["pid"].drop_nulls().unique().to_list())
         pid = next(p for p in range(ANALYSIS_PID, ANALYSIS_PID + 1000) if p not in used)
-        lines = _track_lines(own, pid, original.base_ns) + [orjson.dumps(m) for m in _analysis_meta(rank, pid)]
-        return original.with_events(lines)
+        extra = _track_lines(own, pid, original.base_ns) + [orjson.dumps(m) for m in _analysis_meta(rank, pid)]
+        return original.with_events(extra)
     ev = _aligned_events(analysis) if events is None else events
     if base_ns is None:
         starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]

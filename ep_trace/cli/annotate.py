@@ -74,8 +74,11 @@ def annotate_cmd(
         )
     with progress_bar() as progress:
         analysis = load(
-            trace_dir, format=check_format(fmt), on_error="skip" if keep_going else "raise", progress=progress
-        )  # type: ignore[arg-type]
+            trace_dir,
+            format=check_format(fmt),  # type: ignore[arg-type]
+            on_error="skip" if keep_going else "raise",
+            progress=progress,
+        )
         originals = _Originals(original_files(analysis.tables.ranks))
         paths = write_annotated_traces(analysis, out, progress=progress, originals=originals)
     console.print(
