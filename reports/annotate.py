@@ -1,28 +1,40 @@
-"""``ep-trace annotate``: per-rank Chrome / Perfetto traces with ep-trace's findings as extra tracks.
+"""``ep-trace annotate``: every rank's trace with ep-trace's analysis added as extra tracks.
 
-Each output file holds the rank's canonical events (written from ``tables.events``, not copied from
-the input file, so Nsight input works too) plus an "ep-trace analysis" process whose threads are
-the analysis tracks of every step: EP stages (``Analysis.stages``), comm / barrier wait / transfer
-of every matched collective (``call_ranks``), and exposed comm (``intervals``).
-Open them in https://ui.perfetto.dev or chrome://tracing.
+Kineto input: the rank's ORIGINAL trace document is written unchanged, byte for byte (all events,
+flows, ``M`` metadata, ``distributedInfo``, ``deviceProperties``, ``schemaVersion``, original
+timestamps), and ep-trace's own ``X`` events are appended at the end of ``traceEvents`` in a
+process of their own ("ep-trace analysis (rank r)", sorted first): EP stages, communication,
+barrier wait, wait-free transfer, exposed comm, the critical path (when the analysis has one) and
+one slice per finding ("ep-trace findings": ``F1: <title>`` over its evidence window). The extra
+events use the file's own time base (``ts`` µs since ``baseTimeNanoseconds``, or epoch µs), so
+they line up with the original events; HTA and Perfetto read the files (tests/reports/test_annotate.py).
+The caller passes the original documents (:class:`OriginalTrace`, read by the ingest layer:
+``ep_trace.parsers.kineto_original``); this module never decodes a trace format.
 
-Chrome trace JSON timestamps are µs; we write ``ts`` as µs relative to the earliest event of the
-job (``otherData.base_time_ns``), so a float64 keeps ns precision and ranks loaded together line up.
+Nsight / CUPTI input (no Chrome JSON to keep): the rank's canonical events (``tables.events``)
+are written as a Chrome trace with the same extra tracks; ``ts`` is µs since the earliest event of
+the job (``otherData.base_time_ns``) on the analysis' aligned clock, so a float64 keeps ns
+precision and ranks loaded together line up.
+
+Open the files in https://ui.perfetto.dev (docs/annotate.md: finding a finding's window).
 """
 
 from __future__ import annotations
 
 import gzip
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import orjson
 import polars as pl
 
 from ep_trace.analysis.result import Analysis
+from ep_trace.reports.evidence import finding_evidence
 
 __all__ = [
+    "OriginalTrace",
     "TRACK_TIDS",
     "ANALYSIS_PID",
     "GPU_PID_BASE",
@@ -37,8 +49,19 @@ ANALYSIS_PID = 2_000_000
 #: GPU activity of device d goes to pid GPU_PID_BASE + d (tid = stream), away from host pids.
 GPU_PID_BASE = 1_000_000
 #: Thread id of each analysis track (order = display order).
-TRACK_TIDS: dict[str, int] = {"stage": 1, "comm": 2, "wait": 3, "transfer": 4, "exposed_comm": 5, "compute": 6}
+TRACK_TIDS: dict[str, int] = {
+    "finding": 1,
+    "critical_path": 2,
+    "stage": 3,
+    "comm": 4,
+    "wait": 5,
+    "transfer": 6,
+    "exposed_comm": 7,
+    "compute": 8,
+}
 _TRACK_NAMES = {
+    "finding": "ep-trace findings",
+    "critical_path": "critical path",
     "stage": "EP stages",
     "comm": "communication",
     "wait": "barrier wait",
@@ -46,6 +69,21 @@ _TRACK_NAMES = {
     "exposed_comm": "exposed comm (not overlapped)",
     "compute": "compute",
 }
+
+
+class OriginalTrace(Protocol):
+    """The original Kineto document of a rank (``ep_trace.parsers.kineto_original.KinetoOriginal``)."""
+
+    @property
+    def base_ns(self) -> int:
+        """Epoch ns of the file's ``ts = 0``."""
+        ...
+
+    def with_events(self, events: list[bytes]) -> bytes:
+        """The original document with ``events`` appended to ``traceEvents``."""
+        ...
+
+
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
 
 
@@ -142,6 +180,54 @@ def analysis_tracks(analysis: Analysis) -> pl.DataFrame:
                 pl.col("rank").cast(pl.Int32), "track", "name", pl.col("step").cast(pl.Int64), "start_ns", "end_ns"
             )
         )
+    cp = getattr(analysis, "critical_path", None)  # from the verdict analysis, when present
+    if isinstance(cp, pl.DataFrame) and cp.height:
+        cp_label: list[pl.Expr] = [pl.col("cause").cast(pl.Utf8).fill_null("unexplained")]
+        if "stage" in cp.columns:
+            cp_label += [pl.lit(": "), pl.col("stage").cast(pl.Utf8).fill_null("–")]
+        if "name" in cp.columns:
+            cp_label += [pl.lit(" "), pl.col("name").cast(pl.Utf8).fill_null("")]
+        parts.append(
+            cp.select(
+                pl.col("rank").cast(pl.Int32),
+                pl.lit("critical_path").alias("track"),
+                pl.concat_str(cp_label).str.strip_chars().alias("name"),
+                (pl.col("step") if "step" in cp.columns else pl.lit(None)).cast(pl.Int64).alias("step"),
+                pl.col("start_ns").cast(pl.Int64),
+                pl.col("end_ns").cast(pl.Int64),
+            )
+        )
+    ev = [e for e in finding_evidence(analysis) if e.rank is not None and e.start_ns is not None]
+    if ev:
+        own = pl.DataFrame(
+            {
+                "rank": [e.rank for e in ev],
+                "track": ["finding"] * len(ev),
+                "name": [f"{e.fid}: {e.finding.title}" for e in ev],
+                "step": [e.step for e in ev],
+                "start_ns": [e.start_ns for e in ev],
+                "end_ns": [e.end_ns for e in ev],
+            },
+            schema={
+                "rank": pl.Int32,
+                "track": pl.Utf8,
+                "name": pl.Utf8,
+                "step": pl.Int64,
+                "start_ns": pl.Int64,
+                "end_ns": pl.Int64,
+            },
+        )
+        # evidence windows are on the rank's own clock; every track here is on the aligned clock
+        parts.append(
+            own.join(off, on="rank", how="left").select(
+                "rank",
+                "track",
+                "name",
+                "step",
+                pl.col("start_ns") + pl.col("offset_ns").fill_null(0),
+                pl.col("end_ns") + pl.col("offset_ns").fill_null(0),
+            )
+        )
     out = pl.concat([p.cast({"start_ns": pl.Int64, "end_ns": pl.Int64}) for p in parts], how="vertical_relaxed")
     return out.filter(pl.col("end_ns") > pl.col("start_ns")).sort("rank", "track", "start_ns")
 
@@ -174,27 +260,81 @@ def _aligned_events(analysis: Analysis) -> pl.DataFrame:
     )
 
 
+def _analysis_meta(rank: int, pid: int) -> list[dict]:
+    meta = [
+        _meta(pid, None, "process_name", f"ep-trace analysis (rank {rank})"),
+        _meta(pid, None, "process_sort_index", "-1"),
+    ]
+    meta[1]["args"] = {"sort_index": -1}
+    meta += [_meta(pid, tid, "thread_name", _TRACK_NAMES[t]) for t, tid in TRACK_TIDS.items()]
+    meta += [
+        {"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+        for tid in TRACK_TIDS.values()
+    ]
+    return meta
+
+
+_QUOTED_TIME = re.compile(rb'"(ts|dur)":"(-?\d+\.\d{3})"')
+
+
+def _exact_us(ns: pl.Expr) -> pl.Expr:
+    """ns -> the decimal string of µs with 3 ns digits (exact; a float64 of epoch µs is not)."""
+    a = ns.abs()
+    sign = pl.when(ns < 0).then(pl.lit("-")).otherwise(pl.lit(""))
+    return pl.concat_str([sign, (a // 1000).cast(pl.Utf8), pl.lit("."), (a % 1000).cast(pl.Utf8).str.zfill(3)])
+
+
+def _track_lines(tracks: pl.DataFrame, pid: int, base_ns: int) -> list[bytes]:
+    """The extra tracks as encoded ``X`` events with exact decimal ``ts`` / ``dur`` (µs since ``base_ns``)."""
+    if tracks.height == 0:
+        return []
+    ev = tracks.select(
+        pl.col("name"),
+        pl.lit("ep-trace").alias("cat"),
+        pl.lit("X").alias("ph"),
+        _exact_us(pl.col("start_ns") - base_ns).alias("ts"),
+        _exact_us(pl.col("end_ns") - pl.col("start_ns")).alias("dur"),
+        pl.lit(pid, pl.Int64).alias("pid"),
+        pl.col("track").replace_strict(TRACK_TIDS, return_dtype=pl.Int64).alias("tid"),
+        pl.struct(pl.col("track"), pl.col("step")).alias("args"),
+    )
+    text = _QUOTED_TIME.sub(rb'"\1":\2', ev.write_ndjson().encode())
+    return text.splitlines()
+
+
 def annotated_trace(
     analysis: Analysis,
     rank: int,
     base_ns: int | None = None,
     events: pl.DataFrame | None = None,
     tracks: pl.DataFrame | None = None,
+    original: OriginalTrace | None = None,
 ) -> bytes:
     """The Chrome trace JSON (uncompressed bytes) of one rank with the analysis tracks added.
 
-    Times are on the analysis' aligned clock (host offsets applied), so the extra tracks line up
-    with the events and several ranks line up with each other.
+    With ``original`` (a Kineto document): that document unchanged plus the extra tracks, which are
+    moved from the aligned clock back to the rank's own clock and written in the file's time base.
+    Without: the rank's canonical events as a Chrome trace on the aligned clock (Nsight / CUPTI).
 
     Args:
         analysis: The analysis (its ``tables.events``, stages, calls and intervals).
         rank: Global rank.
-        base_ns: Epoch ns of ``ts = 0``; default = the earliest event of the whole job.
+        base_ns: Epoch ns of ``ts = 0`` without ``original``; default = the earliest event of the whole job.
         events: Pre-computed :func:`_aligned_events` (speed-up when writing many ranks).
         tracks: Pre-computed :func:`analysis_tracks`.
+        original: The rank's original Kineto document.
     """
-    ev = _aligned_events(analysis) if events is None else events
     tr = analysis_tracks(analysis) if tracks is None else tracks
+    a = tr.filter(pl.col("rank") == rank)
+    if original is not None:
+        off = rank_offsets(analysis).filter(pl.col("rank") == rank)["offset_ns"]
+        shift = int(off[0]) if off.len() else 0
+        own = a.with_columns(pl.col("start_ns") - shift, pl.col("end_ns") - shift)
+        used = set(analysis.tables.events.filter(pl.col("rank") == rank)["pid"].drop_nulls().unique().to_list())
+        pid = next(p for p in range(ANALYSIS_PID, ANALYSIS_PID + 1000) if p not in used)
+        extra = _track_lines(own, pid, original.base_ns) + [orjson.dumps(m) for m in _analysis_meta(rank, pid)]
+        return original.with_events(extra)
+    ev = _aligned_events(analysis) if events is None else events
     if base_ns is None:
         starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
         base_ns = int(cast(int, min(starts))) if starts else 0
@@ -209,27 +349,12 @@ def annotated_trace(
         pl.coalesce(pl.col("category").cast(pl.Utf8), pl.col("kind").cast(pl.Utf8)).alias("cat"),  # Categorical, Enum
         pl.struct(pl.col("kind"), pl.col("correlation"), pl.col("external_id").alias("External id")).alias("args"),
     )
-    parts = [_x_events(e, base_ns)]
-    a = tr.filter(pl.col("rank") == rank)
-    if a.height:
-        a = a.with_columns(
-            pl.lit("ep-trace").alias("cat"),
-            pl.lit(ANALYSIS_PID).alias("pid"),
-            pl.col("track").replace_strict(TRACK_TIDS, return_dtype=pl.Int64).alias("tid"),
-            pl.struct(pl.col("track"), pl.col("step")).alias("args"),
-        )
-        # The args structs of the two parts differ, so each part is encoded on its own below.
-        parts.append(_x_events(a, base_ns))
     lines: list[bytes] = []
-    for p in parts:
-        if p.height:
-            lines.extend(p.write_ndjson().encode().splitlines())
-    meta = [
-        _meta(ANALYSIS_PID, None, "process_name", f"ep-trace analysis (rank {rank})"),
-        _meta(ANALYSIS_PID, None, "process_sort_index", "-1"),
-    ]
-    meta += [_meta(ANALYSIS_PID, tid, "thread_name", _TRACK_NAMES[t]) for t, tid in TRACK_TIDS.items()]
-    meta += [_meta(ANALYSIS_PID, tid, "thread_sort_index", str(tid)) for tid in TRACK_TIDS.values()]
+    x = _x_events(e, base_ns)
+    if x.height:
+        lines.extend(x.write_ndjson().encode().splitlines())
+    lines.extend(_track_lines(a, ANALYSIS_PID, base_ns))
+    meta = _analysis_meta(rank, ANALYSIS_PID)
     for dev in e.filter(is_gpu)["device"].fill_null(0).unique().sort().to_list():
         meta.append(_meta(GPU_PID_BASE + int(dev), None, "process_name", f"GPU {dev} (rank {rank})"))
     for pid in e.filter(~is_gpu)["pid"].unique().sort().to_list():
@@ -244,14 +369,17 @@ def write_annotated_traces(
     out_dir: str | Path,
     ranks: Sequence[int] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    originals: Mapping[int, OriginalTrace] | None = None,
 ) -> list[Path]:
     """Write ``rank{r}.ep-annotated.json.gz`` per rank into ``out_dir``; returns the paths.
 
-    All files share one time base (the earliest event of the job), so loading several in Perfetto
-    keeps ranks aligned.
+    Ranks in ``originals`` keep their original Kineto document (plus the tracks); the others are
+    rebuilt from the canonical events, all on one time base (the earliest event of the job), so
+    loading several in Perfetto keeps ranks aligned.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    originals = originals or {}
     ev = _aligned_events(analysis)
     tr = analysis_tracks(analysis)
     todo = (
@@ -264,7 +392,8 @@ def write_annotated_traces(
     paths = []
     for i, r in enumerate(todo):
         p = out / f"rank{r}.ep-annotated.json.gz"
-        p.write_bytes(gzip.compress(annotated_trace(analysis, int(r), base, ev, tr), compresslevel=6))
+        doc = annotated_trace(analysis, int(r), base, ev, tr, original=originals.get(int(r)))
+        p.write_bytes(gzip.compress(doc, compresslevel=6))
         paths.append(p)
         if progress:
             progress("annotate", i + 1, len(todo))

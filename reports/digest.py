@@ -14,7 +14,16 @@ import polars as pl
 from ep_trace.analysis.result import Analysis, Finding
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
-__all__ = ["Verdict", "StepStats", "step_stats", "ranked_findings", "verdict", "rank_table"]
+__all__ = [
+    "Verdict",
+    "StepStats",
+    "DominantStage",
+    "step_stats",
+    "ranked_findings",
+    "dominant_stage",
+    "verdict",
+    "rank_table",
+]
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 
@@ -68,6 +77,66 @@ def ranked_findings(analysis: Analysis) -> list[Finding]:
     return sorted(analysis.findings, key=lambda f: (-int(f.est_saving_ns or 0), _SEVERITY_RANK.get(f.severity, 3)))
 
 
+@dataclass(frozen=True)
+class DominantStage:
+    """The stage with the most busy time per step on the rank where it is largest.
+
+    Attributes:
+        stage: Stage name.
+        rank: Rank where it takes the largest share.
+        busy_ns: P50 over steps of the stage's busy time on that rank, ns.
+        step_ns: P50 over steps of that rank's step time, ns.
+        share: busy_ns / step_ns.
+    """
+
+    stage: str
+    rank: int
+    busy_ns: float
+    step_ns: float
+    share: float
+
+
+#: Share of the step from which one stage is the verdict when no finding saves more than
+#: :data:`_MINOR_SAVING` of the step (an expert GEMM that is 90% of the step is the answer).
+DOMINANT_SHARE = 0.6
+_MINOR_SAVING = 0.10
+_REMEDY_OF_STAGE = {
+    "expert": "the layer is compute-bound in the expert GEMMs, not in EP communication: use a grouped / fused "
+    "expert GEMM (one launch for all local experts), FP8 or BF16 tensor-core kernels, larger tiles, or spread the "
+    "experts over more EP ranks",
+    "shared_expert": "the shared expert dominates: overlap it with the dispatch/combine all-to-all of the routed experts",
+    "attn": "attention dominates the step: EP is not the bottleneck",
+    "permute": "fuse permute with the dispatch (DeepEP-style) or use fused moe_align / scatter kernels",
+    "unpermute": "fuse unpermute with the combine or use a fused gather + weighted-sum kernel",
+    "route": "fuse the router (top-k + softmax) into one kernel",
+    "dispatch": "chunk dispatch with the expert GEMM (pipelining) or use low-latency all-to-all kernels",
+    "combine": "chunk combine with the expert GEMM (pipelining) or use low-latency all-to-all kernels",
+}
+
+
+def dominant_stage(analysis: Analysis) -> DominantStage | None:
+    """The stage taking the largest share of a rank's step (busy time, P50 over steps), or None."""
+    st, steps = analysis.stages, analysis.steps
+    if st.height == 0 or steps.height == 0:
+        return None
+    per = (
+        st.group_by("rank", "step", "stage")
+        .agg(pl.col("busy_ns").sum())
+        .group_by("rank", "stage")
+        .agg(pl.col("busy_ns").median())
+        .join(steps.group_by("rank").agg(pl.col("step_time_ns").median()), on="rank")
+        .filter(pl.col("step_time_ns") > 0)
+        .with_columns((pl.col("busy_ns") / pl.col("step_time_ns")).alias("share"))
+        .sort("share", "rank", descending=[True, False])
+    )
+    if per.height == 0:
+        return None
+    r = per.row(0, named=True)
+    return DominantStage(
+        str(r["stage"]), int(r["rank"]), float(r["busy_ns"]), float(r["step_time_ns"]), float(r["share"])
+    )
+
+
 def verdict(analysis: Analysis) -> Verdict:
     """The verdict: main bottleneck, its saving as a share of the mean step, and the run's size."""
     ss = step_stats(analysis)
@@ -81,7 +150,21 @@ def verdict(analysis: Analysis) -> Verdict:
         )
     if any("cannot be measured" in n for n in analysis.notes):
         context += "; ranks are missing from some groups: wait and straggler cannot be measured"
+    if analysis.calls.height == 0 and analysis.tables.collectives.height == 0:
+        context += "; no EP communication (no collective) in the trace"
     found = ranked_findings(analysis)
+    dom = dominant_stage(analysis)
+    top_share = (found[0].est_saving_ns / ss.mean_ns) if found and ss.mean_ns else 0.0
+    if dom is not None and dom.share >= DOMINANT_SHARE and top_share < _MINOR_SAVING:
+        headline = (
+            f"The {dom.stage} stage takes {fmt_pct(dom.share)} of the step on rank {dom.rank} "
+            f"({fmt_ns(dom.busy_ns)} of {fmt_ns(dom.step_ns)})"
+        )
+        remedy = _REMEDY_OF_STAGE.get(dom.stage, "speed up that stage first")
+        detail = f"Remedy: {remedy}."
+        if found:
+            detail += f" Next: {found[0].title} (saves {fmt_ns(found[0].est_saving_ns)} per step)."
+        return Verdict(headline, detail, context, "medium")
     if not found:
         return Verdict(
             "No EP bottleneck found.",

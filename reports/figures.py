@@ -17,6 +17,9 @@ import plotly.graph_objects as go
 import polars as pl
 
 from ep_trace.analysis.result import Analysis
+from ep_trace.reports.breakdown_figures import add_critical_path, critical_path_of
+from ep_trace.reports.palette import CAUSE_COLORS, DIVERGING, OTHER, SEQUENTIAL, STAGE_COLORS
+from ep_trace.reports.rank_axis import aggregate, rank_axis
 from ep_trace.stage_names import STAGES
 
 __all__ = [
@@ -37,32 +40,111 @@ __all__ = [
 
 MS = 1e6
 _TEMPLATE = "plotly_white"
-_STAGE_COLORS = {
-    "route": "#8c6bb1",
-    "permute": "#6baed6",
-    "dispatch": "#fd8d3c",
-    "expert": "#41ab5d",
-    "combine": "#e6550d",
-    "unpermute": "#9ecae1",
-    "shared_expert": "#a1d99b",
-    "attn": "#737373",
-}
+_STAGE_COLORS = STAGE_COLORS  # one palette for every figure (reports/palette.py)
 _TRACK_COLORS = {
-    "comm": "#bdbdbd",
-    "wait": "#d62728",
-    "exposed_comm": "#8c564b",
-    "transfer": "#3182bd",
-    "compute": "#74c476",
+    "comm": OTHER,
+    "wait": CAUSE_COLORS["barrier_wait"],
+    "exposed_comm": CAUSE_COLORS["exposed_comm"],
+    "transfer": CAUSE_COLORS["transfer"],
+    "compute": CAUSE_COLORS["compute"],
+    "overlapped": CAUSE_COLORS["overlapped_comm"],
 }
+#: Cells up to which heatmaps print their numbers in the cells (beyond: on hover only).
+MAX_TEXT_CELLS = 256
+
+
+def zero_based_heatmap(
+    z: np.ndarray,
+    x: list,
+    y: list,
+    unit: str,
+    hover: str,
+    vs_mean: bool = True,
+    max_text_cells: int = MAX_TEXT_CELLS,
+) -> go.Figure:
+    """A heatmap whose colour scale starts at zero, with the numbers in the cells (small matrices)
+    and, when ``vs_mean``, a button switching to a diverging "% vs mean" view (blue below the mean,
+    red above), so a ±7% spread looks like ±7%, not like black and white.
+
+    Args:
+        z: Values (rows = y).
+        x: Column labels.
+        y: Row labels.
+        unit: Unit of ``z`` for the colour bar ("rows", "ms").
+        hover: Hover template with ``%{x}``, ``%{y}``, ``%{z}`` (absolute view).
+        vs_mean: Add the "vs mean" button.
+        max_text_cells: Print the numbers in the cells up to this many cells.
+    """
+    z = np.asarray(z, dtype=float)
+    zmax = float(np.nanmax(z)) if z.size and np.isfinite(z).any() else 1.0
+    text = z.size <= max_text_cells
+    fig = go.Figure(
+        go.Heatmap(
+            z=np.round(z, 3),
+            x=x,
+            y=y,
+            zmin=0.0,
+            zmax=zmax or 1.0,
+            colorscale=SEQUENTIAL,
+            colorbar={"title": {"text": unit}},
+            texttemplate="%{z:.3~g}" if text else None,
+            hovertemplate=hover,
+        )
+    )
+    if vs_mean and z.size:
+        mean = float(np.nanmean(z))
+        rel = (z / mean - 1.0) * 100 if mean else np.zeros_like(z)
+        m = max(float(np.nanmax(np.abs(rel))), 1.0)
+        absolute = {
+            "z": [np.round(z, 3)],
+            "zmin": [0.0],
+            "zmax": [zmax or 1.0],
+            "colorscale": [SEQUENTIAL],
+            "texttemplate": ["%{z:.3~g}" if text else None],
+            "hovertemplate": [hover],
+            "colorbar.title.text": unit,
+        }
+        diverging = {
+            "z": [np.round(rel, 2)],
+            "zmin": [-m],
+            "zmax": [m],
+            "colorscale": [DIVERGING],
+            "texttemplate": ["%{z:+.0f}%" if text else None],
+            "hovertemplate": ["%{y} / %{x}: %{z:+.1f}% vs the mean cell<extra></extra>"],
+            "colorbar.title.text": "% vs mean",
+        }
+        fig.update_layout(
+            updatemenus=[
+                {
+                    "type": "buttons",
+                    "direction": "right",
+                    "showactive": True,
+                    # under the plot (below the axis title): the toolbar owns the top right, and on a
+                    # phone the top row is too narrow for both
+                    "x": 0.0,
+                    "xanchor": "left",
+                    "y": 0.0,
+                    "yanchor": "top",
+                    "pad": {"t": 62, "b": 0},
+                    "buttons": [
+                        {"label": f"absolute ({unit})", "method": "restyle", "args": [absolute]},
+                        {"label": "vs mean (%)", "method": "restyle", "args": [diverging]},
+                    ],
+                }
+            ],
+            margin={"b": 110},
+        )
+    return fig
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
+    bottom = max(50, int(fig.layout.margin.b or 0))  # a heatmap's "vs mean" buttons sit under the plot
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 15}},
         template=_TEMPLATE,
         height=height,
-        margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},
+        margin={"l": 60, "r": 20, "t": 50, "b": bottom},
+        legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0, "traceorder": "normal"},
         **kw,
     )
     return fig
@@ -110,23 +192,30 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
 
     fig = go.Figure()
     if len(ranks) > max_bar_ranks:
-        rows = [(f"{s} {w}", column(s, f"{w}_ns")) for s in stages for w in ("busy", "window")]
-        fig.add_trace(
-            go.Heatmap(
-                z=np.round(np.vstack([r for _, r in rows]), 4),
-                x=[f"r{r}" for r in ranks],
-                y=[n for n, _ in rows],
-                colorscale="YlOrRd",
-                colorbar={"title": "ms"},
-                hovertemplate="%{y} on %{x}: %{z:.3f} ms<extra></extra>",
-            )
+        rows = [(f"{s} {w}", f"{s}_{w}") for s in stages for w in ("busy", "window")]
+        wide = grid.with_columns(
+            **{f"{s}_{w}": pl.Series(column(s, f"{w}_ns")) for s in stages for w in ("busy", "window")}
         )
-        fig.update_yaxes(autorange="reversed", type="category")
-        fig.update_xaxes(type="category", title_text="rank")
+        axis = rank_axis(
+            analysis.tables.ranks.select("rank", "host"), analysis.rank_summary.select("rank", "step_time_ns")
+        )
+        agg = aggregate(wide, axis, [c for _, c in rows])
+        fig = zero_based_heatmap(
+            np.vstack([agg[c].to_numpy() for _, c in rows]),
+            agg["group"].to_list(),
+            [n for n, _ in rows],
+            "ms",
+            "%{y} on %{x}: %{z:.3f} ms per step<extra></extra>",
+        )
+        fig.update_yaxes(autorange="reversed", type="category", title_text="stage, busy or window")
+        fig.update_xaxes(
+            type="category",
+            title_text="rank" + (f" (grouped by {axis.how}, slowest ranks kept)" if axis.aggregated else ""),
+        )
         return _layout(
             fig,
             f"Stage time per rank, ms per step (P50 over steps; {len(ranks)} ranks as a heatmap)",
-            height=160 + 22 * len(rows),
+            height=180 + 22 * len(rows),
         )
     labels = [f"r{r}" for r in ranks]
     x = [labels * 2, ["busy"] * len(ranks) + ["window"] * len(ranks)]
@@ -144,6 +233,7 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
         )
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms per step (P50 over steps)")
+    fig.update_xaxes(title_text="rank, busy or window")
     return _layout(fig, "Stage time per rank: busy vs window", height=420)
 
 
@@ -236,7 +326,11 @@ def step_timeline(
     if iv.height == 0:
         return None
     t0 = int(iv["start_ns"].min())  # type: ignore[arg-type]
+    cp = critical_path_of(analysis, sel.step)  # the verdict analysis' critical path, when it is there
     order = [f"r{r} {k}" for r in sel.ranks for k in ("stages", "comm", "exposed")]
+    if cp is not None:
+        t0 = min(t0, int(cp["start_ns"].min()))  # type: ignore[arg-type]
+        order = ["critical path", *order]
     ypos = {label: float(len(order) - 1 - i) for i, label in enumerate(order)}
     iv = iv.with_columns(
         ((pl.col("start_ns") - t0) / MS).alias("x0"),
@@ -248,7 +342,7 @@ def step_timeline(
     hover = iv.height <= hover_limit
     fig = go.Figure()
 
-    height = 120 + 3 * 16 * len(sel.ranks)
+    height = 150 + 16 * len(order)
     row_px = (height - 100) / max(len(order), 1)  # plot-area pixels per row
 
     def add(sub: pl.DataFrame, name: str, color: str, half: float) -> None:
@@ -296,6 +390,8 @@ def step_timeline(
     add(iv.filter(pl.col("track") == "comm"), "comm", _TRACK_COLORS["comm"], 0.4)
     add(iv.filter(pl.col("track") == "wait"), "barrier wait", _TRACK_COLORS["wait"], 0.22)
     add(iv.filter(pl.col("track") == "exposed_comm"), "exposed comm", _TRACK_COLORS["exposed_comm"], 0.4)
+    if cp is not None:
+        add_critical_path(fig, cp, t0, ypos["critical path"], row_px)
     fig.update_yaxes(
         tickvals=list(ypos.values()),
         ticktext=list(ypos),
@@ -304,11 +400,15 @@ def step_timeline(
         zeroline=False,
     )
     fig.update_xaxes(title_text="ms since step start")
+    fig.update_yaxes(title_text="rank, row")
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
         title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
     fig = _layout(fig, title, height=height, hovermode="closest")
-    return fig.update_layout(legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1.0, "xanchor": "right"})
+    # legend under the plot, below the axis title: never under the toolbar
+    return fig.update_layout(
+        legend={"orientation": "h", "y": -60 / max(height - 100, 1), "yanchor": "top", "x": 0}, margin={"b": 90}
+    )
 
 
 def _binned_matrix(
@@ -342,20 +442,17 @@ def count_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure |
     if (cm["direction"] == "dispatch").any():
         cm = cm.filter(pl.col("direction") == "dispatch")
     n = max(n_ranks(analysis), int(cm["src"].max()) + 1, int(cm["dst"].max()) + 1)  # type: ignore[arg-type]
-    agg = cm.group_by("src", "dst").agg(pl.col("rows").sum())
+    size = max(int(np.ceil(n / max_cells)), 1)
+    # bin first: at 4,096 ranks the matrix has 16.7M (src, dst) rows but only 64 x 64 cells are drawn
+    agg = (
+        cm.group_by((pl.col("src") // size).alias("src"), (pl.col("dst") // size).alias("dst"))
+        .agg(pl.col("rows").sum())
+        .with_columns(pl.col("src") * size, pl.col("dst") * size)
+    )
     z, labels, size = _binned_matrix(agg, "src", "dst", "rows", n, max_cells)
     z = z / max(int(cm["step"].n_unique()), 1)
     local = float(np.trace(z) / z.sum()) if z.sum() and size == 1 else float("nan")
-    fig = go.Figure(
-        go.Heatmap(
-            z=np.round(z, 2),
-            x=labels,
-            y=labels,
-            colorscale="Blues",
-            colorbar={"title": "rows"},
-            hovertemplate="src %{y} → dst %{x}: %{z:.1f} rows/step<extra></extra>",
-        )
-    )
+    fig = zero_based_heatmap(z, labels, labels, "rows", "src %{y} → dst %{x}: %{z:.1f} rows/step<extra></extra>")
     fig.update_xaxes(title_text="destination rank", type="category")
     fig.update_yaxes(title_text="source rank", autorange="reversed", type="category")
     title = "Dispatch count matrix (rows per step)"
@@ -384,7 +481,9 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
     ie = _per_layer(analysis, "I_e")
     fig = go.Figure()
     if len(layers) <= 8:
-        for layer in layers:
+        # layers are not stages or causes: shades of one neutral hue, so no colour means two things
+        shades = _shades(len(layers))
+        for i, layer in enumerate(layers):
             sub = per.filter(pl.col("layer") == layer)
             tag = f"layer {layer}" + (f" (I_e {ie[layer]:.2f})" if layer in ie else "")
             fig.add_trace(
@@ -392,6 +491,7 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
                     name=tag,
                     x=sub["expert"].to_numpy(),
                     y=np.round(sub["n_e"].to_numpy(), 2),
+                    marker_color=shades[i],
                     hovertemplate=f"{tag}<br>expert %{{x}}: %{{y:.1f}} assignments/step<extra></extra>",
                 )
             )
@@ -404,17 +504,23 @@ def expert_load_bars(analysis: Analysis) -> go.Figure | None:
         experts = per["expert"].unique().sort().to_list()
         piv = per.pivot(on="expert", index="layer", values="n_e").sort("layer").fill_null(0)
         z = piv.select([str(e) for e in experts]).to_numpy()
-        fig.add_trace(
-            go.Heatmap(
-                z=np.round(z, 2),
-                x=experts,
-                y=[f"l{x}" for x in piv["layer"].to_list()],
-                colorscale="Oranges",
-                colorbar={"title": "n_e"},
-            )
+        fig = zero_based_heatmap(
+            z,
+            experts,
+            [f"l{x}" for x in piv["layer"].to_list()],
+            "n_e",
+            "layer %{y}, expert %{x}: %{z:.1f}<extra></extra>",
         )
         fig.update_xaxes(title_text="expert")
+        fig.update_yaxes(title_text="layer")
     return _layout(fig, "Expert load n_e (assignments per step)", height=400)
+
+
+def _shades(n: int) -> list[str]:
+    """``n`` shades of slate blue-grey, dark to light (for series that carry no stage / cause meaning)."""
+    lo, hi = np.array([0x2F, 0x3E, 0x4E]), np.array([0xB8, 0xC4, 0xD0])
+    rgb = [lo + (hi - lo) * (i / max(n - 1, 1)) for i in range(n)]
+    return ["#" + "".join(f"{int(v):02X}" for v in c) for c in rgb]
 
 
 def _per_layer(analysis: Analysis, col: str) -> dict[int, float]:
@@ -440,7 +546,7 @@ def imbalance_per_layer(analysis: Analysis) -> go.Figure | None:
     )
     x = [f"l{v}" for v in agg["layer"].to_list()]
     fig = go.Figure()
-    for c, color in (("I_e", "#e6550d"), ("I_r", "#3182bd")):
+    for c, color in (("I_e", "#2F3E4E"), ("I_r", "#B8C4D0")):  # ratios, not stages: neutral shades
         p50 = agg[f"{c}_p50"].to_numpy()
         mx = agg[f"{c}_max"].to_numpy()
         fig.add_trace(
@@ -460,36 +566,81 @@ def imbalance_per_layer(analysis: Analysis) -> go.Figure | None:
         )
     fig.add_hline(y=1.0, line_dash="dot", line_color="#555", annotation_text="balanced = 1")
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="max / mean")
+    fig.update_yaxes(title_text="max / mean (ratio, 1 = balanced)")
+    fig.update_xaxes(title_text="MoE layer")
     return _layout(fig, "Routing imbalance per layer (whiskers: max over steps)", height=340)
 
 
-def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
-    """Per rank: communication hidden under compute vs exposed, ms per step (mean over steps)."""
+def _rank_bars(analysis: Analysis, df: pl.DataFrame, values: list[str]) -> tuple[list[str], pl.DataFrame, str]:
+    """(bar labels, per-bar means of ``values``, x-axis title) on a readable rank axis (reports/rank_axis.py)."""
+    axis = rank_axis(analysis.tables.ranks.select("rank", "host"), analysis.rank_summary.select("rank", "step_time_ns"))
+    agg = aggregate(df.select("rank", *values), axis, values).with_columns(pl.col(v).fill_null(0) for v in values)
+    title = "rank" if not axis.aggregated else f"rank (mean per {axis.how}; the slowest ranks on their own)"
+    return agg["group"].to_list(), agg, title
+
+
+def overlap_sentence(analysis: Analysis) -> str | None:
+    """One sentence instead of the overlap figures when they would only say "0%" (or nothing).
+
+    None when the figures carry information (some comm is hidden under compute).
+    """
     rs = analysis.rank_summary
     if rs.height == 0 or rs["comm_ns"].fill_null(0).sum() == 0:
+        return "No communication intervals were found, so there is nothing to overlap."
+    comm = rs["comm_ns"].fill_null(0).cast(pl.Float64)
+    hidden = comm - rs["exposed_comm_ns"].fill_null(0).cast(pl.Float64)
+    if float(hidden.sum()) > 0:
         return None
-    x = [f"r{r}" for r in rs["rank"].to_list()]
-    comm = rs["comm_ns"].fill_null(0).to_numpy().astype(float)
-    exposed = rs["exposed_comm_ns"].fill_null(0).to_numpy().astype(float)
+    worst = rs.sort("exposed_comm_ns", descending=True, nulls_last=True).row(0, named=True)
+    return (
+        f"No communication is hidden under compute on any rank (overlap efficiency 0%): all of it is exposed, "
+        f"up to {worst['exposed_comm_ns'] / MS:.3f} ms per step on rank {worst['rank']}."
+    )
+
+
+def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
+    """Per rank: communication hidden under compute (|C ∩ K|) vs exposed (|C \\ K|), ms per step (mean over steps).
+
+    None when no comm is hidden anywhere (the page says so in one sentence, :func:`overlap_sentence`).
+    """
+    if overlap_sentence(analysis) is not None:
+        return None
+    rs = analysis.rank_summary.with_columns(
+        (pl.col("comm_ns").fill_null(0) - pl.col("exposed_comm_ns").fill_null(0)).alias("_hidden"),
+        pl.col("exposed_comm_ns").fill_null(0).alias("_exposed"),
+    )
+    x, agg, xtitle = _rank_bars(analysis, rs, ["_hidden", "_exposed"])
     fig = go.Figure(
         [
-            go.Bar(name="overlapped |C ∩ K|", x=x, y=np.round((comm - exposed) / MS, 4), marker_color="#74c476"),
             go.Bar(
-                name="exposed |C \\ K|", x=x, y=np.round(exposed / MS, 4), marker_color=_TRACK_COLORS["exposed_comm"]
+                name="overlapped |C ∩ K|",
+                x=x,
+                y=np.round(agg["_hidden"].to_numpy() / MS, 4),
+                marker_color=_TRACK_COLORS["overlapped"],
+            ),
+            go.Bar(
+                name="exposed |C \\ K|",
+                x=x,
+                y=np.round(agg["_exposed"].to_numpy() / MS, 4),
+                marker_color=_TRACK_COLORS["exposed_comm"],
             ),
         ]
     )
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(type="category")
+    fig.update_xaxes(type="category", title_text=xtitle)
     fig.update_yaxes(title_text="ms per step")
     return _layout(fig, "Communication per rank: overlapped vs exposed", height=340)
 
 
 def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
-    """Per stage: overlapped vs exposed comm, ms per step, mean over ranks (hover: max over ranks)."""
+    """Per stage: overlapped vs exposed comm, ms per step, mean over ranks (hover: max over ranks).
+
+    None when no stage hides any comm (the figure would only say 0%).
+    """
     st = analysis.stages
     if st.height == 0 or not {"comm_ns", "exposed_comm_ns"} <= set(st.columns) or st["comm_ns"].fill_null(0).sum() == 0:
+        return None
+    if overlap_sentence(analysis) is not None:
         return None
     n_steps = _n_steps(analysis)
     per_rank = st.group_by("stage", "rank").agg(
@@ -505,9 +656,14 @@ def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
     exp_ = agg["exposed_comm_ns"].to_numpy()
     fig = go.Figure(
         [
-            go.Bar(name="overlapped", x=order, y=np.round((comm - exp_) / MS, 4), marker_color="#74c476"),
             go.Bar(
-                name="exposed",
+                name="overlapped |C ∩ K|",
+                x=order,
+                y=np.round((comm - exp_) / MS, 4),
+                marker_color=_TRACK_COLORS["overlapped"],
+            ),
+            go.Bar(
+                name="exposed |C \\ K|",
                 x=order,
                 y=np.round(exp_ / MS, 4),
                 marker_color=_TRACK_COLORS["exposed_comm"],
@@ -517,6 +673,7 @@ def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
         ]
     )
     fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="stage")
     fig.update_yaxes(title_text="ms per step (mean over ranks)")
     return _layout(fig, "Communication per stage: overlapped vs exposed", height=340)
 
@@ -529,25 +686,25 @@ def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
         or (cast(int, rs["barrier_wait_ns"].fill_null(0).sum()) + cast(int, rs["transfer_ns"].fill_null(0).sum())) == 0
     ):
         return None
-    x = [f"r{r}" for r in rs["rank"].to_list()]
+    x, agg, xtitle = _rank_bars(analysis, rs, ["barrier_wait_ns", "transfer_ns"])
     fig = go.Figure(
         [
             go.Bar(
                 name="barrier wait",
                 x=x,
-                y=np.round(rs["barrier_wait_ns"].fill_null(0).to_numpy() / MS, 4),
+                y=np.round(agg["barrier_wait_ns"].to_numpy() / MS, 4),
                 marker_color=_TRACK_COLORS["wait"],
             ),
             go.Bar(
                 name="transfer",
                 x=x,
-                y=np.round(rs["transfer_ns"].fill_null(0).to_numpy() / MS, 4),
+                y=np.round(agg["transfer_ns"].to_numpy() / MS, 4),
                 marker_color=_TRACK_COLORS["transfer"],
             ),
         ]
     )
     fig.update_layout(barmode="stack")
-    fig.update_xaxes(type="category")
+    fig.update_xaxes(type="category", title_text=xtitle)
     fig.update_yaxes(title_text="ms per step")
     return _layout(fig, "Collective time per rank: barrier wait vs transfer", height=340)
 
@@ -559,15 +716,9 @@ def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | 
         return None
     n = max(n_ranks(analysis), int(wm["waiter"].max()) + 1, int(wm["waited_for"].max()) + 1)  # type: ignore[arg-type]
     z, labels, size = _binned_matrix(wm, "waiter", "waited_for", "wait_ns", n, max_cells)
-    fig = go.Figure(
-        go.Heatmap(
-            z=np.round(z / MS, 4),
-            x=labels,
-            y=labels,
-            colorscale="Reds",
-            colorbar={"title": "ms"},
-            hovertemplate="rank %{y} waited %{z:.3f} ms for rank %{x}<extra></extra>",
-        )
+    # no "vs mean" view: most cells are 0 by construction (only the last arriver is waited for)
+    fig = zero_based_heatmap(
+        z / MS, labels, labels, "ms", "rank %{y} waited %{z:.3f} ms for rank %{x}<extra></extra>", vs_mean=False
     )
     fig.update_xaxes(title_text="waited for (last arriver)", type="category")
     fig.update_yaxes(title_text="waiting rank", autorange="reversed", type="category")
@@ -575,8 +726,21 @@ def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | 
     return _layout(fig, title, height=440)
 
 
+#: r² from which an α–β fit is drawn and trusted (below: the scatter says "inconclusive").
+MIN_FIT_R2 = 0.8
+
+
+def alpha_beta_conclusive(fit: dict | None) -> bool:
+    """True when a fitted α–β row explains the scatter (r² >= :data:`MIN_FIT_R2`, enough calls)."""
+    if not fit or fit.get("verdict") == "insufficient_data":
+        return False
+    r2 = fit.get("r2")
+    return r2 is not None and r2 == r2 and float(r2) >= MIN_FIT_R2 and bool(fit.get("beta_gbps"))
+
+
 def alpha_beta_scatter(analysis: Analysis, max_points: int = 4000) -> go.Figure | None:
-    """Wait-free transfer time vs bytes per call, per link class, with the fitted T = α + B/β line."""
+    """Wait-free transfer time vs bytes per call, per link class; the fitted T = α + B/β line only
+    when the fit is conclusive (:func:`alpha_beta_conclusive`), else the legend says "inconclusive"."""
     calls = analysis.calls
     if calls.height == 0:
         return None
@@ -587,32 +751,38 @@ def alpha_beta_scatter(analysis: Analysis, max_points: int = 4000) -> go.Figure 
         return None
     fig = go.Figure()
     fits = {r["link_class"]: r for r in analysis.alpha_beta.iter_rows(named=True)} if analysis.alpha_beta.height else {}
-    for cls in sorted(pts["link_class"].fill_null("unknown").unique().to_list()):
+    shades = _shades(3)
+    for i, cls in enumerate(sorted(pts["link_class"].fill_null("unknown").unique().to_list())):
         sub = pts.filter(pl.col("link_class").fill_null("unknown") == cls)
         if sub.height > max_points:  # thin deterministically to bound the page size
             sub = sub.gather_every(int(np.ceil(sub.height / max_points)))
+        fit = fits.get(cls)
+        ok = alpha_beta_conclusive(fit)
+        r2 = fit.get("r2") if fit else None
+        tag = "" if ok else (f" (fit inconclusive, r² = {r2:.2f})" if r2 is not None and r2 == r2 else " (no fit)")
         fig.add_trace(
             go.Scatter(
-                name=f"{cls} calls",
+                name=f"{cls} calls{tag}",
                 x=sub["bytes_max"].to_numpy(),
                 y=np.round(sub["transfer_ns"].to_numpy() / 1e3, 3),
                 mode="markers",
-                marker={"size": 5, "opacity": 0.6},
+                marker={"size": 5, "opacity": 0.6, "color": shades[i % 3]},
                 hovertemplate="%{x} B in %{y:.1f} µs<extra></extra>",
             )
         )
-        fit = fits.get(cls)
-        if fit and fit.get("alpha_us") is not None and fit.get("beta_gbps"):
+        if ok and fit is not None:
             bx = np.linspace(0, float(sub["bytes_max"].max()), 50)  # type: ignore[arg-type]
             by = fit["alpha_us"] + bx / (fit["beta_gbps"] * 1e9) * 1e6
             fig.add_trace(
                 go.Scatter(
-                    name=f"{cls} fit: α={fit['alpha_us']:.1f} µs, β={fit['beta_gbps']:.2f} GB/s",
+                    name=f"{cls} fit: α={fit['alpha_us']:.1f} µs, β={fit['beta_gbps']:.2f} GB/s, r²={fit['r2']:.2f} "
+                    f"({str(fit['verdict']).replace('_', ' ')})",
                     x=np.round(bx, 1),
                     y=np.round(by, 3),
                     mode="lines",
+                    line={"color": "#000000", "dash": "dash"},
                 )
             )
-    fig.update_xaxes(title_text="bytes per rank (max of sent, received)")
+    fig.update_xaxes(title_text="bytes per rank per call (B, max of sent and received)")
     fig.update_yaxes(title_text="wait-free transfer time (µs)")
     return _layout(fig, "α–β fit: transfer time vs message size", height=380)

@@ -16,6 +16,7 @@ import polars as pl
 
 from ep_trace.analysis import bandwidth, clocks, findings, graph, imbalance, matching, stages, whatif
 from ep_trace.analysis.activity import device_activity
+from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
@@ -220,6 +221,16 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         )
         .sort("rank", "start_ns")
     )
+    # the barrier-wait spans on each rank's own clock (the step windows' clock)
+    wait_spans = vcr.join(rank_off, on="rank", how="left").select(
+        "rank",
+        "step",
+        (pl.col("start_ns") - pl.col("offset_ns").fill_null(0)).alias("start_ns"),
+        (pl.min_horizontal("arrival_ns", "end_ns") - pl.col("offset_ns").fill_null(0)).alias("end_ns"),
+    )
+    breakdown = step_breakdown(windows, act, wait_spans, stalls)
+    kernels = top_kernels(act, stage_df)
+    ops = top_ops(ev, windows, stage_df)
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
     partial = Analysis(
         config=config,
@@ -250,6 +261,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         replay=model.replay,
         critical_path=model.critical_path,
         whatif=model.whatif,
+        breakdown=breakdown,
+        top_kernels=kernels,
+        top_ops=ops,
     )
     out = findings.with_findings(partial)
     log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))

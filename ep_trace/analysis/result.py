@@ -219,6 +219,31 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "saving_ns": "replayed baseline step length - predicted_step_ns",
         "ranks": "ranks whose work the edit changes",
     },
+    "breakdown": {
+        "rank": "",
+        "step": "",
+        "compute_ns": "|K \\ C| in the step window: compute alone",
+        "overlapped_comm_ns": "|C ∩ K|: communication hidden under compute",
+        "exposed_comm_ns": "|C \\ (K ∪ W)|: transfer nothing hides (W = barrier-wait spans)",
+        "barrier_wait_ns": "|W \\ K|: waiting inside a collective for the last peer",
+        "host_stall_ns": "|H \\ (C ∪ K ∪ W)|: device idle while the host blocks (H = blocking host calls)",
+        "idle_ns": "the rest of the step: nothing measured runs",
+        "step_time_ns": "step window length = the sum of the six parts",
+    },
+    "top_kernels": {
+        "rank": "",
+        "name": "kernel (CPU ranks: compute op / comm range)",
+        "stage": "EP stage holding most of its time (launch inside the stage's host range), None = outside stages",
+        "total_ns": "total duration inside analysed steps",
+        "count": "instances",
+    },
+    "top_ops": {
+        "rank": "",
+        "name": "CPU op",
+        "stage": "as top_kernels (op start inside the stage's host range)",
+        "total_ns": "inclusive duration (children included) inside analysed steps",
+        "count": "instances",
+    },
 }
 
 
@@ -284,6 +309,12 @@ class Analysis:
     critical_path: pl.DataFrame | None = None
     #: Simulated what-if edits of the graph (:mod:`ep_trace.analysis.whatif`); absent rows = not applicable.
     whatif: pl.DataFrame | None = None
+    #: Per (rank, step) time breakdown whose parts sum to the step (see FRAME_DOCS, docs/metrics.md).
+    breakdown: pl.DataFrame | None = None
+    #: Top device kernels per rank by total time, with their stage.
+    top_kernels: pl.DataFrame | None = None
+    #: Top CPU ops per rank by inclusive time, with their stage.
+    top_ops: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

@@ -1,8 +1,11 @@
-"""`ep-trace annotate`: per-rank Perfetto traces with EP stages, barrier wait and exposed comm tracks."""
+"""`ep-trace annotate`: each rank's original trace plus EP stages, barrier wait, exposed comm,
+critical path and finding tracks (Perfetto / chrome://tracing / HTA)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -10,6 +13,32 @@ from ep_trace.cli.app import app, console
 from ep_trace.errors import ConfigError
 
 __all__ = ["annotate_cmd"]
+
+
+class _Originals(Mapping[int, Any]):
+    """rank -> the rank's original Kineto document, read when it is written (one file in memory at a time)."""
+
+    def __init__(self, files: dict[int, Path]) -> None:
+        self._files = files
+
+    def __getitem__(self, rank: int) -> Any:
+        from ep_trace.parsers.kineto_original import read_original
+
+        return read_original(self._files[rank])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._files)
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+def original_files(ranks: Any) -> dict[int, Path]:
+    """rank -> source file of the ranks read from Kineto JSON (one file per rank), from ``tables.ranks``."""
+    kineto = ranks.filter(ranks["format"] == "kineto")
+    counts = kineto["source_file"].value_counts()
+    single = set(counts.filter(counts["count"] == 1)["source_file"].to_list())
+    return {int(r): Path(f) for r, f in zip(kineto["rank"], kineto["source_file"], strict=True) if f in single}
 
 
 @app.command("annotate")
@@ -21,11 +50,12 @@ def annotate_cmd(
     fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks instead of stopping."),
 ) -> None:
-    """Write per-rank Chrome/Perfetto traces: the original events plus ep-trace tracks.
+    """Write per-rank Chrome/Perfetto traces: the original trace unchanged plus ep-trace tracks.
 
-    Extra tracks (process "ep-trace analysis"): EP stages, communication, barrier wait,
-    wait-free transfer and exposed (not overlapped) communication. Open the files in
-    https://ui.perfetto.dev.
+    Kineto inputs keep every original event, flow and metadata record and their timestamps; Nsight
+    inputs become a Chrome trace of their events. Extra tracks (process "ep-trace analysis"):
+    findings (search F1, F2 ...), critical path, EP stages, communication, barrier wait, wait-free
+    transfer and exposed (not overlapped) communication. Open the files in https://ui.perfetto.dev.
 
     Examples:
 
@@ -44,9 +74,13 @@ def annotate_cmd(
         )
     with progress_bar() as progress:
         analysis = load(
-            trace_dir, format=check_format(fmt), on_error="skip" if keep_going else "raise", progress=progress
-        )  # type: ignore[arg-type]
-        paths = write_annotated_traces(analysis, out, progress=progress)
+            trace_dir,
+            format=check_format(fmt),  # type: ignore[arg-type]
+            on_error="skip" if keep_going else "raise",
+            progress=progress,
+        )
+        originals = _Originals(original_files(analysis.tables.ranks))
+        paths = write_annotated_traces(analysis, out, progress=progress, originals=originals)
     console.print(
         f"wrote {len(paths)} annotated trace(s) to {out} (open in https://ui.perfetto.dev)",
         markup=False,

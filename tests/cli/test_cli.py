@@ -168,7 +168,9 @@ def test_analyze_external_dlrm_names_rank7_latest_arriver(tmp_path, external_dir
     assert top["rank"] == 7  # external/README.md: rank 7 starts last in the first four all_to_alls
     html = (tmp_path / "dlrm.html").read_text()
     # the straggler ranking on the page starts with rank 7
-    assert re.search(r'Straggler ranking</h3><table><thead>.*?</thead><tbody><tr><td class="l">7</td>', html)
+    assert re.search(
+        r'Straggler ranking</h3><div class="tbl"><table><thead>.*?</thead><tbody><tr><td class="l">7</td>', html
+    )
 
 
 @pytest.mark.hta

@@ -536,6 +536,32 @@ def make_fake_analysis(
             if f is not None
         )
 
+    # ---- breakdown / top kernels (exact from the steps table: no host stalls in this job) ------
+    breakdown = steps_df.select(
+        pl.col("rank").cast(pl.Int32),
+        pl.col("step").cast(pl.Int64),
+        (pl.col("compute_ns") - pl.col("overlapped_ns")).alias("compute_ns"),
+        pl.col("overlapped_ns").alias("overlapped_comm_ns"),
+        (pl.col("exposed_comm_ns") - pl.col("barrier_wait_ns")).clip(0).alias("exposed_comm_ns"),
+        pl.min_horizontal("barrier_wait_ns", "exposed_comm_ns").alias("barrier_wait_ns"),
+        pl.lit(0, pl.Int64).alias("host_stall_ns"),
+        (pl.col("step_time_ns") - pl.col("compute_ns") - pl.col("exposed_comm_ns")).alias("idle_ns"),
+        "step_time_ns",
+    )
+    top_kernels = pl.DataFrame(
+        {
+            "rank": np.repeat(ranks, 2),
+            "name": ["grouped_gemm", "ncclDevKernel_AllToAll"] * n_ranks,
+            "stage": ["expert", "dispatch"] * n_ranks,
+            "total_ns": np.tile([500_000 * layers * steps, 300_000 * layers * steps], n_ranks).astype(np.int64),
+            "count": np.full(2 * n_ranks, layers * steps, dtype=np.int64),
+        },
+        schema_overrides={"rank": pl.Int32},
+    )
+    top_ops = top_kernels.with_columns(
+        pl.col("name").replace({"grouped_gemm": "aten::mm", "ncclDevKernel_AllToAll": "c10d::alltoall_base_"})
+    )
+
     return Analysis(
         config=AnalysisConfig(),
         tables=tables,
@@ -561,4 +587,7 @@ def make_fake_analysis(
         if n_ranks > 8
         else (),
         notes=("synthetic analysis for tests",),
+        breakdown=breakdown,
+        top_kernels=top_kernels,
+        top_ops=top_ops,
     )

@@ -1,12 +1,19 @@
 """What a person sees: a real headless Chromium opens the reports (Debian's /usr/bin/chromium + playwright).
 
-Checks: no console errors, every figure rendered (plot and SVG counts), the verdict text, a
-screenshot under test-artifacts/, and the 64-rank synthetic report's size (< 10 MB) and open time
-(< 3 s of renderer main-thread CPU, see test_64_rank_report_is_small_and_fast).
+Checks: no console errors, every figure rendered (plot and SVG counts), the verdict first on the
+page naming a rank and a cause (one screenshot per kind of input: the demo and every kind in
+../shared/external/), the layout at 390 px (phone) and 1440 px (desktop) — the document never
+scrolls sideways, plotly's toolbar never covers a legend — and the 64-rank report's size (< 10 MB)
+and paint times (verdict < 1 s, all figures < 3 s). Screenshots go to test-artifacts/; with
+EP_TRACE_UPDATE_SCREENSHOT=1 the demo one also replaces docs/report.png (README's picture).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 import time
 from pathlib import Path
 
@@ -16,7 +23,8 @@ from fake_analysis import make_fake_analysis
 from ep_trace.reports.html import render_report
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
 ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -31,6 +39,41 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install chromium)"),
 ]
 
+#: The verdict names a cause: one of these phrases (or says there is no EP communication).
+CAUSE_RE = re.compile(
+    r"arrives last|wait|communication not hidden|exposed|idle|host|stage takes|imbalance|routing|straggler|latency|"
+    r"bandwidth|permute|no EP communication|No EP bottleneck",
+    re.I,
+)
+
+_VERDICT_PAINT = """() => new Promise((resolve) => {
+  const seen = performance.getEntriesByType('element').filter(e => e.identifier === 'verdict');
+  if (seen.length) { resolve(seen[0].renderTime / 1000); return; }
+  new PerformanceObserver((l) => resolve(l.getEntries()[0].renderTime / 1000)).observe({type: 'element', buffered: true});
+  setTimeout(() => resolve(null), 5000);
+})"""
+
+_LAYOUT = """() => {
+  const r = (el) => el.getBoundingClientRect();
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom && a.width > 0 && b.width > 0;
+  const overlaps = [];
+  document.querySelectorAll('.js-plotly-plot').forEach((plot) => {
+    const bar = plot.querySelector('.modebar-container .modebar') || plot.querySelector('.modebar');
+    if (!bar) return;
+    const mb = r(bar);
+    plot.querySelectorAll('.legend, .updatemenu-container, .gtitle').forEach((el) => { if (hit(mb, r(el))) overlaps.push(plot.id + ':' + el.getAttribute('class')); });
+    const title = plot.parentElement.previousElementSibling;
+    if (title && title.classList.contains('figtitle') && hit(mb, r(title))) overlaps.push(plot.id + ':title');
+  });
+  const main = document.querySelector('main');
+  const first = Array.from(main.children).find((el) => el.tagName !== 'H1');
+  return {
+    scrollWidth: document.documentElement.scrollWidth, bodyScrollWidth: document.body.scrollWidth,
+    innerWidth: window.innerWidth, overlaps: overlaps,
+    firstClass: first ? first.className : null, verdictTop: r(document.querySelector('.verdict')).top,
+  };
+}"""
+
 
 @pytest.fixture(scope="module")
 def browser():
@@ -42,8 +85,8 @@ def browser():
         b.close()
 
 
-def _open(browser, path: Path, screenshot: str | None = None) -> dict:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def _open(browser, path: Path, screenshot: str | None = None, width: int = 1280, full_page: bool = True) -> dict:
+    page = browser.new_page(viewport={"width": width, "height": 900})
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -67,32 +110,101 @@ def _open(browser, path: Path, screenshot: str | None = None) -> dict:
         "main_thread_s": metrics["TaskDuration"],
         "main_thread_cpu_s": metrics["ThreadTime"],
         "first_paint_s": page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime / 1000"),
-        "first_figure_s": page.evaluate(mark, "ep-first-figure"),
+        "verdict_paint_s": page.evaluate(_VERDICT_PAINT),
+        "first_figure_s": page.evaluate(mark, "ep-first-figure")
+        if page.evaluate("document.querySelectorAll('div.ep-fig').length")
+        else 0.0,
         "all_figures_s": page.evaluate(mark, "ep-all-figures"),
         "rendered": int(page.evaluate("document.body.dataset.figuresRendered")),
         "plots": page.locator(".js-plotly-plot").count(),
         "divs": page.locator("div.plotly-graph-div").count(),
         "svgs": page.locator(".js-plotly-plot .main-svg").count(),
         "verdict": page.locator(".verdict .headline").inner_text(),
+        "layout": page.evaluate(_LAYOUT),
     }
     if screenshot:
         ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / screenshot), full_page=full_page)
     page.close()
     return res
 
 
-def test_demo_report_renders_in_chromium(browser, tmp_path, samples_dir):
+def _record(name: str, r: dict) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    keep = {k: v for k, v in r.items() if k != "errors"}
+    (ARTIFACTS / f"{name}.json").write_text(json.dumps(keep, indent=1, default=str))
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory, samples_dir):
     from ep_trace.cli.outputs import build_report
 
-    out = tmp_path / "report.html"
+    out = tmp_path_factory.mktemp("demo") / "report.html"
     build_report(samples_dir / "skewed_straggler", out)
-    r = _open(browser, out, "demo_report.png")
+    return out
+
+
+def test_demo_report_renders_in_chromium(browser, demo_report):
+    r = _open(browser, demo_report, "demo_report.png")
     assert r["errors"] == []
     assert r["plots"] == r["divs"] == r["rendered"] >= 9  # every figure div became a plot
     assert r["svgs"] >= 2 * r["plots"]  # plotly draws >= 2 svg layers per plot
     assert r["verdict"]  # the verdict headline is shown first
     assert (ARTIFACTS / "demo_report.png").stat().st_size > 50_000
+    top = _open(browser, demo_report, "report_top.png", width=1440, full_page=False)
+    if os.environ.get("EP_TRACE_UPDATE_SCREENSHOT"):
+        shutil.copyfile(ARTIFACTS / "report_top.png", ROOT / "docs" / "report.png")
+    assert top["verdict"] == r["verdict"]
+
+
+@pytest.mark.parametrize("width", [390, 1440])
+def test_layout_fits_phone_and_desktop(browser, demo_report, width):
+    r = _open(browser, demo_report, f"demo_report_{width}px.png", width=width)
+    _record(f"layout_{width}px", r)
+    lay = r["layout"]
+    assert r["errors"] == []
+    # no horizontal page overflow: tables scroll inside their own box, plots resize to the viewport
+    assert lay["scrollWidth"] <= lay["innerWidth"] == width, lay
+    assert lay["bodyScrollWidth"] <= width, lay
+    assert lay["overlaps"] == [], lay  # the plotly toolbar never covers a title, legend or button
+    assert lay["firstClass"].startswith("verdict") and lay["verdictTop"] < 120, lay
+
+
+#: Every kind of input: (path under ../shared/external or sample_traces, figures the report draws).
+INPUTS = {
+    "demo_gloo_ep": ("@samples/skewed_straggler", 9),
+    "kineto_nccl_dlrm_8rank": ("kineto/param_dlrm_8rank", 8),
+    "kineto_torchrec_pair_no_flows": ("kineto/hta_torchrec_pair", 6),
+    "kineto_nccl_metadata": ("kineto/hta_nccl_metadata", 5),
+    "kineto_torchrec16_one_rank": ("kineto/hta_torchrec16_rank0", 6),
+    "kineto_cpu_only": ("kineto/edge_cases/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 3),
+    "kineto_no_distributed_info": ("kineto/edge_cases/distributed_info_not_found.json.gz", 4),
+    "kineto_moe_single_gpu": ("kineto/tracelens_moe_micro/moe_01_many_experts_few_tokens.json.gz", 3),
+    "kineto_trace_diff_control": ("kineto/hta_trace_diff/control", 6),
+    "nsys_2gpu_nccl": ("nsys/nsys_ai_2gpu/mfu_2gpu_before.sqlite", 5),
+    "nsys_mock": ("nsys/nsys_ai_2gpu/mock.sqlite", 1),
+    "nsys_2025": ("nsys/flameox/nsight-2025.5.2.sqlite", 1),
+    "nsys_mpi_saxpy": ("nsys/pipit_saxpy/saxpy-mpi-cuda_nsys_perlmutter0.sqlite", 1),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(INPUTS))
+def test_ten_second_answer_on_every_kind_of_input(browser, tmp_path, kind, external_dir, samples_dir):
+    from ep_trace.cli.outputs import build_report
+
+    rel, n_figs = INPUTS[kind]
+    src = samples_dir / rel.removeprefix("@samples/") if rel.startswith("@samples/") else external_dir / rel
+    out = tmp_path / f"{kind}.html"
+    build_report(src, out)
+    r = _open(browser, out, f"kind_{kind}.png", width=1440, full_page=False)
+    _record(f"kind_{kind}", r)
+    assert r["errors"] == []
+    lay = r["layout"]
+    assert lay["firstClass"].startswith("verdict") and lay["verdictTop"] < 120, lay  # first thing on the page
+    v = r["verdict"]
+    assert re.search(r"\brank \d+", v, re.I) or re.search("no EP communication", v, re.I), v
+    assert CAUSE_RE.search(v), v
+    assert r["plots"] == r["divs"] == r["rendered"] == n_figs, (kind, r["rendered"])
 
 
 def test_64_rank_report_is_small_and_fast(browser, tmp_path):
@@ -102,14 +214,24 @@ def test_64_rank_report_is_small_and_fast(browser, tmp_path):
     out.write_text(render_report(a), encoding="utf-8")
     size = out.stat().st_size
     assert size < 10_000_000, size
-    r = _open(browser, out, "report_64_ranks.png")
-    assert r["errors"] == []
-    assert r["plots"] == r["divs"] == r["rendered"] == 10
-    assert r["verdict"] == "Rank 2 arrives last in every dispatch; the other ranks wait 2.0 ms per step"
-    # "Opens in < 3 s": the verdict paints before plotly.js is parsed (wall clock), and drawing the
-    # whole page costs < 3 s of the renderer main thread's CPU time (Chrome's ThreadTime counter) —
-    # what it takes on an idle core. Wall time on a 2-core CI box shared with other jobs measures the
-    # neighbours too (a load average of 8 doubles it), so it only gets a sanity bound.
-    assert r["first_paint_s"] < 3.0, r
-    assert r["main_thread_cpu_s"] < 3.0, r
-    assert r["all_figures_s"] < 30.0, r
+    # Wall-clock paint times on a 2-core box shared with other jobs measure the neighbours too (a
+    # load average of 16 triples them), so the page gets up to 3 loads and the best one counts, as
+    # benchmarks take the minimum; the renderer's main-thread CPU time is checked on every load.
+    runs = []
+    for _ in range(3):
+        r = _open(browser, out, "report_64_ranks.png")
+        runs.append(r)
+        assert r["errors"] == []
+        assert r["plots"] == r["divs"] == r["rendered"] == 11
+        assert r["verdict"] == "Rank 2 arrives last in every dispatch; the other ranks wait 2.0 ms per step"
+        assert r["main_thread_cpu_s"] < 3.0, r
+        if r["verdict_paint_s"] is not None and r["verdict_paint_s"] < 1.0 and r["all_figures_s"] < 3.0:
+            break
+    best = min(runs, key=lambda r: r["all_figures_s"])
+    _record(
+        "report_64_ranks",
+        {**best, "size_bytes": size, "attempts": [(x["verdict_paint_s"], x["all_figures_s"]) for x in runs]},
+    )
+    # paint times from navigation start: Element Timing of the verdict, the renderer's last mark
+    assert min(x["verdict_paint_s"] or 99.0 for x in runs) < 1.0, runs
+    assert best["all_figures_s"] < 3.0, [(x["verdict_paint_s"], x["all_figures_s"]) for x in runs]

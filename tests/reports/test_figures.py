@@ -122,13 +122,14 @@ def test_overlap_wait_and_matrix(a4):
     expected[[0, 1, 3], 2] = 6.0  # 3 steps x 2 layers x 1 ms, all waited for rank 2
     np.testing.assert_allclose(z, expected)
     st = traces(figures.overlap_per_stage(a4))
-    assert list(st["exposed"]["x"]) == ["dispatch", "combine"]
+    assert list(st["exposed |C \\ K|"]["x"]) == ["dispatch", "combine"]
 
 
 def test_alpha_beta_scatter_and_fit_line(a4):
     t = traces(figures.alpha_beta_scatter(a4))
-    assert set(t) == {"intra_host calls", "intra_host fit: α=25.0 µs, β=12.50 GB/s"}
-    line = t["intra_host fit: α=25.0 µs, β=12.50 GB/s"]
+    name = "intra_host fit: α=25.0 µs, β=12.50 GB/s, r²=0.97 (latency bound)"
+    assert set(t) == {"intra_host calls", name}
+    line = t[name]
     x, y = arr(line["x"]), arr(line["y"])
     np.testing.assert_allclose(y, 25.0 + x / 12.5e9 * 1e6, atol=1e-3)
     assert len(arr(t["intra_host calls"]["x"])) == a4.calls.height

@@ -68,8 +68,8 @@ def test_rank_table_percentiles(a4):
 def test_sections_in_the_required_order(page4):
     ids = re.findall(r'<section id="([a-z]+)"', page4)
     assert ids == [
-        "verdict",
-        "stages",
+        "findings",
+        "breakdown",
         "timeline",
         "routing",
         "overlap",
@@ -80,18 +80,20 @@ def test_sections_in_the_required_order(page4):
         "definitions",
     ]
     assert page4.index("Rank 2 arrives last") < page4.index('id="fig-stages"')
+    # the verdict box comes right under the title, before the navigation and every section
+    assert page4.index('class="verdict') < page4.index("<nav>") < page4.index("<section")
 
 
 def test_self_contained_one_plotly_bundle(page4):
-    assert page4.count('class="plotly-graph-div ep-fig"') == 10 and page4.count('type="application/json"') == 10
+    assert page4.count('class="plotly-graph-div ep-fig"') == 11 and page4.count('type="application/json"') == 11
     assert page4.count("Plotly.newPlot(") == 1  # the one renderer script
     assert "<script src=" not in page4 and "<link" not in page4
-    assert len(re.findall(r"plotly\.js v\d+\.\d+\.\d+", page4)) == 1  # the bundle's banner, once
+    assert len(re.findall(r"plotly\.js (?:\(cartesian - minified\) )?v\d+\.\d+\.\d+", page4)) == 1  # the banner, once
     # outside the bundle nothing points to the network
-    before_bundle = page4[: page4.index("plotly.js v")]
+    before_bundle = page4[: page4.index('id="ep-plotly-src"')]
     assert "https://" not in before_bundle and "http://" not in before_bundle
     # the verdict comes before the (large) bundle, so it paints first
-    assert page4.index('class="verdict') < page4.index("plotly.js v")
+    assert page4.index('class="verdict') < page4.index('id="ep-plotly-src"')
 
 
 def test_definitions_and_tables_present(page4):
@@ -136,3 +138,24 @@ def test_hta_overlap_and_unmatched_collectives_are_shown(a4):
         '<tr><td class="l">0</td><td class="l">1</td><td class="l">0:3,1:2</td><td class="l">rank 1 has fewer calls</td></tr>'
         in html
     )
+
+
+def test_page_ships_the_cartesian_partial_bundle_and_every_trace_type_is_in_it(a4, page4):
+    from plotly.offline import get_plotlyjs_version
+
+    from ep_trace.reports import breakdown_figures, figures
+    from ep_trace.reports.html import CARTESIAN_TRACES, plotly_bundle
+
+    js = plotly_bundle()
+    assert js.lstrip("/*\n ").startswith(f"plotly.js (cartesian - minified) v{get_plotlyjs_version()}")
+    assert len(js) < 2_000_000 and js[:2000] in page4
+    fns = [
+        getattr(figures, n) for n in figures.__all__ if n[0].islower() and n not in ("n_ranks", "timeline_selection")
+    ]
+    used = {
+        t["type"]
+        for fn in fns + [breakdown_figures.time_breakdown]
+        if (f := fn(a4)) is not None
+        for t in f.to_dict()["data"]
+    }
+    assert used and used <= CARTESIAN_TRACES, used
