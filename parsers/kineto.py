@@ -41,7 +41,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream
+from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream, validate
 from ep_trace.parsers.kineto_collectives import build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
@@ -149,8 +149,8 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
         raise _event_error(path, offset + bad, f"event is a {type(evs[bad]).__name__}, not an object") from None
     xs = [evs[i] for i in xi]
     ids = [offset + i for i in xi]
-    cat = pl.Series([e.get("cat") for e in xs], dtype=pl.Utf8, strict=False)
-    name = pl.Series([e.get("name") for e in xs], dtype=pl.Utf8, strict=False)
+    cat = validate.text_series(path, [e.get("cat") for e in xs], ids, "cat")
+    name = validate.text_series(path, [e.get("name") for e in xs], ids, "name")
     args = [e.get("args") for e in xs]
     # args kept for the collective builder: its markers by name, and kernels with a metadata copy
     marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in ARG_KEEP_PREFIXES]).fill_null(False)
