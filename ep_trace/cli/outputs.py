@@ -8,6 +8,7 @@ interrupted or failed run leaves either the previous file or the complete new on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import tempfile
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+import polars as pl
 
 from ep_trace.analysis import Analysis, AnalysisConfig
 from ep_trace.errors import OutputError
@@ -87,6 +89,59 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     return p
 
 
+#: Longest string shown in the report / summary (characters); longer ones keep their head and tail
+#: around an ellipsis (the tail is kept: templated kernel names differ at the end). The Parquet
+#: tables (``ep-trace ingest``) keep the full names.
+DISPLAY_CHARS = 512
+
+
+def _shorten(text: str, limit: int = DISPLAY_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    head = (limit * 2) // 3
+    return f"{text[:head]}…{text[len(text) - (limit - head - 1) :]}"
+
+
+def _shorten_frame(df: pl.DataFrame, limit: int) -> pl.DataFrame:
+    cols = [c for c, t in df.schema.items() if t == pl.Utf8]
+    if not cols or df.height == 0:
+        return df
+    longest = df.select(pl.max_horizontal([pl.col(c).str.len_bytes().max() for c in cols])).item()
+    if longest is None or longest <= limit:  # (bytes >= chars: nothing to shorten)
+        return df
+    head = (limit * 2) // 3
+    tail = limit - head - 1
+    return df.with_columns(
+        pl.when(pl.col(c).str.len_chars() > limit)
+        .then(pl.col(c).str.head(head) + "…" + pl.col(c).str.tail(tail))
+        .otherwise(pl.col(c))
+        .alias(c)
+        for c in cols
+    )
+
+
+def _shorten_value(v: Any, limit: int) -> Any:
+    if isinstance(v, str):
+        return _shorten(v, limit)
+    if isinstance(v, pl.DataFrame):
+        return _shorten_frame(v, limit)
+    if isinstance(v, dict):
+        return {_shorten_value(k, limit): _shorten_value(x, limit) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_shorten_value(x, limit) for x in v)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        changes = {f.name: _shorten_value(getattr(v, f.name), limit) for f in dataclasses.fields(v) if f.init}
+        return dataclasses.replace(v, **changes)
+    return v
+
+
+def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS) -> Analysis:
+    """A copy of ``analysis`` whose strings (host and kernel names, file names in the load report,
+    finding text) are at most ``limit`` characters, for the report and the summary: a 30 MB host
+    name made a 99 MB report. Numbers are untouched (the analysis grouped by the full names)."""
+    return _shorten_value(analysis, limit)  # type: ignore[no-any-return]
+
+
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` as indented JSON (numpy values and non-string keys allowed), atomically."""
     return write_atomic(path, orjson.dumps(obj, option=_JSON_OPTIONS))
@@ -112,6 +167,7 @@ def write_report(
     """
     from ep_trace.reports.html import render_report
 
+    analysis = for_display(analysis)
     extra = []
     if with_hta:
         from ep_trace.reports.hta_section import hta_section
