@@ -103,6 +103,16 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
+def _format_by_name(name: str) -> str | None:
+    if name.endswith((".json", ".json.gz")) and name not in ("load_report.json", "manifest.json", "summary.json"):
+        return "kineto"
+    if name.endswith(".sqlite"):
+        return "nsys"
+    if name.endswith(".ep-events.parquet"):
+        return "cupti"
+    return None
+
+
 def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
     """Trace inputs and sidecars of a directory (or a single file).
 
@@ -123,6 +133,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     inputs = []
     for e in entries:
         fmt = detect_format(e)
+        if fmt is None and e.is_dir() and not e.name.startswith("."):
+            # a directory named like a trace file (rank3.pt.trace.json.gz/): an input that
+            # read_one refuses, naming it, instead of a rank silently missing (issue 12)
+            fmt = _format_by_name(e.name)
         if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
             inputs.append((e, fmt))
     sidecars: dict[int, Path] = {}

@@ -103,8 +103,10 @@ def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> Trace
 def _strict_series(
     name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType], path: Path, ev_index: list[int], what: str
 ) -> pl.Series:
-    """Build a typed column; on a bad value (string, int beyond the type) name the event."""
+    """Build a typed column; on a bad value (string, bool, int beyond the type) name the event."""
     try:
+        if bool in set(map(type, values)):  # polars reads True as 1 (a "ts": true event at 1 µs)
+            raise TypeError("bool")
         return pl.Series(name, values, dtype=dtype)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
         lo, hi = (-(2**63), 2**63 - 1) if dtype == pl.Int64 else (0, 2**64 - 1)
@@ -408,6 +410,9 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
         )
     # relative ts (kineto#928): the base is known only once the whole file is read
     ev = _times(ev, path, base_ns)
+    ev, dup_issue = validate.drop_duplicate_rows(ev, path, rank)  # before links / collectives
+    if dup_issue is not None:
+        issues.append(dup_issue)
 
     ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
     if ev["name"].null_count():

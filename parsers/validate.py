@@ -61,9 +61,11 @@ __all__ = [
     "check_inflated",
     "check_strings",
     "text_series",
+    "check_string_table",
     "check_times",
     "check_tables",
     "drop_duplicate_events",
+    "drop_duplicate_rows",
     "check_sidecar_identity",
     "check_job_clocks",
     "validate_file",
@@ -234,6 +236,37 @@ def check_strings(path: str | Path, df: pl.DataFrame, table: str, columns: tuple
             )
 
 
+def check_string_table(path: str | Path, df: pl.DataFrame, table: str, id_col: str, text_col: str) -> None:
+    """An id -> string table (Nsight ``StringIds``): ids unique, strings within the length cap.
+
+    Checked before any join: one 50 MB string used by 3,604 rows would be copied into each row
+    (6.3 GB, then an abort), and a duplicate id would duplicate every row that uses it.
+
+    Raises:
+        TraceFormatError / ResourceLimitError: naming the table and the id.
+    """
+    if df.height == 0:
+        return
+    dup = df.filter(pl.col(id_col).is_duplicated())
+    if dup.height:
+        raise TraceFormatError(
+            path,
+            f"id {dup[id_col][0]} appears {int((df[id_col] == dup[id_col][0]).sum())} times",
+            "the export is corrupt; re-export it with nsys export --type sqlite",
+            record=table,
+        )
+    limit = _env_int("EP_TRACE_MAX_STRING_BYTES", MAX_STRING_BYTES)
+    n = df.select(pl.col(text_col).str.len_bytes().max()).item()
+    if n is not None and n > limit:
+        i = int(df.select(pl.col(text_col).str.len_bytes().arg_max()).item())
+        raise ResourceLimitError(
+            path,
+            f"string id {df[id_col][i]} is {n:,} bytes long (cap {limit:,})",
+            f"set EP_TRACE_MAX_STRING_BYTES={2 * n} to accept it",
+            record=table,
+        )
+
+
 def text_series(path: str | Path, values: list[Any], ids: list[int], what: str) -> pl.Series:
     """A Utf8 column of decoded JSON values: strings as they are, numbers as text, null as null.
 
@@ -395,11 +428,44 @@ def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None
             )
 
 
+#: Columns two copies of one record share: a copy repeats its ids too (see drop_duplicate_events).
+RAW_DUPLICATE_KEY = ("category", "name", "pid_raw", "tid_raw", "start_ns", "end_ns", "correlation", "external_id")
+
+
+def drop_duplicate_rows(
+    ev: pl.DataFrame, path: str | Path, rank: int | None, key: tuple[str, ...] = RAW_DUPLICATE_KEY
+) -> tuple[pl.DataFrame, schema.LoadIssue | None]:
+    """Drop copies of a decoded event (keep the first) *before* links and collectives are built.
+
+    Called by a reader right after its times are known (Kineto: ``kineto.read_kineto_file``): a
+    copied ``c10d::*`` op or gloo worker range would otherwise become a second collective and shift
+    the pairing of every later call. Returns the frame and the load-report line (None: no copies).
+    """
+    if ev.height < 2:
+        return ev, None
+    first = ev.select(pl.struct(list(key)).is_first_distinct()).to_series()
+    n_dup = int(first.len() - first.sum())
+    if n_dup == 0:
+        return ev, None
+    issue = schema.LoadIssue(
+        str(path),
+        rank,
+        "warning",
+        f"{n_dup} duplicate events (same rank, name, stream, start and end) dropped; "
+        "their time would have been counted twice",
+    )
+    return ev.filter(first), issue
+
+
 def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.TraceTables:
     """Drop events equal in rank, kind, name, pid, tid, stream, start, end and ids (keep the first).
 
     A duplicated span counts its time twice (50 copies of one event made a 236.6 ms wait in a
-    127 ms step); the count dropped goes into the load report as a warning.
+    127 ms step), and a copied ``c10d::*`` op became a second collective that shifted every later
+    call's ordinal. So references follow the drop: ``launch_id`` / ``op_id`` pointing at a copy
+    point at its original, collectives launched by a copy are dropped and the ordinals of the
+    rank's remaining calls renumbered (same rule as the readers: by ``cpu_start_ns`` per
+    ``pg_name``). The count dropped goes into the load report as a warning.
     """
     ev = t.events
     if ev.height < 2:
@@ -412,8 +478,47 @@ def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.Tra
     n_dup = int(first.len() - first.sum())
     if n_dup == 0:
         return t
+    canon = ev.select("rank", "event_id", pl.col("event_id").first().over(key).alias("_canon")).filter(
+        pl.col("event_id") != pl.col("_canon")
+    )
+    dropped = canon.select("rank", "event_id")
     kept = ev.filter(first)
-    ranks = sorted(set(ev.filter(~first)["rank"].to_list()))
+    for ref in ("launch_id", "op_id"):
+        m = canon.select("rank", pl.col("event_id").alias(ref), pl.col("_canon").alias("_to"))
+        kept = (
+            kept.join(m, on=["rank", ref], how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_to", ref).alias(ref))
+            .drop("_to")
+        )
+    colls = t.collectives
+    if colls.height:
+        by_op = colls.join(dropped.rename({"event_id": "op_id"}), on=["rank", "op_id"], how="semi")
+        # calls without a launching op (gloo worker ranges) made only of copies
+        only_copies = (
+            ev.filter(~first & pl.col("coll_id").is_not_null())
+            .select("rank", "coll_id")
+            .unique()
+            .join(
+                kept.filter(pl.col("coll_id").is_not_null()).select("rank", "coll_id"),
+                on=["rank", "coll_id"],
+                how="anti",
+            )
+        )
+        by_range = colls.filter(pl.col("op_id").is_null()).join(only_copies, on=["rank", "coll_id"], how="semi")
+        gone = pl.concat([by_op, by_range]).unique(["rank", "coll_id"])
+        if gone.height:
+            colls = colls.join(gone.select("rank", "coll_id"), on=["rank", "coll_id"], how="anti")
+            order = pl.struct("cpu_start_ns", "start_ns", "coll_id").rank("ordinal").over(["rank", "pg_name"])
+            colls = colls.with_columns((order - 1).cast(pl.Int64).alias("ordinal"))
+            kept = kept.with_columns(
+                pl.when(
+                    pl.struct("rank", "coll_id").is_in(gone.select(pl.struct("rank", "coll_id")).to_series().implode())
+                )
+                .then(None)
+                .otherwise(pl.col("coll_id"))
+                .alias("coll_id")
+            )
+    ranks = sorted(set(dropped["rank"].to_list()))
     issue = schema.LoadIssue(
         str(path),
         ranks[0] if len(ranks) == 1 else None,
@@ -421,7 +526,12 @@ def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.Tra
         f"{n_dup} duplicate events (same rank, name, stream, start and end) dropped; "
         "their time would have been counted twice",
     )
-    return replace(t, events=kept, load_report=t.load_report + (issue,))
+    return replace(
+        t,
+        events=schema.validate("events", kept.select(ev.columns), str(path)),
+        collectives=schema.validate("collectives", colls, str(path)),
+        load_report=t.load_report + (issue,),
+    )
 
 
 def validate_file(path: str | Path, t: schema.TraceTables) -> schema.TraceTables:

@@ -191,12 +191,13 @@ def shuffle_events(d: Path, rng: random.Random) -> None:
 
 
 def nested_name(d: Path, rng: random.Random) -> None:
-    def fn(doc: dict[str, Any], rng: random.Random) -> None:
-        depth = rng.choice([50, 500, 1000])
-        e = rng.choice(x_events(doc))
-        e[rng.choice(["name", "cat"])] = json.loads("[" * depth + "]" * depth)
-
-    edit_doc(d, rng, fn)
+    p = rng.choice(traces(d))
+    doc = load_doc(p)
+    depth = rng.choice([50, 500, 1000, 5000])
+    e = rng.choice(x_events(doc))
+    e[rng.choice(["name", "cat"])] = "__NEST__"
+    text = json.dumps(doc).replace('"__NEST__"', "[" * depth + "]" * depth).encode()  # json.dumps stops at ~990
+    p.write_bytes(gzip.compress(text, compresslevel=1) if p.name.endswith(".gz") else text)
 
 
 def long_strings(d: Path, rng: random.Random) -> None:
@@ -338,7 +339,9 @@ def nsys_values(d: Path, rng: random.Random) -> None:
         or cols
     )
     val = rng.choice(["abc", -1, 2**63 - 1, -(2**63), 1e300, None, b"\xff\x00"])
-    con.execute(f"UPDATE {t} SET {col} = ? WHERE rowid IN (SELECT rowid FROM {t} ORDER BY random() LIMIT 3)", (val,))
+    con.execute(
+        f"UPDATE OR IGNORE {t} SET {col} = ? WHERE rowid IN (SELECT rowid FROM {t} ORDER BY random() LIMIT 3)", (val,)
+    )
     con.commit()
     con.close()
 

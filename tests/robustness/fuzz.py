@@ -78,41 +78,78 @@ class Worker:
 
 
 def run_campaign(
-    n_per_class: int, workdir: Path, classes: list[str] | None = None, seed0: int = 0, log: Any = None
+    n_per_class: int,
+    workdir: Path,
+    classes: list[str] | None = None,
+    seed0: int = 0,
+    log: Any = None,
+    workers: int = 1,
+    deadline: float | None = None,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
-    """``n_per_class`` seeded cases of every class; returns counts and the violating cases."""
+    """``n_per_class`` seeded cases of every class on ``workers`` worker processes.
+
+    Args:
+        deadline: ``time.time()`` after which no new case starts (the counts say how many ran).
+        checkpoint: File the running counts are written to every 100 cases.
+
+    Returns:
+        ``{"cases", "seconds", "counts": {class: {outcome: n}}, "violations": [...]}``.
+    """
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     classes = classes or list(attacks.CLASSES)
     counts: dict[str, Counter[str]] = {c: Counter() for c in classes}
     bad: list[dict[str, Any]] = []
-    worker = Worker()
+    lock = threading.Lock()
     t0 = time.monotonic()
-    try:
-        for i in range(n_per_class):
-            for cls in classes:
-                seed = seed0 + i
+    items = [(cls, seed0 + i) for i in range(n_per_class) for cls in classes]
+    done = [0]
+
+    def snapshot() -> dict[str, Any]:
+        return {
+            "cases": sum(sum(c.values()) for c in counts.values()),
+            "seconds": round(time.monotonic() - t0, 1),
+            "counts": {c: dict(v) for c, v in counts.items()},
+            "violations": list(bad),
+        }
+
+    def lane(k: int) -> None:
+        worker = Worker()
+        try:
+            for cls, seed in items[k::workers]:
+                if deadline is not None and time.time() > deadline:
+                    return
                 try:
-                    case = attacks.make_case(cls, seed, workdir)
+                    case = attacks.make_case(cls, seed, workdir / f"w{k}")
                 except Exception as exc:  # noqa: BLE001 - a mutation that does not apply
-                    counts[cls]["skipped"] += 1
+                    with lock:
+                        counts[cls]["skipped"] += 1
                     if log:
                         log(f"{cls}:{seed} mutation failed: {exc}")
                     continue
                 # odd seeds run with on_error="skip" (--keep-going): it must skip and name, never crash
                 res = worker.run(case, parquet=attacks.CLASSES[cls][0] == "parquet", keep_going=seed % 2 == 1)
-                counts[cls][res["outcome"]] += 1
-                if res["outcome"] not in ("ok", "nothing", "error"):
-                    bad.append({"class": cls, "seed": seed, **res})
-                    if log:
-                        log(f"VIOLATION {cls}:{seed} {res}")
                 _rm(case)
-    finally:
-        worker.kill()
-    return {
-        "cases": sum(sum(c.values()) for c in counts.values()),
-        "seconds": round(time.monotonic() - t0, 1),
-        "counts": {c: dict(v) for c, v in counts.items()},
-        "violations": bad,
-    }
+                with lock:
+                    counts[cls][res["outcome"]] += 1
+                    done[0] += 1
+                    if res["outcome"] not in ("ok", "nothing", "error"):
+                        bad.append({"class": cls, "seed": seed, **res})
+                        if log:
+                            log(f"VIOLATION {cls}:{seed} {res}")
+                    if checkpoint is not None and done[0] % 100 == 0:
+                        checkpoint.write_text(json.dumps(snapshot(), indent=1))
+        finally:
+            worker.kill()
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(lane, range(workers)))
+    out = snapshot()
+    if checkpoint is not None:
+        checkpoint.write_text(json.dumps(out, indent=1))
+    return out
 
 
 def _rm(case: Path) -> None:
@@ -135,11 +172,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cases", type=int, default=10_000, help="total cases (split evenly over the classes)")
     ap.add_argument("--seed", type=int, default=1000)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="JSON results (also a checkpoint every 100 cases)")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes at once")
+    ap.add_argument("--minutes", type=float, default=None, help="stop starting new cases after this long")
     args = ap.parse_args()
-    per = max(1, args.cases // len(attacks.CLASSES))
+    per = max(1, -(-args.cases // len(attacks.CLASSES)))
+    deadline = time.time() + 60 * args.minutes if args.minutes else None
     with tempfile.TemporaryDirectory(prefix="ep-fuzz-") as tmp:
-        res = run_campaign(per, Path(tmp), seed0=args.seed, log=lambda m: print(m, flush=True))
+        res = run_campaign(
+            per,
+            Path(tmp),
+            seed0=args.seed,
+            log=lambda m: print(m, flush=True),
+            workers=args.workers,
+            deadline=deadline,
+            checkpoint=args.out,
+        )
     print(table(res))
     print(f"{res['cases']} cases in {res['seconds']} s, {len(res['violations'])} violations")
     if args.out:
