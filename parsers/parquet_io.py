@@ -72,7 +72,7 @@ _REPORT = "load_report.json"
 _LOCK = ".ep-trace.lock"
 
 
-def _replace_into(path: Path, write: Callable[[Path], None]) -> None:
+def _replace_into(path: Path, write: Callable[[Path], object]) -> None:
     """Write through ``write(tmp)`` to a temporary sibling of ``path``, then rename it into place."""
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
@@ -165,7 +165,11 @@ def write_parquet(
     for name in TABLE_NAMES:
         p = out / f"{name}.parquet"
         df = tables.table(name)  # type: ignore[arg-type]
-        _replace_into(p, lambda tmp, df=df: df.write_parquet(tmp, compression="zstd", statistics=True))
+
+        def write(tmp: Path, df: pl.DataFrame = df) -> None:
+            df.write_parquet(tmp, compression="zstd", statistics=True)
+
+        _replace_into(p, write)
         written.append(p)
     rep = out / _REPORT
     report = orjson.dumps([asdict(i) for i in tables.load_report], option=orjson.OPT_INDENT_2)

@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_code = getattr(exc, "exit_code", None)
         if type(exc).__name__ == "Abort":
             code = 130
-        elif callable(getattr(exc, "show", None)):
-            getattr(exc, "show")()  # noqa: B009 - click usage error: prints "Usage: ... Error: ..." to stderr
+        elif callable(show := getattr(exc, "show", None)):
+            show()  # prints "Usage: ... Error: ..." to stderr
             code = exit_code if isinstance(exit_code, int) else 2
         elif isinstance(exit_code, int):
             code = exit_code
