@@ -284,6 +284,9 @@ def read_trace_dir(
         TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
         RankConflictError: duplicate ranks or files of different jobs.
     """
+    p = Path(path)
+    if p.exists() and not p.is_dir():  # a FIFO or a device given as the path: refused, never opened
+        validate.check_input_path(p)
     try:
         inputs, sidecar_paths = discover(path, format)
     except OSError as exc:  # a directory without read permission, an I/O error while listing it

@@ -103,9 +103,9 @@ def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> Trace
 def _strict_series(
     name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType], path: Path, ev_index: list[int], what: str
 ) -> pl.Series:
-    """Build a typed column; on a bad value (string, bool, int beyond the type) name the event."""
+    """Build a typed column; on a bad value (string, bool time, int beyond the type) name the event."""
     try:
-        if bool in set(map(type, values)):  # polars reads True as 1 (a "ts": true event at 1 µs)
+        if dtype.is_float() and bool in set(map(type, values)):  # "ts": true would be an event at 1 µs
             raise TypeError("bool")
         return pl.Series(name, values, dtype=dtype)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
