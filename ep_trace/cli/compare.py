@@ -39,11 +39,9 @@ def compare_cmd(
     from rich.table import Table
 
     from ep_trace.cli.analyze import check_format
-    from ep_trace.cli.outputs import write_json
+    from ep_trace.cli.outputs import check_writable, write_atomic, write_json
     from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, render_compare_html
     from ep_trace.reports.units import fmt_ns
-
-    from ep_trace.cli.outputs import check_writable, write_atomic
 
     check_format(fmt)
     if out is not None:
