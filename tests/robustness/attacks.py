@@ -3,7 +3,7 @@
 Each mutation class is ``fn(case_dir, rng) -> None``: it edits a copy of a trace set in place.
 :data:`CLASSES` maps the class name to ``(source set, fn)``; the source sets are
 ``sample_traces/balanced`` (demo: Kineto + sidecars), an external Kineto pair, an external Nsight
-SQLite and an ingest output directory (Parquet). Used by the regression tests and the fuzz suite.
+SQLite, ep-trace's CUPTI events file and an ingest output directory (Parquet). Used by the regression tests and the fuzz suite.
 """
 
 from __future__ import annotations
@@ -401,6 +401,65 @@ def parquet_damage(d: Path, rng: random.Random) -> None:
         victim.write_bytes(bytes(raw))
 
 
+# --- CUPTI events files (ep-trace's own GPU capture format) -----------------------------------
+
+CUPTI_META = {"rank": 0, "world_size": 2, "host": "gpu-node-1", "device": "cuda:0", "backend": "nccl", "job_id": "j"}
+
+
+def write_cupti(d: Path, events: Any = None, meta: dict[str, Any] | None = None) -> Path:
+    """``d/rank0.ep-events.parquet`` from the committed CUPTI golden records (tests/data/cupti)."""
+    from ep_trace.capture.cupti.convert import records_to_events
+    from ep_trace.capture.cupti.writer import EventsWriter
+
+    if events is None:
+        doc = json.loads((ROOT / "tests" / "data" / "cupti" / "moe_step_records.json").read_text())
+        events = records_to_events(doc["records"], rank=0, ranges=doc["ranges"], clock_offset_ns=doc["clock_offset_ns"])
+    w = EventsWriter(d / "rank0.ep-events.parquet", meta or CUPTI_META)
+    w.write(events)
+    return w.close(steps=1)
+
+
+def cupti_values(d: Path, rng: random.Random) -> None:
+    import polars as pl
+
+    p = d / "rank0.ep-events.parquet"
+    ev = pl.read_parquet(p)
+    kind = rng.choice(["time", "dup", "name", "meta", "ids"])
+    meta = dict(CUPTI_META)
+    row = pl.int_range(pl.len()) == rng.randrange(ev.height)
+    if kind == "time":
+        # the writer refuses end < start: move both ends (a 63-year or clock-wrapping record)
+        shift = rng.choice([2 * 10**18, -(2 * 10**18), 30 * 86_400 * 10**9, 2**62])
+        ev = ev.with_columns(
+            pl.when(row).then(pl.col(c) + shift).otherwise(pl.col(c)).alias(c) for c in ("start_ns", "end_ns")
+        )
+    elif kind == "dup":
+        ev = pl.concat([ev, ev.sample(rng.randint(1, 20), with_replacement=True, seed=rng.randrange(1000))])
+    elif kind == "name":
+        ev = ev.with_columns(
+            pl.when(row).then(pl.lit("n" * rng.choice([10, 2_000_000]))).otherwise(pl.col("name")).alias("name")
+        )
+    elif kind == "ids":
+        col = rng.choice(["correlation", "device", "stream", "launch_id"])
+        val = rng.choice([-1, None, 2**31 - 1])
+        ev = ev.with_columns(pl.when(row).then(pl.lit(val)).otherwise(pl.col(col)).cast(ev.schema[col]).alias(col))
+    else:
+        meta[rng.choice(list(meta))] = rng.choice(WEIRD)
+    p.unlink()
+    write_cupti(d, ev, meta)
+
+
+def cupti_bytes(d: Path, rng: random.Random) -> None:
+    p = d / "rank0.ep-events.parquet"
+    raw = bytearray(p.read_bytes())
+    if rng.random() < 0.5:
+        raw = raw[: rng.randrange(len(raw))]
+    else:
+        for _ in range(rng.randint(1, 10)):
+            raw[rng.randrange(len(raw))] = rng.randrange(256)
+    p.write_bytes(bytes(raw))
+
+
 def dt_unsigned(dt: Any) -> bool:
     return str(dt).startswith("UInt")
 
@@ -427,6 +486,8 @@ CLASSES: dict[str, tuple[str, Mutation]] = {
     "nsys_schema": ("nsys_ext", nsys_schema),
     "nsys_bytes": ("nsys_ext", nsys_bytes),
     "parquet_damage": ("parquet", parquet_damage),
+    "cupti_values": ("cupti", cupti_values),
+    "cupti_bytes": ("cupti", cupti_bytes),
 }
 
 
@@ -445,6 +506,9 @@ def make_case(cls: str, seed: int, workdir: Path) -> Path:
             ingest(SOURCES["demo"], template, use_cache=False)
         case.mkdir(parents=True)
         shutil.copytree(template, case / "tables")
+    elif source == "cupti":
+        case.mkdir(parents=True)
+        write_cupti(case)
     else:
         shutil.copytree(SOURCES[source], case, ignore=shutil.ignore_patterns("README.md"))
     fn(case, random.Random(f"{cls}:{seed}"))

@@ -2,7 +2,7 @@
 sane numbers (no negative times, waits <= step time, overlap in [0, 1]), no hang (60 s per case),
 bounded memory (4 GB address space per worker).
 
-CI runs 6 seeded cases of each of the 21 mutation classes (tests/robustness/attacks.py) on two
+CI runs 6 seeded cases of each of the 23 mutation classes (tests/robustness/attacks.py) on two
 worker processes, plus hypothesis-generated events in process; ``pytest --fuzz-long`` (or
 ``python tests/robustness/fuzz.py --cases 10000``) runs the long campaign.
 """
@@ -36,7 +36,7 @@ def _check(result: dict[str, Any]) -> None:
 
 
 def test_fuzz_contract_ci(tmp_path: Path) -> None:
-    """126 cases: every class x 6 seeds (odd seeds with --keep-going)."""
+    """138 cases: every class x 6 seeds (odd seeds with --keep-going)."""
     result = fuzz.run_campaign(6, tmp_path, workers=2, seed0=0)
     _check(result)
     assert result["cases"] >= 120

@@ -521,3 +521,23 @@ def test_interrupted_write_leaves_the_old_file(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(KeyboardInterrupt):
         outputs.write_atomic(target, b"new" * 1000)
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+
+
+def test_cupti_record_a_month_away_is_refused(tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import attacks
+
+    (tmp_path / "a").mkdir()
+    good = attacks.write_cupti(tmp_path / "a")
+    ev = pl.read_parquet(good)
+    assert read_trace_dir(good).events.height == ev.height  # the golden file reads
+    (tmp_path / "b").mkdir()
+    shifted = ev.with_columns(
+        pl.when(pl.int_range(pl.len()) == 3).then(pl.col(c) + 30 * 86_400 * 10**9).otherwise(pl.col(c)).alias(c)
+        for c in ("start_ns", "end_ns")
+    )
+    bad = attacks.write_cupti(tmp_path / "b", shifted)
+    with pytest.raises(TraceFormatError, match=r"rank0.ep-events.parquet: event \d+: events span 30.0 days"):
+        read_trace_dir(bad)
