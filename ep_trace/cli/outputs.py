@@ -102,44 +102,68 @@ def _shorten(text: str, limit: int = DISPLAY_CHARS) -> str:
     return f"{text[:head]}…{text[len(text) - (limit - head - 1) :]}"
 
 
-def _shorten_frame(df: pl.DataFrame, limit: int) -> pl.DataFrame:
+def _control_free(text: str) -> str:
+    from ep_trace.cli import printable
+
+    return printable(text)
+
+
+def _escape_expr(col: str) -> pl.Expr:
+    """Vectorised :func:`ep_trace.cli.printable` of one column (one literal replace per control)."""
+    e = pl.col(col)
+    for code in (*range(0x20), 0x7F, 0x9B):
+        e = e.str.replace_all(chr(code), f"\\x{code:02x}", literal=True)
+    return e.alias(col)
+
+
+def _shorten_frame(df: pl.DataFrame, limit: int, escape: bool) -> pl.DataFrame:
     cols = [c for c, t in df.schema.items() if t == pl.Utf8]
     if not cols or df.height == 0:
         return df
     longest = df.select(pl.max_horizontal([pl.col(c).str.len_bytes().max() for c in cols])).item()
-    if longest is None or longest <= limit:  # (bytes >= chars: nothing to shorten)
-        return df
-    head = (limit * 2) // 3
-    tail = limit - head - 1
-    return df.with_columns(
-        pl.when(pl.col(c).str.len_chars() > limit)
-        .then(pl.col(c).str.head(head) + "…" + pl.col(c).str.tail(tail))
-        .otherwise(pl.col(c))
-        .alias(c)
-        for c in cols
-    )
+    if longest is not None and longest > limit:  # (bytes >= chars: otherwise nothing to shorten)
+        head = (limit * 2) // 3
+        tail = limit - head - 1
+        df = df.with_columns(
+            pl.when(pl.col(c).str.len_chars() > limit)
+            .then(pl.col(c).str.head(head) + "…" + pl.col(c).str.tail(tail))
+            .otherwise(pl.col(c))
+            .alias(c)
+            for c in cols
+        )
+    if escape:
+        controls = r"[\x00-\x1f\x7f\x9b]"
+        bad = [c for c in cols if df.select(pl.col(c).str.contains(controls).any()).item()]
+        if bad:
+            df = df.with_columns(_escape_expr(c) for c in bad)
+    return df
 
 
-def _shorten_value(v: Any, limit: int) -> Any:
+def _shorten_value(v: Any, limit: int, escape: bool = False) -> Any:
     if isinstance(v, str):
-        return _shorten(v, limit)
+        v = _shorten(v, limit)
+        return _control_free(v) if escape else v
     if isinstance(v, pl.DataFrame):
-        return _shorten_frame(v, limit)
+        return _shorten_frame(v, limit, escape)
     if isinstance(v, dict):
-        return {_shorten_value(k, limit): _shorten_value(x, limit) for k, x in v.items()}
+        return {_shorten_value(k, limit, escape): _shorten_value(x, limit, escape) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return type(v)(_shorten_value(x, limit) for x in v)
+        return type(v)(_shorten_value(x, limit, escape) for x in v)
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        changes = {f.name: _shorten_value(getattr(v, f.name), limit) for f in dataclasses.fields(v) if f.init}
+        changes = {f.name: _shorten_value(getattr(v, f.name), limit, escape) for f in dataclasses.fields(v) if f.init}
         return dataclasses.replace(v, **changes)
     return v
 
 
-def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS) -> Analysis:
+def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS, escape_controls: bool = False) -> Analysis:
     """A copy of ``analysis`` whose strings (host and kernel names, file names in the load report,
     finding text) are at most ``limit`` characters, for the report and the summary: a 30 MB host
-    name made a 99 MB report. Numbers are untouched (the analysis grouped by the full names)."""
-    return _shorten_value(analysis, limit)  # type: ignore[no-any-return]
+    name made a 99 MB report. Numbers are untouched (the analysis grouped by the full names).
+
+    ``escape_controls`` (the terminal summary) also escapes control characters (``\\x1b``): a
+    trace string must not drive the terminal. HTML and JSON escape them by themselves.
+    """
+    return _shorten_value(analysis, limit, escape_controls)  # type: ignore[no-any-return]
 
 
 def write_json(obj: Any, path: str | Path) -> Path:

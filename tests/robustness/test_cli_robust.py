@@ -199,3 +199,27 @@ def test_fifo_as_the_path_is_refused(capsys: pytest.CaptureFixture[str], tmp_pat
 def test_compare_checks_its_outputs_first(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run(capsys, "compare", str(BALANCED), str(BALANCED), "-o", str(tmp_path))
     assert code == 2 and err.startswith(f"error: -o {tmp_path}: is a directory")
+
+
+def test_trace_strings_are_escaped_in_the_terminal_summary(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import gzip
+    import json
+
+    d = tmp_path / "d"
+    shutil.copytree(BALANCED, d)
+    for p in d.glob("rank*.pt.trace.json.gz"):
+        doc = json.loads(gzip.decompress(p.read_bytes()))
+        doc["host_name"] = "vm\x1b]0;pwned\x07"
+        p.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    for p in d.glob("rank*.ep.jsonl"):
+        p.write_text(p.read_text().replace('"host":"vm"', '"host":"vm\\u001b]0;pwned\\u0007"'))
+    code, out, err = run(capsys, "analyze", str(d), "-o", str(tmp_path / "r.html"))
+    assert code == 0, err
+    assert "\x1b]0" not in out and "\x07" not in out
+    # what the terminal summary renders from: every string of the analysis escaped
+    import ep_trace
+    from ep_trace.cli.outputs import for_display
+
+    shown = for_display(ep_trace.load(d), escape_controls=True)
+    assert set(shown.tables.ranks["host"]) == {"vm\\x1b]0;pwned\\x07"}
+    assert set(shown.rank_summary["host"]) == {"vm\\x1b]0;pwned\\x07"} if "host" in shown.rank_summary.columns else True
