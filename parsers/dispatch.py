@@ -40,6 +40,7 @@ from ep_trace.errors import (
     RankConflictError,
     TraceFormatError,
 )
+from ep_trace.parsers import validate
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -102,6 +103,16 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
+def _format_by_name(name: str) -> str | None:
+    if name.endswith((".json", ".json.gz")) and name not in ("load_report.json", "manifest.json", "summary.json"):
+        return "kineto"
+    if name.endswith(".sqlite"):
+        return "nsys"
+    if name.endswith(".ep-events.parquet"):
+        return "cupti"
+    return None
+
+
 def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
     """Trace inputs and sidecars of a directory (or a single file).
 
@@ -122,6 +133,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     inputs = []
     for e in entries:
         fmt = detect_format(e)
+        if fmt is None and e.is_dir() and not e.name.startswith("."):
+            # a directory named like a trace file (rank3.pt.trace.json.gz/): an input that
+            # read_one refuses, naming it, instead of a rank silently missing (issue 12)
+            fmt = _format_by_name(e.name)
         if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
             inputs.append((e, fmt))
     sidecars: dict[int, Path] = {}
@@ -210,6 +225,37 @@ def merge_tables(
     return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
 
 
+def _read_sidecar_checked(sp: Path, r: int) -> Sidecar:
+    """Read one sidecar, refusing non-files and turning OS / decoder failures into the one-line error."""
+    validate.check_input_path(sp)
+    try:
+        sc = read_sidecar(sp)
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise validate.os_error(sp, exc) from None
+    except Exception as exc:  # noqa: BLE001 - the one-line contract
+        raise validate.unexpected_error(sp, exc) from None
+    if sc.rank is not None and sc.rank != r:
+        raise TraceFormatError(
+            sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
+        )
+    return sc
+
+
+def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTables:
+    """:func:`merge_sidecar` after the identity check, with the merged rows range-checked (blamed on the sidecar)."""
+    validate.check_sidecar_identity(t, sc)
+    try:
+        out = merge_sidecar(t, sc)
+    except EpTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a field of the wrong type in some record
+        raise validate.unexpected_error(sc.path, exc) from None
+    validate.check_tables(sc.path, out)
+    return out
+
+
 def read_trace_dir(
     path: str | Path,
     format: Format = "auto",
@@ -238,7 +284,13 @@ def read_trace_dir(
         TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
         RankConflictError: duplicate ranks or files of different jobs.
     """
-    inputs, sidecar_paths = discover(path, format)
+    p = Path(path)
+    if p.exists() and not p.is_dir():  # a FIFO or a device given as the path: refused, never opened
+        validate.check_input_path(p)
+    try:
+        inputs, sidecar_paths = discover(path, format)
+    except OSError as exc:  # a directory without read permission, an I/O error while listing it
+        raise validate.os_error(exc.filename or path, exc, "cannot list") from None
     issues: list[schema.LoadIssue] = []
     parts: list[tuple[schema.TraceTables, object | None]] = []
     for f, res in read_files(inputs, rank_map, jobs, progress):
@@ -253,27 +305,32 @@ def read_trace_dir(
     sidecars: dict[int, Sidecar] = {}
     for r, sp in sidecar_paths.items():
         try:
-            sc = read_sidecar(sp)
-            if sc.rank is not None and sc.rank != r:
-                raise TraceFormatError(
-                    sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
-                )
-            sidecars[r] = sc
+            sidecars[r] = _read_sidecar_checked(sp, r)
         except EpTraceError as exc:
             if on_error != "skip":
                 raise
-            issues.append(schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}"))
+            issues.append(schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}"))
+            log.warning("left out %s: %s", sp, exc)
     merged = []
     for t, info in per_rank:
         r = int(t.ranks["rank"][0])
         sc = sidecars.pop(r, None)
-        merged.append((merge_sidecar(t, sc) if sc is not None else t, info))
+        if sc is not None:
+            try:
+                t = _merge_sidecar_checked(t, sc)
+            except EpTraceError as exc:
+                if on_error != "skip":
+                    raise
+                issues.append(schema.LoadIssue(sc.path, r, "error", f"sidecar left out: {exc}"))
+                log.warning("left out %s: %s", sc.path, exc)
+        merged.append((t, info))
     for r, sc in sidecars.items():
         issues.append(schema.LoadIssue(sc.path, r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
     if not merged:  # every file was skipped (on_error="skip"): nothing true can be said
         first = issues[0].message.removeprefix("skipped: ") if issues else "no readable trace"
         raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
     _check_job(merged)
+    validate.check_job_clocks(pl.concat([t.ranks for t, _ in merged]))
     out = merge_tables([t for t, _ in merged], tuple(issues))
     if out.routing_matrix.height == 0:
         out = replace(
@@ -313,4 +370,5 @@ def read_trace_dirs(
                     f"{p}: rank {r} is also in {seen[r]}; pass directories of one job with disjoint ranks"
                 )
             seen[r] = p
+    validate.check_job_clocks(pl.concat([t.ranks for t in parts]))
     return merge_tables(parts)

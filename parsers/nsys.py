@@ -31,6 +31,7 @@ import polars as pl
 
 from ep_trace.comm_classifier import comm_family_expr
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers import validate as boundary
 from ep_trace.parsers.nsys_collectives import group_collectives
 from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
 from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, ranks_table
@@ -138,7 +139,9 @@ def _session_offset(src: TableSource, meta: Mapping[str, str], path: Path, issue
 def _strings(src: TableSource) -> pl.DataFrame:
     if "StringIds" not in src.tables():
         return pl.DataFrame(schema={"_sid": pl.Int64, "_str": pl.Utf8})
-    return src.read("StringIds", ["id", "value"]).rename({"id": "_sid", "value": "_str"}).cast({"_str": pl.Utf8})
+    df = src.read("StringIds", ["id", "value"]).rename({"id": "_sid", "value": "_str"}).cast({"_str": pl.Utf8})
+    boundary.check_string_table(getattr(src, "path", "<nsys>"), df, "StringIds", "_sid", "_str")
+    return df
 
 
 def _resolve(df: pl.DataFrame, col: str, strings: pl.DataFrame, out: str) -> pl.DataFrame:

@@ -24,7 +24,32 @@ Result = tuple[schema.TraceTables, object | None]
 
 
 def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
-    """Read one input with its format's reader (Nsight and CUPTI readers imported lazily)."""
+    """Read one input and validate its tables (:mod:`ep_trace.parsers.validate`).
+
+    The path is checked before any byte is read (a FIFO, a device, a directory where a file is
+    expected, a dangling link); any failure of the reader, an OS error or a decoder's own exception,
+    comes out as one :class:`~ep_trace.errors.TraceFormatError` line, so ``on_error='skip'`` can
+    leave the file out whatever the cause.
+
+    Raises:
+        TraceFormatError: the file cannot be read or fails validation.
+    """
+    from ep_trace.parsers import validate
+
+    validate.check_input_path(path, expect_dir=fmt == "nsys" and path.is_dir())
+    try:
+        tables, info = _read(path, fmt, rank_map)
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise validate.os_error(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
+        raise validate.unexpected_error(path, exc) from None
+    return validate.validate_file(path, tables), info
+
+
+def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
+    """The format's reader (Nsight and CUPTI readers imported lazily)."""
     rank = None
     if rank_map:
         for key in (path.name, str(path), path):

@@ -108,7 +108,8 @@ def analyze_cmd(
       ep-trace analyze run.sqlite --format nsys -o nsys_report.html
     """
     from ep_trace.analysis.config import AnalysisConfig
-    from ep_trace.cli.outputs import build_report
+    from ep_trace.cli import printable
+    from ep_trace.cli.outputs import build_report, for_display
     from ep_trace.reports.terminal import summary_renderables
 
     if stages is not None and not stages.is_file():
@@ -126,8 +127,8 @@ def analyze_cmd(
             with_hta=with_hta,
         )
     if not quiet:
-        for r in summary_renderables(analysis):
+        for r in summary_renderables(for_display(analysis, escape_controls=True)):
             console.print(r)
-    console.print(f"report: {out}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report: {printable(str(out))}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
-        console.print(f"summary: {json_out}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"summary: {printable(str(json_out))}", markup=False, highlight=False, soft_wrap=True)

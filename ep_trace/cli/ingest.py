@@ -43,6 +43,7 @@ def ingest_cmd(
       ep-trace ingest demo_traces -o demo_tables
       duckdb -c "select rank, count(*) from 'demo_tables/events.parquet' group by rank"
     """
+    from ep_trace.cli import printable
     from ep_trace.cli.analyze import progress_bar
     from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest
@@ -64,11 +65,12 @@ def ingest_cmd(
         return
     how = "reused (inputs unchanged)" if cached else "written"
     console.print(
-        f"{out}: {how}: {tables.ranks.height} ranks, {tables.events.height} events, "
+        f"{printable(str(out))}: {how}: {tables.ranks.height} ranks, {tables.events.height} events, "
         f"{tables.collectives.height} collectives, {tables.routing_matrix.height} routing-matrix rows",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
     for issue in tables.load_report:
-        console.print(f"  {issue.level}: {issue.file}: {issue.message}", markup=False, highlight=False, soft_wrap=True)
+        line = printable(f"  {issue.level}: {issue.file}: {issue.message}")
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
