@@ -240,7 +240,7 @@ def test_every_finding_links_to_its_section_and_trace_window(a4):
         row = re.search(rf'<tr id="finding-{e.fid}">(.*?)</tr>', html).group(1)
         assert f'href="#{e.section}"' in row and f"rank{e.rank}.ep-annotated.json.gz" in row
         assert f"search <code>{e.fid}</code>" in row
-        assert f'<section id="{e.section}">' in html
+        assert f'id="{e.section}"' in html  # a section, or the stage figure's anchor inside one
 
 
 # ---- issue 16.5: large jobs ---------------------------------------------------------------------
