@@ -236,7 +236,7 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
     fig.update_yaxes(title_text="ms per step (P50 over steps)")
     fig.update_xaxes(title_text="rank, busy or window")
     # two-level category axis (rank over busy / window), rotated on a phone: room for it
-    return _layout(fig, "Stage time per rank: busy vs window", height=520, axis_px=130)
+    return _layout(fig, "Stage time per rank: busy vs window", height=420, axis_px=130)
 
 
 @dataclass(frozen=True)
@@ -406,7 +406,7 @@ def step_timeline(
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
         title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
-    return _layout(fig, title, height=height + 90, hovermode="closest")
+    return _layout(fig, title, height=height, hovermode="closest")
 
 
 def _binned_matrix(
