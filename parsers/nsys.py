@@ -112,9 +112,7 @@ def _mpi_ranks(src: TableSource, nv: pl.DataFrame, strings: pl.DataFrame) -> pl.
     )
     if {"globalTid", "rank"} <= set(src.columns("MPI_RANKS")):
         mr = src.read("MPI_RANKS", ["globalTid", "rank"])
-        names = pl.concat(
-            [mr.select(proc_of(pl.col("globalTid")).alias("_proc"), pl.col("rank").alias("_mpi")), names]
-        )
+        names = pl.concat([mr.select(proc_of(pl.col("globalTid")).alias("_proc"), pl.col("rank").alias("_mpi")), names])
     return names.drop_nulls().unique("_proc", keep="first")
 
 
