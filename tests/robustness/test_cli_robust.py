@@ -72,7 +72,7 @@ def test_ctrl_c_in_a_real_process(tmp_path: Path) -> None:
         text=True,
         env=env,
     )
-    time.sleep(3.0)  # inside the imports (__main__ handles that too) or the analysis
+    time.sleep(1.0)  # inside the imports (__main__ handles that too) or the analysis
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:
