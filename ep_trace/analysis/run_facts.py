@@ -68,7 +68,7 @@ def _mode_of(a: Analysis) -> dict[int, str]:
     return {int(r): str(m) for r, m in zip(rs["rank"], rs["mode"], strict=True)}
 
 
-def tokens_per_rank(a: Analysis) -> float | None:
+def tokens_per_rank(a: Analysis) -> float | int | None:
     """Median over (rank, step) of the tokens one rank routes per step (first MoE layer), or None.
 
     From the sidecar's per-expert routing counts: tokens = Σ_e n_e / top_k (top-k counts each token k
@@ -80,7 +80,8 @@ def tokens_per_rank(a: Analysis) -> float | None:
         return None
     first = rc["layer"].min()
     per = rc.filter(pl.col("layer") == first).group_by("rank", "step").agg(pl.col("count").sum())
-    return float(per["count"].median()) / float(top_k)  # type: ignore[arg-type]
+    t = float(per["count"].median()) / float(top_k)  # type: ignore[arg-type]
+    return int(t) if t.is_integer() else t
 
 
 def run_knobs(a: Analysis, workload: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def run_knobs(a: Analysis, workload: dict[str, Any] | None = None) -> dict[str, 
     chunks = None
     disp = st.filter((pl.col("stage") == "dispatch") & pl.col("microbatch").is_not_null()) if st.height else st
     if disp.height:
-        chunks = int(disp["microbatch"].max()) + 1  # type: ignore[operator]
+        chunks = int(disp["microbatch"].cast(pl.Int64).max() or 0) + 1  # type: ignore[arg-type]
     elif st.height and (st["stage"] == "dispatch").any():
         chunks = 1
     tokens = tokens_per_rank(a)
@@ -248,7 +249,7 @@ def stage_times(a: Analysis) -> pl.DataFrame:
     return out.sort("stage", "layer", nulls_last=True)
 
 
-def step_figures(a: Analysis, tokens: float | None) -> dict[str, Any]:
+def step_figures(a: Analysis, tokens: float | int | None) -> dict[str, Any]:
     """Step time (median over steps of the slowest rank), its quartiles, tokens/s, exposed-comm ratio.
 
     Args:
@@ -277,6 +278,6 @@ def step_figures(a: Analysis, tokens: float | None) -> dict[str, Any]:
                 out["tokens_per_s"] = out["tokens_per_step"] / (out["step_time_ns"] / 1e9)
     imb = a.imbalance
     if imb.height and "L_max" in imb.columns and imb["L_mean"].drop_nulls().len():
-        lm = imb["L_mean"].sum()
-        out["I_r"] = float(imb["L_max"].sum() / lm) if lm else None
+        lm = float(imb["L_mean"].sum())
+        out["I_r"] = float(imb["L_max"].sum()) / lm if lm else None
     return out

@@ -70,7 +70,8 @@ def _hardware(a: Analysis) -> dict[str, Any]:
     gpus = None
     if dev.height:
         cuda = dev.filter(pl.col("device").str.starts_with("cuda"))
-        gpus = int(cuda.group_by("host").agg(pl.col("device").n_unique())["device"].max() or 0) if cuda.height else 0
+        per_host = cuda.group_by("host").agg(pl.col("device").n_unique())["device"]
+        gpus = int(per_host.max() or 0) if cuda.height else 0  # type: ignore[arg-type]
     return {
         "ranks": r.height,
         "hosts": hosts or None,

@@ -151,6 +151,7 @@ class SweepResult:
         verdict: The :class:`Verdict`, or None with fewer than 2 distinct knob values.
         notes: Caveats (summary runs, unknown fields).
         records: The per-run records, in run order (None where a run has none).
+        details: Per run, in run order: ``label, x, source, knobs, conditions, figures`` (typed values).
     """
 
     knob: str
@@ -161,6 +162,7 @@ class SweepResult:
     verdict: Verdict | None
     notes: tuple[str, ...] = ()
     records: tuple[Mapping[str, Any] | None, ...] = field(default_factory=tuple)
+    details: tuple[Mapping[str, Any], ...] = field(default_factory=tuple)
 
 
 def sweep_run(
@@ -351,7 +353,7 @@ def _fits(runs: Sequence[SweepRun], xs: Sequence[float | None], knob: str) -> tu
         for run in runs:
             layers |= set(run.stages.filter(pl.col("stage") == stage)["layer"].to_list())
         for layer in sorted(layers, key=lambda v: (v is None, v if v is not None else 0)):
-            pts = []
+            pts: list[tuple[str, Any, Any, Any, Any]] = []
             for run, xk in zip(runs, xs, strict=True):
                 sel = run.stages.filter((pl.col("stage") == stage) & (pl.col("layer").eq_missing(layer)))
                 if sel.height == 0:
@@ -363,7 +365,7 @@ def _fits(runs: Sequence[SweepRun], xs: Sequence[float | None], knob: str) -> tu
                 axes.append(("bytes", 2))
             for axis, idx in axes:
                 p = [q for q in pts if q[idx] is not None and q[3] is not None]
-                f = fit_line([q[idx] for q in p], [q[3] for q in p])
+                f = fit_line([float(q[idx]) for q in p], [float(q[3]) for q in p])
                 if f["alpha"] is None:
                     continue
                 calls = [q[4] for q in p if q[4]]
@@ -435,6 +437,18 @@ def _stage_at(run: SweepRun, stage: str, col: str = "t_ns") -> float | None:
     return _num(sel[col][0]) if sel.height else None
 
 
+#: Knobs that scale the bytes one all-to-all moves (their fit's intercept is the zero-message cost).
+_WORK_KNOBS = ("tokens", "hidden", "top_k")
+#: Smallest max/min ratio of bytes per call over the runs for a fit against bytes to split α from β.
+_MIN_BYTES_RANGE = 2.0
+
+
+def _bytes_range(runs: Sequence[SweepRun], stage: str) -> float:
+    vals = [_stage_at(r, stage, "bytes") for r in runs]
+    b = [v for v in vals if v]
+    return max(b) / min(b) if len(b) >= 2 and min(b) > 0 else 0.0
+
+
 def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFrame, knob: str,
              thr: Mapping[str, Any]) -> Verdict | None:  # fmt: skip
     valid = [(r, x) for r, x in zip(runs, xs, strict=True) if x is not None]
@@ -443,17 +457,22 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
     op, x_op = max(valid, key=lambda p: p[1])  # type: ignore[arg-type,return-value]
     alphas: dict[str, Any] = {}
     latency = 0.0
+    splittable = True
     for stage in ("dispatch", "combine"):
         f = fits.filter((pl.col("stage") == stage) & pl.col("layer").is_null())
         by_bytes, by_knob = f.filter(pl.col("x") == "bytes"), f.filter(pl.col("x") == knob)
-        use = by_bytes if by_bytes.height else by_knob
+        use = by_bytes if by_bytes.height and _bytes_range(runs, stage) >= _MIN_BYTES_RANGE else None
+        if use is None and knob in _WORK_KNOBS and by_knob.height:
+            use = by_knob  # the knob scales the bytes moved: its intercept is the zero-message cost
         measured = _stage_at(op, stage) or 0.0
-        if use.height:
-            row = use.row(0, named=True)
-            a = min(max(row["alpha_ns"], 0.0), measured)
-            latency += a
-            alphas[stage] = {"alpha_ns": row["alpha_ns"], "x": row["x"], "r2": row["r2"], "n": row["n"],
-                             "alpha_per_a2a_ns": row["alpha_per_a2a_ns"], "used_ns": a}  # fmt: skip
+        if use is None or use.height == 0:
+            splittable = False
+            continue
+        row = use.row(0, named=True)
+        a = min(max(row["alpha_ns"], 0.0), measured)
+        latency += a
+        alphas[stage] = {"alpha_ns": row["alpha_ns"], "x": row["x"], "r2": row["r2"], "n": row["n"],
+                         "alpha_per_a2a_ns": row["alpha_per_a2a_ns"], "used_ns": a}  # fmt: skip
     comm = (_stage_at(op, "dispatch") or 0.0) + (_stage_at(op, "combine") or 0.0)
     e_max = _stage_at(op, "expert") or 0.0
     e_mean = _stage_at(op, "expert", "t_mean_ns") or 0.0
@@ -464,8 +483,15 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
         "expert_compute_bound": e_mean,
         "imbalance_bound": max(e_max - e_mean, 0.0),
     }
-    kind = max(parts, key=lambda k: parts[k])
-    shares = {k: (v / layer if layer else None) for k, v in parts.items()}
+    if not splittable:
+        # the knob does not change the bytes moved (chunks, ep_size, ...): α and β cannot be told apart,
+        # so the all-to-all time is one part; no verdict when it is the largest
+        parts["fixed_latency_bound"] = parts["bandwidth_bound"] = None  # type: ignore[assignment]
+        if comm >= max(parts["expert_compute_bound"], parts["imbalance_bound"]):
+            return None
+    kind = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k])
+    shares = {k: (v / layer if layer and v is not None else None) for k, v in parts.items()}
+    other = max(layer - comm - e_max, 0.0)  # route / permute / unpermute, host gaps
     comm_r2 = [v["r2"] for v in alphas.values() if v.get("r2") is not None]
     confidence = "low" if not comm_r2 or min(comm_r2) < 0.8 else ("high" if min(comm_r2) >= 0.9 else "medium")
     i_r = [(r.label, _num(r.figures.get("I_r"))) for r, _ in valid]
@@ -474,7 +500,11 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
         "layer_time_ns": layer,
         "shares": shares,
         "parts_ns": parts,
+        "other_ns": other,
+        "other_share": other / layer if layer else None,
         "comm_fits": alphas,
+        "comm_ns": comm,
+        "latency_split": splittable,
         "fit_confidence": confidence,
         "I_r": {lbl: v for lbl, v in i_r},
         "exposed_comm_ratio": {r.label: _num(r.figures.get("exposed_comm_ratio")) for r, _ in valid},
@@ -561,6 +591,12 @@ def analyze_sweep(runs: Sequence[SweepRun], by: str | None = None) -> SweepResul
     verdict = _verdict(runs, xs, fits, knob, thr) if numeric else None
     if not numeric:
         notes.append("no verdict: the operating point needs a numeric knob")
+    elif verdict is None and len({x for x in xs if x is not None}) >= 2:
+        notes.append(
+            f"no verdict: {knob} does not change the bytes an all-to-all moves, so its fixed latency and its "
+            "bandwidth cannot be told apart, and the all-to-alls are the largest part of the layer; "
+            "sweep tokens (or hidden, top_k) to split them"
+        )
     run_rows = []
     for r, x in zip(runs, xs, strict=True):
         run_rows.append(
@@ -579,6 +615,17 @@ def analyze_sweep(runs: Sequence[SweepRun], by: str | None = None) -> SweepResul
         verdict=verdict,
         notes=tuple(notes),
         records=tuple(r.record for r in runs),
+        details=tuple(
+            {
+                "label": r.label,
+                "x": x,
+                "source": r.source,
+                "knobs": dict(r.knobs),
+                "conditions": dict(r.conditions),
+                "figures": dict(r.figures),
+            }
+            for r, x in zip(runs, xs, strict=True)
+        ),  # fmt: skip
     )
 
 
@@ -592,7 +639,7 @@ def sweep_dict(result: SweepResult) -> dict[str, Any]:
             "schema_version": SWEEP_SCHEMA_VERSION,
             "knob": result.knob,
             "fits": result.fits.to_dicts(),
-            "runs": result.runs.to_dicts(),
+            "runs": [dict(d) for d in result.details],
             "residuals": result.residuals.to_dicts(),
             "throughput": dict(result.throughput),
             "verdict": None

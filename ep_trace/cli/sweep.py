@@ -117,7 +117,8 @@ def print_sweep(result: SweepResult) -> None:
 
     v = result.verdict
     if v is None:
-        console.print("no verdict: " + "; ".join(result.notes), markup=False, highlight=False, soft_wrap=True)
+        why = next((n for n in result.notes if n.startswith("no verdict")), "no verdict")
+        console.print(why, markup=False, highlight=False, soft_wrap=True)
     else:
         console.print(f"verdict: {v.kind}: {v.title}", markup=False, highlight=False, soft_wrap=True)
         console.print(f"remedy: {v.remedy}", markup=False, highlight=False, soft_wrap=True)
