@@ -94,7 +94,7 @@ def stage_fit_figure(result: SweepResult) -> go.Figure | None:
             go.Scatter(x=r["x_value"].to_list(), y=(r["fit_ns"] / 1e6).to_list(), mode="lines", name=f"{stage} fit",
                        line={"color": color, "dash": "dot"}, hoverinfo="skip")
         )  # fmt: skip
-    return _layout(fig, f"Time of one call per stage vs {result.knob} (mean over layers)", result.knob, "ms per call")
+    return _layout(fig, f"Time of one call per stage vs {result.knob} (all layers)", result.knob, "ms per call")
 
 
 def throughput_figure(result: SweepResult) -> go.Figure | None:
@@ -161,7 +161,7 @@ def _fits_table(result: SweepResult) -> str:
             else "–"
         )
         rows.append([
-            r["stage"], "all (mean)" if r["layer"] is None else r["layer"], r["x"], fmt_ns(r["alpha_ns"]), ci,
+            r["stage"], "all" if r["layer"] is None else r["layer"], r["x"], fmt_ns(r["alpha_ns"]), ci,
             fmt_ns(r["alpha_per_a2a_ns"]) if r["alpha_per_a2a_ns"] is not None else "–",
             f"{r['beta_ns_per_unit']:.4g} {unit}", "–" if r["r2"] is None else f"{r['r2']:.3f}", r["n"], r["confidence"],
         ])  # fmt: skip

@@ -175,7 +175,8 @@ def stage_times(a: Analysis) -> pl.DataFrame:
         steps), ``t_mean_ns`` (expert: median over steps of the mean over ranks; else = ``t_ns``),
         ``n`` (steps), ``a2a_calls`` (all-to-all calls per execution, dispatch / combine),
         ``bytes`` (max over ranks of the bytes one rank sends or receives per execution, summed over its
-        token all-to-alls). ``layer = None`` rows: the mean over layers (the step: one row, layer None).
+        token all-to-alls). ``layer = None`` rows: all layers pooled (median over every (step, layer)
+        call; ``n`` calls; counts and bytes the mean over layers); the step: one row, layer None.
     """
     rows = _stage_rows(a)
     if rows.height == 0 and a.steps.height == 0:
@@ -224,19 +225,21 @@ def stage_times(a: Analysis) -> pl.DataFrame:
             extra = pl.concat(parts)
     per_layer = agg.join(extra, on=["stage", "layer"], how="left", nulls_equal=True)
     layered = per_layer.filter(pl.col("layer").is_not_null())
-    mean_rows = (
-        layered.group_by("stage")
+    # all layers: the median over every (step, layer) call pooled (more samples than one layer's steps,
+    # so a call stretched by the OS scheduler on a loaded machine moves it less), counts / bytes averaged
+    pooled = (
+        per_step.filter(pl.col("layer").is_not_null())
+        .group_by("stage")
         .agg(
-            pl.col("t_ns").mean(),
-            pl.col("t_p25_ns").mean(),
-            pl.col("t_p75_ns").mean(),
-            pl.col("t_mean_ns").mean(),
-            pl.col("n").min(),
-            pl.col("a2a_calls").mean(),
-            pl.col("bytes").mean(),
+            pl.col("t").median().alias("t_ns"),
+            pl.col("t").quantile(0.25, "linear").alias("t_p25_ns"),
+            pl.col("t").quantile(0.75, "linear").alias("t_p75_ns"),
+            pl.col("t_mean").median().alias("t_mean_ns"),
+            pl.len().cast(pl.Int64).alias("n"),
         )
-        .with_columns(pl.lit(None, pl.Int32).alias("layer"))
     )
+    counts = layered.group_by("stage").agg(pl.col("a2a_calls").mean(), pl.col("bytes").mean())
+    mean_rows = pooled.join(counts, on="stage", how="left").with_columns(pl.lit(None, pl.Int32).alias("layer"))
     unlayered = per_layer.filter(pl.col("layer").is_null() & ~pl.col("stage").is_in(mean_rows["stage"].implode()))
     out = pl.concat(
         [

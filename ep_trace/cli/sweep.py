@@ -122,7 +122,7 @@ def print_sweep(result: SweepResult) -> None:
     else:
         console.print(f"verdict: {v.kind}: {v.title}", markup=False, highlight=False, soft_wrap=True)
         console.print(f"remedy: {v.remedy}", markup=False, highlight=False, soft_wrap=True)
-    t = Table(title=f"fits T = α + β·x (mean over layers), x = {result.knob} or bytes", title_justify="left")
+    t = Table(title=f"fits T = α + β·x (all layers), x = {result.knob} or bytes", title_justify="left")
     for c in ("stage", "x", "α per call", "α per a2a", "β", "r²", "n"):
         t.add_column(c, justify="left" if c in ("stage", "x") else "right")
     for r in result.fits.filter(result.fits["layer"].is_null()).iter_rows(named=True):
