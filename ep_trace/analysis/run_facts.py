@@ -53,6 +53,7 @@ _TIMES_SCHEMA = {
     "n": pl.Int64,
     "a2a_calls": pl.Float64,
     "bytes": pl.Float64,
+    "bytes_mean": pl.Float64,
 }
 
 
@@ -175,7 +176,8 @@ def stage_times(a: Analysis) -> pl.DataFrame:
         steps), ``t_mean_ns`` (expert: median over steps of the mean over ranks; else = ``t_ns``),
         ``n`` (steps), ``a2a_calls`` (all-to-all calls per execution, dispatch / combine),
         ``bytes`` (max over ranks of the bytes one rank sends or receives per execution, summed over its
-        token all-to-alls). ``layer = None`` rows: all layers pooled (median over every (step, layer)
+        token all-to-alls), ``bytes_mean`` (the mean over ranks of the bytes sent: what a balanced
+        routing would give every rank). ``layer = None`` rows: all layers pooled (median over every (step, layer)
         call; ``n`` calls; counts and bytes the mean over layers); the step: one row, layer None.
     """
     rows = _stage_rows(a)
@@ -205,7 +207,15 @@ def stage_times(a: Analysis) -> pl.DataFrame:
         pl.len().cast(pl.Int64).alias("n"),
     )
     calls = a.calls
-    extra = pl.DataFrame(schema={"stage": pl.Utf8, "layer": pl.Int32, "a2a_calls": pl.Float64, "bytes": pl.Float64})
+    extra = pl.DataFrame(
+        schema={
+            "stage": pl.Utf8,
+            "layer": pl.Int32,
+            "a2a_calls": pl.Float64,
+            "bytes": pl.Float64,
+            "bytes_mean": pl.Float64,
+        }
+    )
     if calls.height and "direction" in calls.columns:
         parts = []
         for stage, dirs in _A2A_OF_STAGE.items():
@@ -215,11 +225,25 @@ def stage_times(a: Analysis) -> pl.DataFrame:
             tok = pl.col("direction") != "count"
             parts.append(
                 c.group_by("step", "layer")
-                .agg(pl.len().alias("calls"), pl.col("bytes_max").filter(tok).sum().alias("bytes"))
+                .agg(
+                    pl.len().alias("calls"),
+                    pl.col("bytes_max").filter(tok).sum().alias("bytes"),
+                    (pl.col("logical_bytes") / pl.col("n_ranks")).filter(tok).sum().alias("bytes_mean"),
+                )
                 .group_by("layer")
-                .agg(pl.col("calls").median().alias("a2a_calls"), pl.col("bytes").median().alias("bytes"))
+                .agg(
+                    pl.col("calls").median().alias("a2a_calls"),
+                    pl.col("bytes").median().alias("bytes"),
+                    pl.col("bytes_mean").median().alias("bytes_mean"),
+                )
                 .with_columns(pl.lit(stage).alias("stage"))
-                .select("stage", pl.col("layer").cast(pl.Int32), "a2a_calls", pl.col("bytes").cast(pl.Float64))
+                .select(
+                    "stage",
+                    pl.col("layer").cast(pl.Int32),
+                    "a2a_calls",
+                    pl.col("bytes").cast(pl.Float64),
+                    pl.col("bytes_mean").cast(pl.Float64),
+                )
             )
         if parts:
             extra = pl.concat(parts)
@@ -238,7 +262,9 @@ def stage_times(a: Analysis) -> pl.DataFrame:
             pl.len().cast(pl.Int64).alias("n"),
         )
     )
-    counts = layered.group_by("stage").agg(pl.col("a2a_calls").mean(), pl.col("bytes").mean())
+    counts = layered.group_by("stage").agg(
+        pl.col("a2a_calls").mean(), pl.col("bytes").mean(), pl.col("bytes_mean").mean()
+    )
     mean_rows = pooled.join(counts, on="stage", how="left").with_columns(pl.lit(None, pl.Int32).alias("layer"))
     unlayered = per_layer.filter(pl.col("layer").is_null() & ~pl.col("stage").is_in(mean_rows["stage"].implode()))
     out = pl.concat(

@@ -72,11 +72,15 @@ def _hardware(a: Analysis) -> dict[str, Any]:
         cuda = dev.filter(pl.col("device").str.starts_with("cuda"))
         per_host = cuda.group_by("host").agg(pl.col("device").n_unique())["device"]
         gpus = int(per_host.max() or 0) if cuda.height else 0  # type: ignore[arg-type]
+    device = None if not dev.height else ("gpu" if gpus else "cpu")
+    modes = set(a.rank_summary["mode"].to_list()) if a.rank_summary.height else set()
+    if device is None and len(modes) == 1:
+        device = modes.pop()  # 'gpu' when the ranks have kernels, 'cpu' when gloo ranks only
     return {
         "ranks": r.height,
         "hosts": hosts or None,
         "gpus_per_host": gpus,
-        "device": None if not dev.height else ("gpu" if gpus else "cpu"),
+        "device": device,
         "interconnect": None,  # not in Kineto / Nsight traces
     }
 

@@ -449,14 +449,27 @@ def _bytes_range(runs: Sequence[SweepRun], stage: str) -> float:
     return max(b) / min(b) if len(b) >= 2 and min(b) > 0 else 0.0
 
 
+def _t95(n: int) -> float:
+    return _T95[n - 3] if 3 <= n and n - 2 <= len(_T95) else 1.96
+
+
+def _significant(est: float | None, se: float | None, n: int) -> bool:
+    """``est`` > 0 at the 95 % level (Student t, n − 2 df); with 2 points (no df) just ``est`` > 0."""
+    if est is None:
+        return False
+    if n < 3 or se is None:
+        return est > 0
+    return est - _t95(n) * se > 0
+
+
 def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFrame, knob: str,
-             thr: Mapping[str, Any]) -> Verdict | None:  # fmt: skip
+             thr: Mapping[str, Any]) -> tuple[Verdict | None, str]:  # fmt: skip
     valid = [(r, x) for r, x in zip(runs, xs, strict=True) if x is not None]
     if len({x for _, x in valid}) < 2:
-        return None
+        return None, "fewer than 2 distinct knob values"
     op, x_op = max(valid, key=lambda p: p[1])  # type: ignore[arg-type,return-value]
     alphas: dict[str, Any] = {}
-    latency = 0.0
+    latency = bandwidth = unresolved = comm_imbalance = 0.0
     splittable = True
     for stage in ("dispatch", "combine"):
         f = fits.filter((pl.col("stage") == stage) & pl.col("layer").is_null())
@@ -469,27 +482,50 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
             splittable = False
             continue
         row = use.row(0, named=True)
-        a = min(max(row["alpha_ns"], 0.0), measured)
-        latency += a
+        # a part counts only when its coefficient is > 0 at the 95 % level: a flat, noisy all-to-all
+        # time (r² ~ 0) has an intercept but no resolved fixed latency, and no resolved bandwidth
+        a_sig = _significant(row["alpha_ns"], row["alpha_se_ns"], row["n"])
+        b_sig = _significant(row["beta_ns_per_unit"], row["beta_se_ns_per_unit"], row["n"])
+        a = min(max(row["alpha_ns"], 0.0), measured) if a_sig else 0.0
+        b = measured - a if b_sig else 0.0
+        # the bytes above the ranks' mean (the most loaded rank moves more rows) are routing imbalance:
+        # balanced routing would give every rank the mean
+        bmax, bmean = _stage_at(op, stage, "bytes"), _stage_at(op, stage, "bytes_mean")
+        excess = b * (1.0 - bmean / bmax) if b and bmax and bmean and bmean < bmax else 0.0
+        latency, bandwidth, unresolved = latency + a, bandwidth + b - excess, unresolved + measured - a - b
+        comm_imbalance += excess
         alphas[stage] = {"alpha_ns": row["alpha_ns"], "x": row["x"], "r2": row["r2"], "n": row["n"],
-                         "alpha_per_a2a_ns": row["alpha_per_a2a_ns"], "used_ns": a}  # fmt: skip
+                         "alpha_ci95_lo_ns": row["alpha_ci95_lo_ns"], "alpha_per_a2a_ns": row["alpha_per_a2a_ns"],
+                         "alpha_significant": a_sig, "beta_significant": b_sig, "used_ns": a}  # fmt: skip
     comm = (_stage_at(op, "dispatch") or 0.0) + (_stage_at(op, "combine") or 0.0)
     e_max = _stage_at(op, "expert") or 0.0
     e_mean = _stage_at(op, "expert", "t_mean_ns") or 0.0
     layer = _stage_at(op, "moe_layer") or (comm + e_max)
-    parts = {
+    parts: dict[str, float | None] = {
         "fixed_latency_bound": latency,
-        "bandwidth_bound": max(comm - latency, 0.0),
+        "bandwidth_bound": bandwidth,
         "expert_compute_bound": e_mean,
-        "imbalance_bound": max(e_max - e_mean, 0.0),
+        "imbalance_bound": max(e_max - e_mean, 0.0) + comm_imbalance,
     }
+    resolved = max(e_mean, e_max - e_mean + comm_imbalance)
     if not splittable:
         # the knob does not change the bytes moved (chunks, ep_size, ...): α and β cannot be told apart,
         # so the all-to-all time is one part; no verdict when it is the largest
-        parts["fixed_latency_bound"] = parts["bandwidth_bound"] = None  # type: ignore[assignment]
-        if comm >= max(parts["expert_compute_bound"], parts["imbalance_bound"]):
-            return None
-    kind = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k])
+        parts["fixed_latency_bound"] = parts["bandwidth_bound"] = None
+        if comm >= resolved:
+            return None, (
+                f"{knob} does not change the bytes an all-to-all moves, so its fixed latency and its bandwidth "
+                "cannot be told apart, and the all-to-alls are the largest part of the layer; sweep tokens "
+                "(or hidden, top_k) to split them"
+            )
+    elif unresolved > max(resolved, latency, bandwidth):
+        return None, (
+            "the all-to-all time does not follow a line in the knob (neither its fixed part nor its per-byte part "
+            "is > 0 at the 95 % level; r² "
+            + ", ".join(f"{s} {v['r2']:.2f}" for s, v in alphas.items() if v["r2"] is not None)
+            + ") and it is the largest part of the layer; rerun with more steps or more knob values"
+        )
+    kind = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k] or 0.0)
     shares = {k: (v / layer if layer and v is not None else None) for k, v in parts.items()}
     other = max(layer - comm - e_max, 0.0)  # route / permute / unpermute, host gaps
     comm_r2 = [v["r2"] for v in alphas.values() if v.get("r2") is not None]
@@ -504,6 +540,9 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
         "other_share": other / layer if layer else None,
         "comm_fits": alphas,
         "comm_ns": comm,
+        "unresolved_comm_ns": unresolved,
+        "expert_imbalance_ns": max(e_max - e_mean, 0.0),
+        "comm_imbalance_ns": comm_imbalance,
         "latency_split": splittable,
         "fit_confidence": confidence,
         "I_r": {lbl: v for lbl, v in i_r},
@@ -522,7 +561,7 @@ def _verdict(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.Data
         + (f"{pct:.0%}" if pct is not None else "the largest part")
         + " of an MoE layer"
     )
-    return Verdict(kind, evidence, _REMEDY[kind], title)
+    return Verdict(kind, evidence, _REMEDY[kind], title), ""
 
 
 def analyze_sweep(runs: Sequence[SweepRun], by: str | None = None) -> SweepResult:
@@ -588,15 +627,11 @@ def analyze_sweep(runs: Sequence[SweepRun], by: str | None = None) -> SweepResul
         )
     fits, residuals = _fits(runs, xs, knob)
     thr = _throughput(runs, xs)
-    verdict = _verdict(runs, xs, fits, knob, thr) if numeric else None
-    if not numeric:
-        notes.append("no verdict: the operating point needs a numeric knob")
-    elif verdict is None and len({x for x in xs if x is not None}) >= 2:
-        notes.append(
-            f"no verdict: {knob} does not change the bytes an all-to-all moves, so its fixed latency and its "
-            "bandwidth cannot be told apart, and the all-to-alls are the largest part of the layer; "
-            "sweep tokens (or hidden, top_k) to split them"
-        )
+    verdict, why = (
+        _verdict(runs, xs, fits, knob, thr) if numeric else (None, "the operating point needs a numeric knob")
+    )
+    if verdict is None:
+        notes.append(f"no verdict: {why}")
     run_rows = []
     for r, x in zip(runs, xs, strict=True):
         run_rows.append(

@@ -152,3 +152,15 @@ def test_demo_sweep_validates_every_configuration_before_running(tmp_path, capsy
         "got --chunks 4"
     )
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_record_of_a_third_party_gpu_trace_leaves_unknowns_null(tmp_path, external_dir):
+    rec_path = tmp_path / "dlrm.yaml"
+    src = external_dir / "kineto" / "param_dlrm_8rank"
+    assert main(["analyze", str(src), "-o", str(tmp_path / "r.html"), "-q", "--record", str(rec_path)]) == 0
+    rec = yaml.safe_load(rec_path.read_text())
+    assert rec["hardware"] == {"ranks": 8, "hosts": None, "gpus_per_host": None, "device": "gpu", "interconnect": None}
+    assert rec["path"]["kernel_family"] == "nccl" and rec["path"]["a2a_ops"] == ["c10d::alltoall_base_"]
+    assert rec["model"] == {"experts": None, "top_k": None, "hidden": None, "dtype": None, "moe_layers": None}
+    assert rec["workload"]["tokens_per_rank"] is None and rec["performance"]["tokens_per_s"] is None
+    assert rec["performance"]["step_time_ns"] > 0

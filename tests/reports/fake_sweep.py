@@ -37,9 +37,9 @@ def _run(
     for layer_id in (0, None):
         for stage, t, tm, calls, b in rows:
             recs.append({"stage": stage, "layer": layer_id, "t_ns": t, "t_p25_ns": t * 0.99, "t_p75_ns": t * 1.01,
-                         "t_mean_ns": tm, "n": 5, "a2a_calls": calls, "bytes": b})  # fmt: skip
+                         "t_mean_ns": tm, "n": 5, "a2a_calls": calls, "bytes": b, "bytes_mean": b})  # fmt: skip
     recs.append({"stage": "step", "layer": None, "t_ns": layer + 2e6, "t_p25_ns": layer + 2e6, "t_p75_ns": layer + 2e6,
-                 "t_mean_ns": layer + 2e6, "n": 5, "a2a_calls": None, "bytes": None})  # fmt: skip
+                 "t_mean_ns": layer + 2e6, "n": 5, "a2a_calls": None, "bytes": None, "bytes_mean": None})  # fmt: skip
     step = layer + 2e6
     k = {"tokens": x, "top_k": 2, "hidden": 64, "ep_size": 2, "dtype": "float32", "chunks": 1, "experts": 4,
          "moe_layers": 1, **(knobs or {})}  # fmt: skip
