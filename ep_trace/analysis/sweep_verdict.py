@@ -72,7 +72,7 @@ def judge(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFra
         return None, "fewer than 2 distinct knob values"
     op, x_op = max(valid, key=lambda p: p[1])  # type: ignore[arg-type,return-value]
     alphas: dict[str, Any] = {}
-    latency = bandwidth = unresolved = comm_imbalance = 0.0
+    latency = bandwidth = comm_imbalance = 0.0
     splittable = True
     for stage in ("dispatch", "combine"):
         f = fits.filter((pl.col("stage") == stage) & pl.col("layer").is_null())
@@ -85,17 +85,17 @@ def judge(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFra
             splittable = False
             continue
         row = use.row(0, named=True)
-        # a part counts only when its coefficient is > 0 at the 95 % level: a flat, noisy all-to-all
-        # time (r² ~ 0) has an intercept but no resolved fixed latency, and no resolved bandwidth
+        # the fixed latency counts only when α is > 0 at the 95 % level: a flat, noisy all-to-all time
+        # (r² ~ 0) has an intercept, but no resolved fixed cost; the rest of the call is its per-byte part
         a_sig = significant(row["alpha_ns"], row["alpha_se_ns"], row["n"])
         b_sig = significant(row["beta_ns_per_unit"], row["beta_se_ns_per_unit"], row["n"])
         a = min(max(row["alpha_ns"], 0.0), measured) if a_sig else 0.0
-        b = measured - a if b_sig else 0.0
+        b = measured - a
         # the bytes above the ranks' mean (the most loaded rank moves more rows) are routing imbalance:
         # balanced routing would give every rank the mean
         bmax, bmean = stage_at(op, stage, "bytes"), stage_at(op, stage, "bytes_mean")
         excess = b * (1.0 - bmean / bmax) if b and bmax and bmean and bmean < bmax else 0.0
-        latency, bandwidth, unresolved = latency + a, bandwidth + b - excess, unresolved + measured - a - b
+        latency, bandwidth = latency + a, bandwidth + b - excess
         comm_imbalance += excess
         alphas[stage] = {"alpha_ns": row["alpha_ns"], "x": row["x"], "r2": row["r2"], "n": row["n"],
                          "alpha_ci95_lo_ns": row["alpha_ci95_lo_ns"], "alpha_per_a2a_ns": row["alpha_per_a2a_ns"],
@@ -121,13 +121,6 @@ def judge(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFra
                 "cannot be told apart, and the all-to-alls are the largest part of the layer; sweep tokens "
                 "(or hidden, top_k) to split them"
             )
-    elif unresolved > max(resolved, latency, bandwidth):
-        return None, (
-            "the all-to-all time does not follow a line in the knob (neither its fixed part nor its per-byte part "
-            "is > 0 at the 95 % level; r² "
-            + ", ".join(f"{s} {v['r2']:.2f}" for s, v in alphas.items() if v["r2"] is not None)
-            + ") and it is the largest part of the layer; rerun with more steps or more knob values"
-        )
     kind = max((k for k in parts if parts[k] is not None), key=lambda k: parts[k] or 0.0)
     shares = {k: (v / layer if layer and v is not None else None) for k, v in parts.items()}
     other = max(layer - comm - e_max, 0.0)  # route / permute / unpermute, host gaps
@@ -143,7 +136,6 @@ def judge(runs: Sequence[SweepRun], xs: Sequence[float | None], fits: pl.DataFra
         "other_share": other / layer if layer else None,
         "comm_fits": alphas,
         "comm_ns": comm,
-        "unresolved_comm_ns": unresolved,
         "expert_imbalance_ns": max(e_max - e_mean, 0.0),
         "comm_imbalance_ns": comm_imbalance,
         "latency_split": splittable,

@@ -54,7 +54,7 @@ def a2a(
     return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction, link_latency_ms)
 
 
-def link_delay(ms: float) -> None:
+def link_delay(ms: float) -> int | None:
     """A fixed latency added to one all-to-all: the stand-in for a cross-node hop (``--link-latency-ms``).
 
     A sleep on the calling thread just before the collective, inside its dispatch / combine range:
@@ -62,9 +62,16 @@ def link_delay(ms: float) -> None:
     with a fixed per-message network latency. gloo gives no hook inside the transfer, so the trace
     shows the delay as host time of the stage range outside any op (not as collective time); sweep
     fits read stage time, which includes it (docs/sweep.md).
+
+    Returns:
+        The delay really waited, ns (a sleep ends late on a loaded machine: the OS wakes the thread
+        when a core is free), or None without a delay; recorded as ``link_delay_ns`` in the sidecar.
     """
-    if ms > 0:
-        time.sleep(ms / 1000.0)
+    if ms <= 0:
+        return None
+    t0 = time.perf_counter_ns()
+    time.sleep(ms / 1000.0)
+    return time.perf_counter_ns() - t0
 
 
 class _NoCtx:
@@ -91,7 +98,7 @@ class _A2A(torch.autograd.Function):
         link_latency_ms: float = 0.0,
     ) -> torch.Tensor:  # noqa: E501
         out = inp.new_empty(sum(out_splits), inp.shape[1])
-        link_delay(link_latency_ms)
+        waited = link_delay(link_latency_ms)
         t0 = time.time_ns()
         _run(out, inp.contiguous(), out_splits, in_splits, group)
         rb = inp.shape[1] * inp.element_size()
@@ -104,6 +111,7 @@ class _A2A(torch.autograd.Function):
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
+            link_delay_ns=waited,
         )
         ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb, link_latency_ms)
         return out
@@ -113,7 +121,7 @@ class _A2A(torch.autograd.Function):
         out_splits, in_splits, group, ranks, layer, direction, rb, delay_ms = ctx.args
         with stage(direction, layer, phase="bwd"):
             g = grad.new_empty(sum(in_splits), grad.shape[1])
-            link_delay(delay_ms)
+            waited = link_delay(delay_ms)
             t0 = time.time_ns()
             _run(g, grad.contiguous(), in_splits, out_splits, group)
             record_a2a(
@@ -126,6 +134,7 @@ class _A2A(torch.autograd.Function):
                 start_ns=t0,
                 end_ns=time.time_ns(),
                 phase="bwd",
+                link_delay_ns=waited,
             )
         return g, None, None, None, None, None, None, None
 

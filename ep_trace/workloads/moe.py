@@ -214,7 +214,7 @@ def ep_moe_forward(
         send_x = p_out(p_in(x).index_select(0, order // k))
     with stage("dispatch", layer):
         recv_counts = torch.empty_like(counts)
-        link_delay(link_latency_ms)
+        waited = link_delay(link_latency_ms)
         t0 = time.time_ns()
         _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
         record_a2a(
@@ -226,6 +226,7 @@ def ep_moe_forward(
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
+            link_delay_ns=waited,
         )
         rc = recv_counts.view(W, L)
         # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H

@@ -3,8 +3,11 @@
 * tokens 128 / 512 / 1024 / 2048 (4 points: the 95 % interval of α has 2 degrees of freedom);
   ``--link-latency-ms 20`` adds 20 ms before every all-to-all: the fitted per-call α of combine (one
   all-to-all) and the per-all-to-all α of dispatch (count exchange + token all-to-all) must be within
-  15 % of 20 ms plus the α the same sweep measures without the delay; that sweep is called
-  fixed-latency bound, the one without the delay is not.
+  15 % of the delay plus the α the same sweep measures without it; that sweep is called
+  fixed-latency bound, the one without the delay is not. The delay is a sleep, and on a loaded
+  machine a sleep ends late (at load average 31 on 2 cores, sleep(20 ms) took ~22 ms): the check
+  uses the delay the calls really waited (``link_delay_ns`` of the sidecar, median over calls);
+  the error against the nominal 20 ms is recorded beside it.
 * a sweep where ``--skew`` grows with the token count is called imbalance bound.
 
 Small sizes (2 or 4 ranks, hidden 64, 1-2 MoE layers, 3-6 steps) so that the runs fit the 2-core CI
@@ -14,6 +17,7 @@ machine; the figures of the last run are written to test-artifacts/sweep_validat
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -48,16 +52,28 @@ def _save(name: str, figures: dict) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+def _realised_delay_ns(sweep_dir: Path) -> float:
+    waits = [
+        rec["link_delay_ns"]
+        for f in sweep_dir.glob("tokens_*/rank*.ep.jsonl")
+        for rec in map(json.loads, f.read_text().splitlines())
+        if rec.get("type") == "a2a" and "link_delay_ns" in rec
+    ]
+    assert waits, sweep_dir
+    return float(statistics.median(waits))
+
+
 def test_link_latency_is_recovered_as_alpha_and_called_fixed_latency_bound(tmp_path):
     base = _sweep(tmp_path / "none")
     slow = _sweep(tmp_path / "lat20", "--link-latency-ms", "20")
-    figures = {}
+    delay = _realised_delay_ns(tmp_path / "lat20")
+    figures: dict = {"realised_delay_ms": delay / 1e6}
     for stage, key in (("combine", "alpha_ns"), ("dispatch", "alpha_per_a2a_ns")):
         a0, a20 = _fit(base, stage)[key], _fit(slow, stage)[key]
-        expected = 20e6 + a0
-        err = (a20 - expected) / expected
+        expected, nominal = delay + a0, 20e6 + a0
         figures[stage] = {"alpha_no_delay_ms": a0 / 1e6, "alpha_delay_ms": a20 / 1e6, "expected_ms": expected / 1e6,
-                          "error": err, "r2_delay": _fit(slow, stage)["r2"], "r2_no_delay": _fit(base, stage)["r2"]}  # fmt: skip
+                          "error": (a20 - expected) / expected, "error_vs_nominal_20ms": (a20 - nominal) / nominal,
+                          "r2_delay": _fit(slow, stage)["r2"], "r2_no_delay": _fit(base, stage)["r2"]}  # fmt: skip
     figures["verdict_no_delay"] = base["verdict"]["kind"] if base["verdict"] else None
     figures["verdict_delay"] = slow["verdict"]["kind"]
     figures["latency_share_delay"] = slow["verdict"]["evidence"]["shares"]["fixed_latency_bound"]
