@@ -38,7 +38,7 @@ _DEFINITIONS: tuple[tuple[str, str], ...] = (
     ),
     (
         "Fit T = α + β·x",
-        "Least squares over the runs' medians; x is the swept knob or, for dispatch / combine, the bytes one rank moves "
+        "Least squares over each run's fastest call (interference from other processes only adds time); x is the swept knob or, for dispatch / combine, the bytes one rank moves "
         "per call. α is per call; α per all-to-all divides it by the all-to-all calls of one call of the stage "
         "(dispatch: count exchange + token all-to-all). r² and a 95 % interval of α (Student t, n − 2 degrees of "
         "freedom) need 3 runs or more.",
@@ -86,7 +86,7 @@ def stage_fit_figure(result: SweepResult) -> go.Figure | None:
             continue
         color = _COLORS.get(stage, "#333")
         fig.add_trace(
-            go.Scatter(x=r["x_value"].to_list(), y=(r["t_ns"] / 1e6).to_list(), mode="markers", name=f"{stage} measured",
+            go.Scatter(x=r["x_value"].to_list(), y=(r["t_ns"] / 1e6).to_list(), mode="markers", name=f"{stage} best call",
                        marker={"color": color, "size": 9}, text=r["label"].to_list(),
                        hovertemplate="%{text}<br>%{x}: %{y:.3f} ms<extra>" + stage + "</extra>")
         )  # fmt: skip

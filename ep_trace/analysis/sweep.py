@@ -3,7 +3,7 @@
 Per run (:class:`SweepRun`, from an :class:`Analysis` or a saved summary) the knobs and the time of
 one execution of each stage (:mod:`ep_trace.analysis.run_facts`); over the runs (:func:`analyze_sweep`):
 
-* fits ``T = α + β·x`` per (stage, layer) by least squares over the runs' medians, ``x`` the swept
+* fits ``T = α + β·x`` per (stage, layer) by least squares over each run's fastest call (best of its (step, layer) calls), ``x`` the swept
   knob, and for dispatch / combine also ``x`` = bytes one rank moves per call; with r², residuals,
   standard errors and a 95 % interval of α (Student t, n − 2 degrees of freedom);
 * throughput (tokens/s) per run and where it is non-monotonic in the knob (a change counts when it
@@ -144,7 +144,9 @@ def _fits(runs: Sequence[SweepRun], xs: Sequence[float | None], knob: str) -> tu
                 if sel.height == 0:
                     continue
                 r = sel.row(0, named=True)
-                pts.append((run.label, xk, r["bytes"], r["t_ns"], r["a2a_calls"]))
+                # fit the best call of each run (interference only adds time); the median without a best
+                t = r["t_best_ns"] if r.get("t_best_ns") is not None else r["t_ns"]
+                pts.append((run.label, xk, r["bytes"], t, r["a2a_calls"]))
             axes = [(knob, 1)]
             if stage in ("dispatch", "combine"):
                 axes.append(("bytes", 2))
@@ -266,7 +268,7 @@ def analyze_sweep(runs: Sequence[SweepRun], by: str | None = None) -> SweepResul
             div = float(n_layers or 1)
             fixed.append(replace(r, stages=r.stages.with_columns(
                 [pl.when(per).then(pl.col(c) / div).otherwise(pl.col(c)).alias(c)
-                 for c in ("t_ns", "t_p25_ns", "t_p75_ns", "t_mean_ns")]
+                 for c in ("t_ns", "t_p25_ns", "t_p75_ns", "t_best_ns", "t_mean_ns")]
             )))  # fmt: skip
         runs = fixed
         notes.append(

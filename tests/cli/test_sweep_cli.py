@@ -164,3 +164,18 @@ def test_record_of_a_third_party_gpu_trace_leaves_unknowns_null(tmp_path, extern
     assert rec["model"] == {"experts": None, "top_k": None, "hidden": None, "dtype": None, "moe_layers": None}
     assert rec["workload"]["tokens_per_rank"] is None and rec["performance"]["tokens_per_s"] is None
     assert rec["performance"]["step_time_ns"] > 0
+
+
+def test_link_latency_knob_is_validated_word_for_word():
+    from ep_trace.workloads.demo import DemoConfig
+
+    with pytest.raises(ConfigError) as e:
+        DemoConfig(link_latency_ms=-1.0)
+    assert str(e.value) == "--link-latency-ms: must be a finite number of ms >= 0, got -1.0"
+    with pytest.raises(ConfigError) as e:
+        DemoConfig(link_latency_ms=float("nan"))
+    assert str(e.value) == "--link-latency-ms: must be a finite number of ms >= 0, got nan"
+    meta = DemoConfig(tokens=64, link_latency_ms=20, skew="hot:1:0.4").workload_meta()
+    assert meta == {"name": "ep_trace.workloads.demo", "tokens": 64, "layers": 2, "steps": 3, "chunks": 1,
+                    "skew": "hot:1:0.4", "straggler": None, "link_latency_ms": 20.0, "backward": False, "seed": 0,
+                    "phase": "forward"}  # fmt: skip
