@@ -205,7 +205,11 @@ def _demo_sweep(base: DemoConfig, items: list[str], out: Path) -> None:
         write_yaml(rec, d / "run.yaml")
         runs.append(sweep_run(analysis, d.name, workload, rec))
         dirs.append(str(d))
-        console.print(f"wrote {d} ({', '.join(f'{f}={v}' for f, v in pairs)})", markup=False, highlight=False)
+        from ep_trace.cli import printable
+
+        console.print(
+            f"wrote {printable(str(d))} ({', '.join(f'{f}={v}' for f, v in pairs)})", markup=False, highlight=False
+        )
     result = analyze_sweep(runs, by=_AS_KNOB[spec[0][0]])
     print_sweep(result)
     write_sweep_outputs(result, out / "sweep.html", out / "sweep.json", None, dirs)

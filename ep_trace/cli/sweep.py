@@ -151,22 +151,23 @@ def write_sweep_outputs(
 ) -> None:
     """Write the sweep page, sweep.json and one YAML run record per trace run (only the CLI writes files)."""
     from ep_trace.analysis.sweep import sweep_dict
-    from ep_trace.cli.outputs import write_json, write_yaml
+    from ep_trace.cli import printable
+    from ep_trace.cli.outputs import write_atomic, write_json, write_yaml
     from ep_trace.reports.sweep import render_sweep
 
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_sweep(result, title=f"ep-trace sweep over {result.knob}", sources=sources), "utf-8")
-        console.print(f"sweep report: {out}", markup=False, highlight=False, soft_wrap=True)
+        page = render_sweep(result, title=f"ep-trace sweep over {result.knob}", sources=sources)
+        write_atomic(out, page.encode("utf-8"))
+        console.print(f"sweep report: {printable(str(out))}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         write_json(sweep_dict(result), json_out)
-        console.print(f"sweep json: {json_out}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"sweep json: {printable(str(json_out))}", markup=False, highlight=False, soft_wrap=True)
     if records is not None:
         for rec in result.records:
             if rec is not None:
                 safe = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in str(rec["run"]["label"]))
                 write_yaml(rec, records / f"{safe}.yaml")
-        console.print(f"run records: {records}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"run records: {printable(str(records))}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("sweep")
@@ -202,8 +203,14 @@ def sweep_cmd(
       ep-trace sweep a.json b.json --label a.json=tokens:128 --label b.json=tokens:512
     """
     from ep_trace.cli.analyze import check_format, progress_bar
+    from ep_trace.cli.outputs import check_writable
 
     check_format(fmt)
+    check_writable(out, "-o")  # before the (long) analysis of every run
+    if json_out is not None:
+        check_writable(json_out, "--json")
+    if records is not None and records.exists() and not records.is_dir():
+        raise ConfigError(f"--records {records}: not a directory; pass a directory for the run records")
     if by is not None:
         by = by.replace("-", "_")
     with progress_bar() as progress:
