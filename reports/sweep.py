@@ -46,8 +46,9 @@ _DEFINITIONS: tuple[tuple[str, str], ...] = (
     (
         "Verdict",
         "At the operating point (the largest knob value) one MoE layer's time is split into: fixed latency (Σ α of "
-        "dispatch and combine), bandwidth (the rest of dispatch + combine), expert compute (mean over ranks) and "
-        "imbalance (expert max − mean). The largest part is the verdict.",
+        "dispatch and combine where α > 0 at the 95 % level), bandwidth (the rest of dispatch + combine), expert "
+        "compute (mean over ranks) and imbalance (expert max − mean, plus the all-to-all time of the bytes the most "
+        "loaded rank moves above the mean). The largest part is the verdict (docs/sweep.md).",
     ),
     (
         "Throughput, non-monotonic",
