@@ -41,6 +41,7 @@ from ep_trace.errors import (
     TraceFormatError,
 )
 from ep_trace.parsers import validate
+from ep_trace.parsers.kernel_collectives import with_kernel_collectives
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -331,7 +332,7 @@ def read_trace_dir(
         raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
     _check_job(merged)
     validate.check_job_clocks(pl.concat([t.ranks for t, _ in merged]))
-    out = merge_tables([t for t, _ in merged], tuple(issues))
+    out = with_kernel_collectives(merge_tables([t for t, _ in merged], tuple(issues)))
     if out.routing_matrix.height == 0:
         out = replace(
             out,

@@ -14,6 +14,9 @@ Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermu
   (DeepEP ``notify_dispatch``, ``cached_notify``; its stage is that of the neighbouring DeepEP
   dispatch or combine kernel);
 * ``route_aux`` -- a softmax: routing inside an MoE range or next to a top-k, else no stage;
+* ``gather`` -- a PyTorch index_select / gather / scatter: inside an MoE range after routing it is
+  ``expert`` before the first expert kernel of that range (weight / token gathers feeding the batched
+  GEMMs) and ``unpermute`` after it; else no stage;
 * ``gemm`` -- a plain GEMM (cuBLAS ``nvjet_*`` / ``sm90_xmma_*``, hipBLASLt ``Cijk_*``, CUTLASS
   ``GemmUniversal``): expert work only when it runs inside an MoE range *after* the routing kernels
   of that range (the gate GEMM before routing is not expert work), else no stage.
@@ -256,6 +259,15 @@ KERNEL_FAMILIES: tuple[KernelFamily, ...] = (
         r"deep_gemm::\w*(?:m_grouped|grouped)\w*|(?i:group_gemm|grouped_gemm)",
         "deepseek-ai/DeepGEMM deep_gemm/include/deep_gemm/impls (m_grouped_* GEMMs used by "
         "sglang ep_moe/layer.py moe_ep_deepgemm_preprocess)",
+    ),
+    # --- PyTorch index / gather / scatter: permute or unpermute by position inside an MoE range -------
+    KernelFamily(
+        "PyTorch",
+        "gather",
+        r"indexSelect(?:Large|Small)Index|index_elementwise_kernel|vectorized_gather_kernel"
+        r"|_scatter_gather_elementwise_kernel|scatter_gather_elementwise_kernel|indexFuncLargeIndex|indexFuncSmallIndex",
+        "pytorch/pytorch aten/src/ATen/native/cuda/{Indexing.cu,ScatterGatherKernel.cu,IndexKernel.cu} "
+        "(vectorized_gather_kernel as in tracelens_moe_micro)",
     ),
     # --- generic GEMMs: expert only after routing inside an MoE range ----------------------------------
     KernelFamily(

@@ -9,6 +9,10 @@ vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in 
 
    * a plain GEMM is expert work only inside a container and after a routing kernel of that
      container (the gate GEMM before routing is not); elsewhere it gets no stage;
+   * a PyTorch index_select / gather / scatter inside a container after routing is expert work before
+     the container's first expert kernel (a plain-PyTorch MoE gathers the selected experts' weights,
+     ``w1[expert_ids]``, or the tokens right before its batched GEMMs: TraceLens' ``aten::index``
+     before ``expert_ffn[...]``) and unpermute after it; elsewhere it gets no stage;
    * a softmax is routing inside a container, or outside one when it falls in one contiguous group
      with a top-k / sort kernel; else it gets no stage;
    * a notify kernel (DeepEP ``notify_dispatch``, ``cached_notify``, ...) is communication of the
@@ -89,9 +93,22 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
     routed = pl.col("_fam").is_in(["route", "route_aux"]).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
     next_dc = pl.when(pl.col("_fam").is_in(["dispatch", "combine"])).then(pl.col("_fam")).backward_fill().over("rank")
     prev_dc = pl.when(pl.col("_fam").is_in(["dispatch", "combine"])).then(pl.col("_fam")).forward_fill().over("rank")
+    gemm_expert = (pl.col("_fam") == "gemm") & in_c & routed
+    k = k.with_columns(gemm_expert.alias("_gx"))
+    expert_seen = (
+        ((pl.col("_fam") == "expert") | pl.col("_gx")).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
+    )
     k = k.with_columns(
         pl.when(pl.col("_fam") == "gemm")
-        .then(pl.when(in_c & routed).then(pl.lit("expert")).otherwise(None))
+        .then(pl.when(pl.col("_gx")).then(pl.lit("expert")).otherwise(None))
+        .when(pl.col("_fam") == "gather")
+        .then(
+            pl.when(in_c & routed & expert_seen)
+            .then(pl.lit("unpermute"))
+            .when(in_c & routed)
+            .then(pl.lit("expert"))
+            .otherwise(None)
+        )
         .when(pl.col("_fam") == "notify")
         .then(pl.coalesce(next_dc, prev_dc))
         .when((pl.col("_fam") == "route_aux") & in_c)
@@ -111,7 +128,7 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
     # a softmax outside a container is routing only in a group with a real top-k / sort kernel
     keep = (pl.col("cid").is_not_null() | (~pl.col("_aux")).any()).over(["rank", "run"])
     fam = fam.filter(keep)
-    return fam.rename({"_lab": "stage"}).drop(["_fam", "_aux"])
+    return fam.rename({"_lab": "stage"}).drop(["_fam", "_aux", "_gx"])
 
 
 def family_ranges(fam: pl.DataFrame) -> pl.DataFrame:
