@@ -174,27 +174,34 @@ def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
 
 
 def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
-    """Reject duplicate ranks and mixed jobs, naming the files."""
+    """Reject duplicate ranks and mixed jobs, naming the files (every group of them)."""
+    ranks = pl.concat([t.ranks for t, _ in parts], how="diagonal_relaxed")
+    assumed = ranks.filter(pl.col("rank_source") == "assumed")
+    if assumed.height > 1:
+        from ep_trace.parsers.nsys_ranks import LOOKED_FOR
+
+        files = ", ".join(assumed["source_file"].to_list())
+        raise RankConflictError(
+            f"{assumed.height} files carry no rank ({files}); looked for: {LOOKED_FOR}; "
+            "pass --rank-map R=PATH for each file (or --rank-map FILE)"
+        )
     seen: dict[int, str] = {}
     for t, _ in parts:
         for r, f in t.ranks.select("rank", "source_file").iter_rows():
             if r in seen:
                 raise RankConflictError(
-                    f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)"
+                    f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass --rank-map)"
                 )
             seen[r] = f
-    ranks = pl.concat([t.ranks for t, _ in parts])
     for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
         vals = (
             ranks.filter(pl.col(col).is_not_null())
             .group_by(col, maintain_order=True)
-            .agg(pl.col("source_file").first())
+            .agg(pl.col("source_file").unique(maintain_order=True))
         )
         if vals.height > 1:
-            a, b = vals.row(0), vals.row(1)
-            raise RankConflictError(
-                f"files from different jobs: {what} differ ({a[1]}: {a[0]}, {b[1]}: {b[0]}); put one job per directory"
-            )
+            groups = "; ".join(f"{v}: {', '.join(str(f) for f in fs)}" for v, fs in vals.iter_rows())
+            raise RankConflictError(f"files from different jobs: {what} differ ({groups}); put one job per directory")
     bad = ranks.filter(pl.col("world_size").is_not_null() & (pl.col("rank") >= pl.col("world_size")))
     if bad.height:
         r = bad.row(0, named=True)
