@@ -202,7 +202,7 @@ def assign_ranks(
         if rank is not None or file_rank is not None:
             raise ConfigError(
                 f"--rank-map: {path} holds {procs.height} GPU processes (pids {', '.join(pids)}) but one rank was given; "
-                "map each pid to its rank, e.g. --rank-map " + ",".join(f"{p}={i}" for i, p in enumerate(pids))
+                "map each pid to its rank, e.g. " + " ".join(f"--rank-map pid:{p}={i}" for i, p in enumerate(pids))
             )
         out = procs.select(
             "_proc", pl.int_range(pl.len(), dtype=pl.Int32).alias("rank"), pl.lit("process_order").alias("rank_source")
