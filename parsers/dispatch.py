@@ -114,23 +114,41 @@ def _format_by_name(name: str) -> str | None:
     return None
 
 
+def _walk(root: Path) -> list[Path]:
+    """Every entry under ``root``, depth first in name order; hidden entries and nsys parquet
+    directories (inputs themselves) are not descended into."""
+    out: list[Path] = []
+    for e in sorted(root.iterdir()):
+        if e.name.startswith("."):
+            continue
+        out.append(e)
+        if e.is_dir() and detect_format(e) is None and _format_by_name(e.name) is None:
+            out.extend(_walk(e))
+    return out
+
+
 def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
-    """Trace inputs and sidecars of a directory (or a single file).
+    """Trace inputs and sidecars of a directory tree (or a single file).
+
+    Subdirectories are searched too: a TensorBoard log directory keeps its traces in
+    ``plugins/profile/<run>/<host>.pt.trace.json.gz``, launchers write one folder per run or node.
+    Files of no trace type (``README.md``, ``*.pb``) are left out here; JSON files that turn out not to
+    be traces are skipped with a warning by :func:`read_trace_dir`.
 
     Returns:
-        ``([(file, format), ...] sorted by name, {rank: sidecar path})``.
+        ``([(file, format), ...] in path order, {rank: sidecar path})``.
 
     Raises:
         TraceFormatError: the path does not exist, or is a file of no known trace format.
-        NothingToAnalyzeError: the directory holds no input of the requested format.
+        NothingToAnalyzeError: the directory tree holds no input of the requested format.
         ConfigError: unknown ``format``.
     """
     check_format(format)
     p = Path(path)
     if not p.exists():
         raise TraceFormatError(p, "no such file or directory", "check the path")
-    entries = [p] if (p.is_file() or detect_format(p) == "nsys") else sorted(p.iterdir())
-    root = p.parent if p.is_file() else p
+    single = p.is_file() or detect_format(p) == "nsys"
+    entries = [p] if single else _walk(p)
     inputs = []
     for e in entries:
         fmt = detect_format(e)
@@ -141,9 +159,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
         if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
             inputs.append((e, fmt))
     sidecars: dict[int, Path] = {}
-    for e in sorted(root.iterdir()) if root.is_dir() else []:
+    side_entries = (sorted(p.parent.iterdir()) if p.is_file() else []) if single else entries
+    for e in side_entries:
         m = _SIDECAR_RE.match(e.name)
-        if m:
+        if m and e.is_file():
             sidecars[int(m.group(1))] = e
     if not inputs:
         want = "trace files" if format == "auto" else f"{format} files"
@@ -152,6 +171,11 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
             raise NothingToAnalyzeError(f"{p}: no {want} found; {fix}")
         raise TraceFormatError(p, f"no {want} found", fix)
     return inputs, sidecars
+
+
+#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
+#: to a damaged trace: discovered files with one of them are skipped with a warning.
+_NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
 
 
 def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
@@ -189,9 +213,13 @@ def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
     for t, _ in parts:
         for r, f in t.ranks.select("rank", "source_file").iter_rows():
             if r in seen:
-                raise RankConflictError(
-                    f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass --rank-map)"
+                da, db = Path(seen[r]).parent, Path(f).parent
+                where = (
+                    f"; they are in different folders ({da}, {db}): point at one run's folder"
+                    if da != db
+                    else "; keep one file per rank (or pass --rank-map)"
                 )
+                raise RankConflictError(f"rank {r} appears in two files: {seen[r]} and {f}{where}")
             seen[r] = f
     for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
         vals = (
@@ -299,11 +327,16 @@ def read_trace_dir(
         inputs, sidecar_paths = discover(path, format)
     except OSError as exc:  # a directory without read permission, an I/O error while listing it
         raise validate.os_error(exc.filename or path, exc, "cannot list") from None
+    named = Path(path).is_file()
     issues: list[schema.LoadIssue] = []
     parts: list[tuple[schema.TraceTables, object | None]] = []
     for f, res in read_files(inputs, rank_map, jobs, progress):
         if not isinstance(res, EpTraceError):
             parts.append(res)
+            continue
+        if not named and isinstance(res, TraceFormatError) and str(res.problem).startswith(_NOT_A_TRACE):
+            issues.append(schema.LoadIssue(str(f), None, "warning", f"skipped, not a trace file: {res.problem}"))
+            log.warning("skipped %s: not a trace file", f)
             continue
         if on_error != "skip":
             raise res

@@ -109,7 +109,14 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
     ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
     cr0 = cr0.filter(pl.col("match_id").is_in(ok0.implode()))
-    host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks)
+    host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks, config.min_clock_calls)
+    if config.align_clocks and host_off.height > 1:
+        for h, n in host_off.filter(~pl.col("aligned")).select("host", "n_calls").iter_rows():
+            notes.append(
+                f"host {h}: only {n} matched collectives shared with host {host_off['host'][0]} (fewer than "
+                f"{config.min_clock_calls}): its recorded clock (nsys UTC epoch / Kineto baseTimeNanoseconds) is kept, "
+                "not aligned; cross-host waits carry its residual"
+            )
     rank_off = (
         ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
         .join(host_off, on="host", how="left")
