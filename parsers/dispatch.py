@@ -200,13 +200,19 @@ def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
 def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
     """Reject duplicate ranks and mixed jobs, naming the files (every group of them)."""
     ranks = pl.concat([t.ranks for t, _ in parts], how="diagonal_relaxed")
-    assumed = ranks.filter(pl.col("rank_source") == "assumed")
+    # a rank no evidence gave (nsys 'assumed', Kineto 'default'): never several files at rank 0
+    assumed = ranks.filter(pl.col("rank_source").is_in(["assumed", "default"]))
     if assumed.height > 1:
         from ep_trace.parsers.nsys_ranks import LOOKED_FOR
 
+        looked = []
+        if (assumed["format"] == "nsys").any():
+            looked.append(LOOKED_FOR)
+        if (assumed["format"] != "nsys").any():
+            looked.append("distributedInfo.rank and 'rank<N>' / 'worker<N>' in the file name (Kineto)")
         files = ", ".join(assumed["source_file"].to_list())
         raise RankConflictError(
-            f"{assumed.height} files carry no rank ({files}); looked for: {LOOKED_FOR}; "
+            f"{assumed.height} files carry no rank ({files}); looked for: {'; '.join(looked)}; "
             "pass --rank-map R=PATH for each file (or --rank-map FILE)"
         )
     seen: dict[int, str] = {}
