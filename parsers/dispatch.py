@@ -260,7 +260,7 @@ def merge_tables(
     """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
     if not parts:
         raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
-    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}
+    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
     cat["placement"] = cat["placement"].unique(maintain_order=True)
     cat["ranks"] = cat["ranks"].sort("rank")
     issues = tuple(i for p in parts for i in p.load_report) + extra_issues

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
 from ep_trace.comm_classifier import COMM_KERNEL_PATTERNS
