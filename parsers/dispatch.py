@@ -162,7 +162,7 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     side_entries = (sorted(p.parent.iterdir()) if p.is_file() else []) if single else entries
     for e in side_entries:
         m = _SIDECAR_RE.match(e.name)
-        if m and e.is_file():
+        if m:  # a directory of that name is refused by read_sidecar, naming it
             sidecars[int(m.group(1))] = e
     if not inputs:
         want = "trace files" if format == "auto" else f"{format} files"
