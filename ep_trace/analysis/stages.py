@@ -164,7 +164,7 @@ def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
         )
     ]
     parts += _preset_ranges(host, [p for p in presets if p.get("kind", "stage") == "stage"])
-    out = pl.concat([x.cast(_RANGE_SCHEMA) for x in parts], how="vertical").with_row_index("_r")
+    out = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical").with_row_index("_r")
     # per window: drop a range that overlaps a range of a better tier on its rank
     pairs = range_join(
         out.select("rank", "_r", "tier", "cpu_start_ns", "cpu_end_ns"),
@@ -205,7 +205,7 @@ def detect_containers(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame
                 "layer": pl.Int32,
             }
         )
-    c = pl.concat([x.cast(_RANGE_SCHEMA) for x in parts], how="vertical")
+    c = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical")
     c = (
         c.sort(["rank", "cpu_start_ns", "cpu_end_ns"], descending=[False, False, True])
         .with_columns(pl.col("cpu_end_ns").cum_max().shift(1).over("rank").alias("_pm"))
