@@ -18,17 +18,24 @@ family              names matched (examples)
 ==================  =========================================================================
 ``nccl``            NCCL < 2.19 ``ncclKernel_AllReduce_RING_LL_Sum_float``; NCCL >= 2.19
                     ``ncclDevKernel_SendRecv``, ``ncclDevKernel_AllGather_RING_LL``,
-                    ``ncclDevKernel_Generic_1``; pre-2.4 ``ncclAllReduceRingLLKernel_sum_f32``
+                    ``ncclDevKernel_Generic_1``; NVLS / NVLS_TREE / COLLNET_DIRECT / COLLNET_CHAIN
+                    algorithm tokens in the same places; pre-2.4 ``ncclAllReduceRingLLKernel_sum_f32``
                     (also RCCL builds, which keep NCCL's kernel names)
 ``rccl``            RCCL-only names: ``ncclDevKernelDebug_Generic``, ``rccl...Kernel...``
-``msccl``           MSCCL / MSCCL++: ``mscclKernel_Sum_float_LL``, ``mscclpp::...``
-``deepep``          DeepEP: ``deep_ep::intranode::dispatch``, ``deep_ep::internode_ll::combine``,
-                    ``dpsk::ep::...``
-``pplx``            pplx-kernels: ``pplx::...dispatchKernel``, ``pplx::...combineKernel``
+``msccl``           MSCCL / MSCCL++: ``mscclKernel_Sum_float_LL``, ``mscclpp::collective::...``
+``deepep``          DeepEP: ``deep_ep::intranode::dispatch``, ``deep_ep::legacy::internode_ll::combine``,
+                    ``deep_ep::elastic::dispatch_impl``, ``dpsk::ep::...`` (not ``deep_ep::layout::``)
+``pplx``            pplx-kernels: ``(anonymous namespace)::dispatchKernel<...>``, ``combineKernel<...>``
+``mori``            MORI: ``mori::moe::EpDispatchIntraNodeKernel``, ``EpCombineInterNodeKernel_bf16``
 ``nvshmem``         NVSHMEM device kernels: ``nvshmemi_...``, ``nvshmemx_...``, ``nvshmem_...``
-``trtllm_moe_a2a``  TensorRT-LLM MoE all-to-all: ``moeA2ADispatchKernel``, ``moeA2ACombineKernel``
-``custom_allreduce``  vLLM / SGLang custom all-reduce: ``cross_device_reduce_1stage|2stage``,
-                    TensorRT-LLM ``allreduce_fusion_kernel``/``oneShotAllReduceKernel``,
+``trtllm_moe_a2a``  TensorRT-LLM MoE all-to-all: ``moeA2ADispatchKernel``, ``moeA2ACombineKernel``,
+                    ``moeAllToAllKernel``
+``torch_symm_mem``  torch symmetric memory: ``multimem_all_reduce_kernel``,
+                    ``multimem_one_shot_all_reduce_kernel``, ``one_shot_all_reduce_kernel``,
+                    ``two_shot_all_reduce_kernel``, ``multimem_all_gather_kernel``
+``custom_allreduce``  vLLM / SGLang / aiter custom all-reduce: ``cross_device_reduce_1stage|2stage``,
+                    TensorRT-LLM / FlashInfer ``allreduce_fusion_kernel_oneshot_lamport``,
+                    ``oneShotAllReduceKernel``, MNNVL ``oneshotAllreduceFusionKernel``,
                     Transformer Engine userbuffers ``userbuffers_...``
 ==================  =========================================================================
 
@@ -43,7 +50,14 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["COMM_KERNEL_PATTERNS", "comm_family", "comm_family_expr", "first_match_expr", "is_comm_expr"]
+__all__ = [
+    "COMM_KERNEL_PATTERNS",
+    "FAMILY_COLLECTIVE",
+    "comm_family",
+    "comm_family_expr",
+    "first_match_expr",
+    "is_comm_expr",
+]
 
 # Optional return type / leading qualifiers printed by demangled names.
 _P = r"^(?:void\s+)?(?:::)?"
@@ -52,18 +66,52 @@ _P = r"^(?:void\s+)?(?:::)?"
 #: Python ``re`` (no look-around).
 COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
     ("rccl", _P + r"(?:ncclDevKernelDebug_|rccl\w*Kernel)"),
+    # every NCCL era: ncclKernel_<Coll>_<ALGO>_<PROTO>_<Op>_<type> (< 2.19, ALGO incl. NVLS, NVLS_TREE,
+    # COLLNET_DIRECT, COLLNET_CHAIN), ncclDevKernel_<...> (>= 2.19, same algorithm tokens),
+    # nccl<Coll><Algo><Proto>Kernel_<op>_<type> (< 2.4); NVIDIA/nccl src/device/generate.py
     ("nccl", _P + r"(?:ncclKernel_|ncclDevKernel_|nccl[A-Z][A-Za-z]*Kernel)"),
     ("msccl", _P + r"(?:msccl\w*Kernel|mscclpp::)"),
-    ("deepep", _P + r"(?:deep_ep::|dpsk::ep::)"),
-    ("pplx", _P + r"pplx::"),
+    # deep_ep::layout::get_dispatch_layout is local compute (counts per rank / expert), not comm
+    (
+        "deepep",
+        _P + r"(?:deep_ep::(?:legacy::)?(?:intranode|internode|internode_ll)::|deep_ep::elastic::|dpsk::ep::)",
+    ),
+    # pplx-kernels: dispatchKernel / combineKernel templates in an anonymous namespace (intranode) or
+    # at global scope (internode_combine.cu); perplexityai/pplx-kernels csrc/all_to_all/*.cu
+    ("pplx", _P + r"(?:pplx::|(?:\(anonymous namespace\)::)?(?:dispatch|combine)Kernel<)"),
+    # MORI: mori::moe::EpDispatch*/EpCombine* (C++) or extern "C" EpDispatchIntraNodeKernel_bf16 ...;
+    # mori_shmem_* / mori::shmem:: barriers; ROCm/mori src/ops/dispatch_combine, src/ops/kernels
+    ("mori", _P + r"(?:mori::moe::Ep(?:Dispatch|Combine)|Ep(?:Dispatch|Combine)\w*Kernel|mori_shmem_|mori::shmem::)"),
     ("nvshmem", _P + r"nvshmem[ix]?_"),
-    ("trtllm_moe_a2a", _P + r"(?:\w+::)*moeA2A\w*Kernel"),
+    (
+        "trtllm_moe_a2a",
+        _P + r"(?:\w+::)*(?:moeA2A(?:Prepare)?(?:Dispatch|Combine)Kernel|moeAllToAllKernel)",
+    ),
+    # torch symmetric memory (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu): kernels in
+    # an anonymous namespace; two_shot_all_reduce_kernel<..., true> is the reduce-scatter
+    (
+        "torch_symm_mem",
+        _P + r"(?:\(anonymous namespace\)::)?(?:multimem_(?:one_shot_)?all_reduce|multimem_all_gather"
+        r"|one_shot_all_reduce|two_shot_all_reduce)_kernel",
+    ),
     (
         "custom_allreduce",
         _P + r"(?:\w+::)*(?:cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
-        r"|twoShotAllReduceKernel|userbuffers_)",
+        r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
+        r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel|userbuffers_)",
     ),
 )
+
+#: Collective a kernel of each family implements when no launching op names it (one row per kernel
+#: launch; DeepEP / pplx / MORI / TensorRT-LLM dispatch and combine move variable-size token lists).
+FAMILY_COLLECTIVE: dict[str, str] = {
+    "deepep": "all_to_allv",
+    "pplx": "all_to_allv",
+    "mori": "all_to_allv",
+    "trtllm_moe_a2a": "all_to_allv",
+    "torch_symm_mem": "allreduce",
+    "custom_allreduce": "allreduce",
+}
 
 _COMPILED = tuple((family, re.compile(rx)) for family, rx in COMM_KERNEL_PATTERNS)
 

@@ -44,7 +44,10 @@ _TYPES = {
     "barrier": "barrier",
     "monitored_barrier": "barrier",
 }
-_SUFFIXES = ("_single", "_coalesced", "_into_tensor", "_tensor", "_base")
+_SUFFIXES = ("_single", "_coalesced", "_into_tensor", "_tensor", "_base", "_out")
+#: torch symmetric-memory op prefixes (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu:
+#: ``symm_mem::multimem_all_reduce_``, ``one_shot_all_reduce``, ``two_shot_all_reduce_``, ...)
+_SYMM_PREFIXES = ("multimem_one_shot_", "multimem_", "one_shot_", "two_shot_")
 _NCCL_API = re.compile(r"^nccl(?=[A-Z])")
 #: Range names that mark a collective call (the type is then :func:`normalise_collective`'s).
 _MARKER = re.compile(r"^(?:c10d::|_c10d_functional::|nccl:|gloo:|nccl[A-Z])")
@@ -60,6 +63,8 @@ def normalise_collective(name: str | None) -> str:
     if not name:
         return "unknown"
     token = _NCCL_API.sub("", name.split("::")[-1].split(":")[-1]).lower().strip("_")
+    for prefix in _SYMM_PREFIXES:
+        token = token.removeprefix(prefix)
     for suffix in _SUFFIXES:
         token = token.replace(suffix, "")
     return _TYPES.get(token.strip("_"), "unknown")

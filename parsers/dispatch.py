@@ -41,6 +41,7 @@ from ep_trace.errors import (
     TraceFormatError,
 )
 from ep_trace.parsers import validate
+from ep_trace.parsers.kernel_collectives import with_kernel_collectives
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.read_pool import read_files
 from ep_trace.parsers.routing_splits import routing_from_splits
@@ -113,23 +114,41 @@ def _format_by_name(name: str) -> str | None:
     return None
 
 
+def _walk(root: Path) -> list[Path]:
+    """Every entry under ``root``, depth first in name order; hidden entries and nsys parquet
+    directories (inputs themselves) are not descended into."""
+    out: list[Path] = []
+    for e in sorted(root.iterdir()):
+        if e.name.startswith("."):
+            continue
+        out.append(e)
+        if e.is_dir() and detect_format(e) is None and _format_by_name(e.name) is None:
+            out.extend(_walk(e))
+    return out
+
+
 def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
-    """Trace inputs and sidecars of a directory (or a single file).
+    """Trace inputs and sidecars of a directory tree (or a single file).
+
+    Subdirectories are searched too: a TensorBoard log directory keeps its traces in
+    ``plugins/profile/<run>/<host>.pt.trace.json.gz``, launchers write one folder per run or node.
+    Files of no trace type (``README.md``, ``*.pb``) are left out here; JSON files that turn out not to
+    be traces are skipped with a warning by :func:`read_trace_dir`.
 
     Returns:
-        ``([(file, format), ...] sorted by name, {rank: sidecar path})``.
+        ``([(file, format), ...] in path order, {rank: sidecar path})``.
 
     Raises:
         TraceFormatError: the path does not exist, or is a file of no known trace format.
-        NothingToAnalyzeError: the directory holds no input of the requested format.
+        NothingToAnalyzeError: the directory tree holds no input of the requested format.
         ConfigError: unknown ``format``.
     """
     check_format(format)
     p = Path(path)
     if not p.exists():
         raise TraceFormatError(p, "no such file or directory", "check the path")
-    entries = [p] if (p.is_file() or detect_format(p) == "nsys") else sorted(p.iterdir())
-    root = p.parent if p.is_file() else p
+    single = p.is_file() or detect_format(p) == "nsys"
+    entries = [p] if single else _walk(p)
     inputs = []
     for e in entries:
         fmt = detect_format(e)
@@ -140,9 +159,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
         if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
             inputs.append((e, fmt))
     sidecars: dict[int, Path] = {}
-    for e in sorted(root.iterdir()) if root.is_dir() else []:
+    side_entries = (sorted(p.parent.iterdir()) if p.is_file() else []) if single else entries
+    for e in side_entries:
         m = _SIDECAR_RE.match(e.name)
-        if m:
+        if m:  # a directory of that name is refused by read_sidecar, naming it
             sidecars[int(m.group(1))] = e
     if not inputs:
         want = "trace files" if format == "auto" else f"{format} files"
@@ -151,6 +171,11 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
             raise NothingToAnalyzeError(f"{p}: no {want} found; {fix}")
         raise TraceFormatError(p, f"no {want} found", fix)
     return inputs, sidecars
+
+
+#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
+#: to a damaged trace: discovered files with one of them are skipped with a warning.
+_NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
 
 
 def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
@@ -173,27 +198,44 @@ def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
 
 
 def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
-    """Reject duplicate ranks and mixed jobs, naming the files."""
+    """Reject duplicate ranks and mixed jobs, naming the files (every group of them)."""
+    ranks = pl.concat([t.ranks for t, _ in parts], how="diagonal_relaxed")
+    # a rank no evidence gave (nsys 'assumed', Kineto 'default'): never several files at rank 0
+    assumed = ranks.filter(pl.col("rank_source").is_in(["assumed", "default"]))
+    if assumed.height > 1:
+        from ep_trace.parsers.nsys_ranks import LOOKED_FOR
+
+        looked = []
+        if (assumed["format"] == "nsys").any():
+            looked.append(LOOKED_FOR)
+        if (assumed["format"] != "nsys").any():
+            looked.append("distributedInfo.rank and 'rank<N>' / 'worker<N>' in the file name (Kineto)")
+        files = ", ".join(assumed["source_file"].to_list())
+        raise RankConflictError(
+            f"{assumed.height} files carry no rank ({files}); looked for: {'; '.join(looked)}; "
+            "pass --rank-map R=PATH for each file (or --rank-map FILE)"
+        )
     seen: dict[int, str] = {}
     for t, _ in parts:
         for r, f in t.ranks.select("rank", "source_file").iter_rows():
             if r in seen:
-                raise RankConflictError(
-                    f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)"
+                da, db = Path(seen[r]).parent, Path(f).parent
+                where = (
+                    f"; they are in different folders ({da}, {db}): point at one run's folder"
+                    if da != db
+                    else "; keep one file per rank (or pass --rank-map)"
                 )
+                raise RankConflictError(f"rank {r} appears in two files: {seen[r]} and {f}{where}")
             seen[r] = f
-    ranks = pl.concat([t.ranks for t, _ in parts])
     for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
         vals = (
             ranks.filter(pl.col(col).is_not_null())
             .group_by(col, maintain_order=True)
-            .agg(pl.col("source_file").first())
+            .agg(pl.col("source_file").unique(maintain_order=True))
         )
         if vals.height > 1:
-            a, b = vals.row(0), vals.row(1)
-            raise RankConflictError(
-                f"files from different jobs: {what} differ ({a[1]}: {a[0]}, {b[1]}: {b[0]}); put one job per directory"
-            )
+            groups = "; ".join(f"{v}: {', '.join(str(f) for f in fs)}" for v, fs in vals.iter_rows())
+            raise RankConflictError(f"files from different jobs: {what} differ ({groups}); put one job per directory")
     bad = ranks.filter(pl.col("world_size").is_not_null() & (pl.col("rank") >= pl.col("world_size")))
     if bad.height:
         r = bad.row(0, named=True)
@@ -218,7 +260,7 @@ def merge_tables(
     """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
     if not parts:
         raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
-    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}
+    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
     cat["placement"] = cat["placement"].unique(maintain_order=True)
     cat["ranks"] = cat["ranks"].sort("rank")
     issues = tuple(i for p in parts for i in p.load_report) + extra_issues
@@ -291,11 +333,16 @@ def read_trace_dir(
         inputs, sidecar_paths = discover(path, format)
     except OSError as exc:  # a directory without read permission, an I/O error while listing it
         raise validate.os_error(exc.filename or path, exc, "cannot list") from None
+    named = Path(path).is_file()
     issues: list[schema.LoadIssue] = []
     parts: list[tuple[schema.TraceTables, object | None]] = []
     for f, res in read_files(inputs, rank_map, jobs, progress):
         if not isinstance(res, EpTraceError):
             parts.append(res)
+            continue
+        if not named and isinstance(res, TraceFormatError) and str(res.problem).startswith(_NOT_A_TRACE):
+            issues.append(schema.LoadIssue(str(f), None, "warning", f"skipped, not a trace file: {res.problem}"))
+            log.warning("skipped %s: not a trace file", f)
             continue
         if on_error != "skip":
             raise res
@@ -331,7 +378,7 @@ def read_trace_dir(
         raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
     _check_job(merged)
     validate.check_job_clocks(pl.concat([t.ranks for t, _ in merged]))
-    out = merge_tables([t for t, _ in merged], tuple(issues))
+    out = with_kernel_collectives(merge_tables([t for t, _ in merged], tuple(issues)))
     if out.routing_matrix.height == 0:
         out = replace(
             out,

@@ -22,8 +22,10 @@ Rules (facts in ``shared/reference/kineto.md``):
   ``gpu_user_annotation`` -> gpu_annotation, ``user_annotation`` -> cpu_annotation except
   ``gloo:*`` ranges on a gloo worker thread -> comm_worker, ``cpu_op`` and ``python_function``
   -> cpu_op (``category`` keeps them apart; python frames are never link targets),
-  ``cuda_runtime`` / ``cuda_driver`` -> runtime, anything else (``Trace``, ``cuda_sync``,
-  ``overhead``, ``mtia_*`` ...) -> other.
+  ``cuda_runtime`` / ``cuda_driver`` -> runtime; other accelerators: ``mtia_ccp_events`` ->
+  gpu_kernel (device work, device ``mtia:N``), ``mtia_runtime`` / ``xpu_runtime`` / ``xpu_driver`` /
+  ``hpu_op`` / ``privateuse1_*`` -> runtime; ``Trace``, ``overhead``, ``cuda_sync`` ... -> other; any
+  other category -> other and named in the load report with its row count (never dropped silently).
 * Kineto GPU rows use ``pid`` = device index and ``tid`` = stream (``device`` / ``stream`` columns).
 """
 
@@ -59,7 +61,39 @@ _KIND_OF_CAT = {
     "python_function": "cpu_op",
     "cuda_runtime": "runtime",
     "cuda_driver": "runtime",
+    # other accelerators (pytorch/kineto libkineto/include/ActivityType.h): MTIA device ops are
+    # mtia_ccp_events, XPU kernels already come as "kernel"; host-side launch APIs of MTIA, XPU,
+    # HPU and PrivateUse1 backends are the runtime rows that launch them
+    "mtia_ccp_events": "gpu_kernel",
+    "mtia_runtime": "runtime",
+    "xpu_runtime": "runtime",
+    "xpu_driver": "runtime",
+    "hpu_op": "runtime",
+    "privateuse1_runtime": "runtime",
+    "privateuse1_driver": "runtime",
 }
+#: Device-name prefix of a rank whose device rows carry one of these categories (else ``cuda``).
+_DEVICE_PREFIX = {"mtia_ccp_events": "mtia"}
+#: Categories kept as kind ``other`` on purpose (trace spans, profiler overhead, syncs, counters):
+#: any other unknown category is named in the load report with its row count.
+_KNOWN_OTHER = frozenset(
+    {
+        "Trace",
+        "overhead",
+        "cuda_sync",
+        "cuda_event",
+        "cpu_instant_event",
+        "external_correlation",
+        "mtia_insight",
+        "mtia_counters",
+        "hardware_counters",
+        "cuda_profiler_range",
+        "xpu_scope_profiler",
+        "xpu_sync",
+        "glow_runtime",
+        "collective_comm",
+    }
+)
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
 
 #: Names whose ``args`` are kept (for the collective builder); all other args are dropped per chunk.
@@ -418,6 +452,22 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     if ev["name"].null_count():
         ev = ev.with_columns(pl.col("name").fill_null(""))
     ev = ev.with_columns(_kind_expr(ev))
+    unknown = (
+        ev.filter((pl.col("kind") == "other") & ~pl.col("category").is_in(list(_KNOWN_OTHER)))
+        .group_by("category")
+        .len()
+        .sort("category", nulls_last=True)
+    )
+    for cat_name, n in unknown.iter_rows():
+        issues.append(
+            schema.LoadIssue(
+                str(path),
+                rank,
+                "warning",
+                f"{n} rows of activity type {cat_name!r} are not analysed (unknown to ep-trace; kept as kind 'other')",
+            )
+        )
+    prefix = next((p for c, p in _DEVICE_PREFIX.items() if (ev["category"] == c).any()), "cuda")
     gpu = pl.col("kind").is_in(_GPU_KINDS)
     steps = ev.select("event_id", "name").filter(pl.col("name").str.starts_with("ProfilerStep#"))
     seq = ev.select("event_id").join(
@@ -444,7 +494,7 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     events_df = schema.validate("events", schema.conform("events", ev), str(path))
 
     gpu_dev = events_df.filter(pl.col("kind") == "gpu_kernel")["device"].drop_nulls()
-    device = f"cuda:{int(gpu_dev.mode().sort()[0])}" if gpu_dev.len() else "cpu"
+    device = f"{prefix}:{int(gpu_dev.mode().sort()[0])}" if gpu_dev.len() else "cpu"
     ws = dist.get("world_size")
     ranks_df = pl.DataFrame(
         {

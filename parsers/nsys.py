@@ -33,7 +33,7 @@ from ep_trace.comm_classifier import comm_family_expr
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.nsys_collectives import group_collectives
 from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
-from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, ranks_table
+from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, launcher_env, nccl_init_ranks, ranks_table
 from ep_trace.parsers.nsys_source import TableSource, open_source
 from ep_trace.parsers.nsys_tables import (
     EMIT_NVTX_SUFFIX,
@@ -278,7 +278,16 @@ def _read(
             .with_columns(pl.lit(None, dtype=pl.Int64).alias("device"))
         )
     owners = owners.with_columns(pid_of(pl.col("_proc")).alias("pid"))
-    rank_of = assign_ranks(owners, path, rank, rank_map, _mpi_ranks(src, nv, strings), issues)
+    rank_of = assign_ranks(
+        owners,
+        path,
+        rank,
+        rank_map,
+        _mpi_ranks(src, nv, strings),
+        issues,
+        env=launcher_env(src),
+        nccl=nccl_init_ranks(src, proc_of(pl.col("globalPid"))),
+    )
 
     no_launch = gpu.height - launched.height
     if no_launch:

@@ -1,9 +1,27 @@
-"""Rank mapping for nsys input: which process of an export is which global rank.
+"""Rank mapping for nsys input: which process of an export is which global rank, on which host.
 
-One file per rank (``nsys profile -o rep_%q{RANK}``): the rank comes from an explicit map, the
-caller, an MPI rank recorded in the file, or ``rank<N>`` in the file name. One file with several
-processes (``nsys profile torchrun ...``): one rank per process that owns GPU activity (PROCESSES also
-lists launchers, shells and nsys itself), ordered deterministically, the mapping reported.
+Evidence, best first (each rank's ``rank_source`` says which one decided):
+
+1. an explicit map (``--rank-map FILE`` / ``--rank-map R=PATH``; ``{pid: rank}`` for a file with
+   several processes) -> ``rank_map``;
+2. MPI rank tables: ``MPI_RANKS`` (MPI tracing) or a thread named ``MPI Rank N`` -> ``nvtx``;
+3. the launcher environment nsys records in the export (``TARGET_INFO_SYSTEM_ENV`` row
+   ``DeviceEnvironment``, ``NAME=VALUE;...``): ``RANK``, ``OMPI_COMM_WORLD_RANK``, ``PMIX_RANK`` /
+   ``PMI_RANK``, ``SLURM_PROCID``; local rank from ``LOCAL_RANK`` / ``OMPI_COMM_WORLD_LOCAL_RANK`` /
+   ``SLURM_LOCALID``; world size from ``WORLD_SIZE`` / ``OMPI_COMM_WORLD_SIZE`` / ``PMI_SIZE`` /
+   ``SLURM_NTASKS``; job from ``SLURM_JOB_ID`` / ``TORCHELASTIC_RUN_ID`` -> ``environment``. It is the
+   environment of the profiled process tree, so it names a rank only for a file with one GPU process
+   (``srun nsys profile python ...``, ``torchrun ... nsys profile ...``);
+4. the NCCL init line in the process's captured stdout / stderr (``ProcessStreams``, with
+   ``NCCL_DEBUG=INFO``: ``... NCCL INFO comm 0x... rank R nranks N ... commId 0x... - Init COMPLETE``;
+   the communicator with the most ranks is the world) -> ``nccl_init``; its ``commId`` is the job id;
+5. ``rank<N>`` in the file name -> ``file_name``.
+
+Without any of them a single-process file gets rank 0 marked ``assumed`` (and a warning naming what
+was looked for); several such files of one directory are refused by the directory reader instead of
+all becoming rank 0. A file with several GPU processes and no per-process evidence keeps the
+deterministic (device, pid) order, ``process_order``, reported in the load report. The host comes
+from the export's target-system information (``Hostname``).
 """
 
 from __future__ import annotations
@@ -18,9 +36,80 @@ from ep_trace.errors import ConfigError
 from ep_trace.parsers.nsys_source import TableSource
 from ep_trace.schema import LoadIssue, conform
 
-__all__ = ["assign_ranks", "hostname", "ranks_table"]
+__all__ = ["assign_ranks", "hostname", "ranks_table", "launcher_env", "nccl_init_ranks", "LOOKED_FOR"]
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+_LOCAL_VARS = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+_SIZE_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+_JOB_VARS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+#: NCCL's init log line (init.cc, NCCL >= 2.x with NCCL_DEBUG=INFO)
+_NCCL_INIT = r"NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nranks (\d+)\b[^\n]*?commId (0x[0-9a-fA-F]+)"
+#: What the rank search looks at, in order (quoted in warnings and refusals).
+LOOKED_FOR = (
+    "--rank-map, MPI_RANKS / 'MPI Rank N' thread names, RANK / OMPI_COMM_WORLD_RANK / PMIX_RANK / PMI_RANK / "
+    "SLURM_PROCID in the recorded environment, the NCCL init line in captured stdout, 'rank<N>' in the file name"
+)
+
+
+def launcher_env(src: TableSource) -> dict[str, str]:
+    """The environment nsys recorded (``TARGET_INFO_SYSTEM_ENV.DeviceEnvironment``), as a dict."""
+    if not {"name", "value"} <= set(src.columns("TARGET_INFO_SYSTEM_ENV")):
+        return {}
+    rows = src.read("TARGET_INFO_SYSTEM_ENV", ["name", "value"]).filter(pl.col("name") == "DeviceEnvironment")
+    env: dict[str, str] = {}
+    for text in rows["value"].drop_nulls().to_list():
+        for item in str(text).split(";"):
+            k, sep, v = item.partition("=")
+            if sep and k.strip():
+                env[k.strip()] = v
+    return env
+
+
+def _env_int(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
+    for n in names:
+        v = env.get(n, "").strip()
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def nccl_init_ranks(src: TableSource, proc_of: pl.Expr) -> pl.DataFrame:
+    """Process -> (rank, nranks, commId) of its largest NCCL communicator, from ``ProcessStreams``.
+
+    Args:
+        src: The export.
+        proc_of: Expression mapping ``globalPid`` to the reader's process key.
+
+    Returns:
+        Columns ``_proc, _nccl_rank, _nccl_nranks, _comm_id``.
+    """
+    empty = pl.DataFrame(
+        schema={"_proc": pl.Int64, "_nccl_rank": pl.Int64, "_nccl_nranks": pl.Int64, "_comm_id": pl.Utf8}
+    )
+    if not {"globalPid", "contentId"} <= set(src.columns("ProcessStreams")):
+        return empty
+    streams = src.read("ProcessStreams", ["globalPid", "contentId"])
+    strings = src.read("StringIds", ["id", "value"]).filter(pl.col("id").is_in(streams["contentId"].implode()))
+    lines = (
+        streams.join(strings, left_on="contentId", right_on="id")
+        .select(proc_of.alias("_proc"), pl.col("value").str.extract_all(_NCCL_INIT).alias("_l"))
+        .explode("_l")
+        .drop_nulls("_l")
+    )
+    if lines.is_empty():
+        return empty
+    g = pl.col("_l").str.extract_groups(_NCCL_INIT)
+    return (
+        lines.select(
+            "_proc",
+            g.struct.field("1").cast(pl.Int64).alias("_nccl_rank"),
+            g.struct.field("2").cast(pl.Int64).alias("_nccl_nranks"),
+            g.struct.field("3").alias("_comm_id"),
+        )
+        .sort(["_proc", "_nccl_nranks"], descending=[False, True])
+        .unique("_proc", keep="first")
+    )
 
 
 def assign_ranks(
@@ -30,29 +119,69 @@ def assign_ranks(
     rank_map: Mapping[object, int] | None,
     mpi: pl.DataFrame,
     issues: list[LoadIssue],
+    env: Mapping[str, str] | None = None,
+    nccl: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
     """One rank per process. ``procs``: ``_proc``, ``pid``, ``device`` (lowest device or null).
 
-    Single process: rank_map[file] > ``rank`` > MPI rank > ``rank<N>`` in the file name > 0.
-    Several processes: rank_map[pid] for every process, else MPI ranks when every process has
-    one, else order by (device, pid); the mapping goes to the load report.
+    Args:
+        procs: The GPU processes of the file.
+        path: The file (named in reports).
+        rank: The rank an explicit map gives this file, if any.
+        rank_map: ``{file | pid: rank}``.
+        mpi: ``_proc, _mpi`` (:func:`ep_trace.parsers.nsys._mpi_ranks`).
+        issues: Load report to append to.
+        env: :func:`launcher_env`.
+        nccl: :func:`nccl_init_ranks`.
+
+    Returns:
+        ``_proc, rank, rank_source, world_size, local_rank, job_id``.
+
+    Raises:
+        ConfigError: a map does not fit the processes of the file.
     """
-    procs = procs.join(mpi, on="_proc", how="left").sort("device", "pid", nulls_last=True)
+    env = env or {}
+    nccl = nccl if nccl is not None else nccl_init_ranks_empty()
+    procs = (
+        procs.join(mpi, on="_proc", how="left")
+        .join(nccl, on="_proc", how="left")
+        .sort("device", "pid", nulls_last=True)
+    )
     rmap = {str(k): int(v) for k, v in (rank_map or {}).items()}
     file_rank = next((rmap[k] for k in (str(path), path.name, path.stem) if k in rmap), None)
     name_match = _RANK_IN_NAME.search(path.name)
+    env_rank, env_size = _env_int(env, _RANK_VARS), _env_int(env, _SIZE_VARS)
+    env_local = _env_int(env, _LOCAL_VARS)
+    env_job = next((env[n] for n in _JOB_VARS if env.get(n)), None)
     if procs.height == 1:
-        if file_rank is not None:
-            r, how = file_rank, "rank_map"
-        elif rank is not None:
-            r, how = int(rank), "file_name"
+        nr = procs["_nccl_rank"][0]
+        if file_rank is not None or rank is not None:
+            r, how = (file_rank if file_rank is not None else int(rank)), "rank_map"  # type: ignore[arg-type]
         elif procs["_mpi"][0] is not None:
             r, how = int(procs["_mpi"][0]), "nvtx"
+        elif env_rank is not None:
+            r, how = env_rank, "environment"
+        elif nr is not None:
+            r, how = int(nr), "nccl_init"
         elif name_match is not None:
             r, how = int(name_match.group(1)), "file_name"
         else:
-            r, how = 0, "process_order"
-        return procs.select("_proc", pl.lit(r, dtype=pl.Int32).alias("rank"), pl.lit(how).alias("rank_source"))
+            r, how = 0, "assumed"
+            issues.append(
+                LoadIssue(
+                    str(path), 0, "warning", f"rank assumed 0: no rank evidence in the file (looked for: {LOOKED_FOR})"
+                )
+            )
+        size = env_size if env_size is not None else procs["_nccl_nranks"][0]
+        job = env_job if env_job is not None else procs["_comm_id"][0]
+        return procs.select(
+            "_proc",
+            pl.lit(r, dtype=pl.Int32).alias("rank"),
+            pl.lit(how).alias("rank_source"),
+            pl.lit(size, dtype=pl.Int32).alias("world_size"),
+            pl.lit(env_local, dtype=pl.Int32).alias("local_rank"),
+            pl.lit(job, dtype=pl.Utf8).alias("job_id"),
+        )
     pids = [str(p) for p in procs["pid"].to_list()]
     if rmap and any(p in rmap for p in pids):
         missing = [p for p in pids if p not in rmap]
@@ -65,11 +194,15 @@ def assign_ranks(
         )
     elif procs["_mpi"].null_count() == 0 and procs["_mpi"].n_unique() == procs.height:
         out = procs.select("_proc", pl.col("_mpi").cast(pl.Int32).alias("rank"), pl.lit("nvtx").alias("rank_source"))
+    elif procs["_nccl_rank"].null_count() == 0 and procs["_nccl_rank"].n_unique() == procs.height:
+        out = procs.select(
+            "_proc", pl.col("_nccl_rank").cast(pl.Int32).alias("rank"), pl.lit("nccl_init").alias("rank_source")
+        )
     else:
         if rank is not None or file_rank is not None:
             raise ConfigError(
                 f"--rank-map: {path} holds {procs.height} GPU processes (pids {', '.join(pids)}) but one rank was given; "
-                "map each pid to its rank, e.g. --rank-map " + ",".join(f"{p}={i}" for i, p in enumerate(pids))
+                "map each pid to its rank, e.g. " + " ".join(f"--rank-map pid:{p}={i}" for i, p in enumerate(pids))
             )
         out = procs.select(
             "_proc", pl.int_range(pl.len(), dtype=pl.Int32).alias("rank"), pl.lit("process_order").alias("rank_source")
@@ -87,7 +220,23 @@ def assign_ranks(
             f"{procs.height} GPU processes in one file, one rank each ({how}): {mapping}; pass a rank map to override",
         )
     )
-    return out
+    return out.join(
+        procs.select(
+            "_proc",
+            pl.col("_nccl_nranks").cast(pl.Int32).alias("world_size"),
+            pl.lit(None, pl.Int32).alias("local_rank"),
+            pl.col("_comm_id").alias("job_id"),
+        ),
+        on="_proc",
+        how="left",
+    )
+
+
+def nccl_init_ranks_empty() -> pl.DataFrame:
+    """An empty :func:`nccl_init_ranks` frame."""
+    return pl.DataFrame(
+        schema={"_proc": pl.Int64, "_nccl_rank": pl.Int64, "_nccl_nranks": pl.Int64, "_comm_id": pl.Utf8}
+    )
 
 
 def hostname(src: TableSource) -> str | None:
@@ -118,7 +267,10 @@ def ranks_table(
         .join(backend, on="rank", how="left")
         .select(
             "rank",
+            "world_size",
             pl.lit(host, dtype=pl.Utf8).alias("host"),
+            "local_rank",
+            "job_id",
             pl.when(pl.col("device").is_not_null()).then(pl.format("cuda:{}", pl.col("device"))).alias("device"),
             "backend",
             pl.lit(str(path)).alias("source_file"),

@@ -52,7 +52,8 @@ def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result
     """The format's reader (Nsight and CUPTI readers imported lazily)."""
     rank = None
     if rank_map:
-        for key in (path.name, str(path), path):
+        # the path as discovered, its absolute form (--rank-map R=PATH keys both), then the bare name
+        for key in (str(path), str(path.resolve()), path, path.name):
             if key in rank_map:
                 rank = int(rank_map[key])
                 break

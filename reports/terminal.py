@@ -68,4 +68,23 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
                 fmt_ns(r["barrier_wait_ns"]),
             )
         out.append(t)
+    out.extend(_assumed_ranks(analysis))
     return out
+
+
+#: rank_source values that are a guess, not evidence read from the trace (parsers/nsys_ranks.py)
+_GUESSED = {"assumed": "no rank evidence", "default": "no rank evidence", "process_order": "process order"}
+
+
+def _assumed_ranks(analysis: Analysis) -> list[RenderableType]:
+    """One line naming the ranks whose number was assumed, so nobody reads them as measured."""
+    rk = analysis.tables.ranks
+    if "rank_source" not in rk.columns:
+        return []
+    g = rk.filter(rk["rank_source"].is_in(list(_GUESSED)))
+    if g.height == 0:
+        return []
+    items = ", ".join(
+        f"rank {r} ({f}: {_GUESSED[s]})" for r, f, s in g.select("rank", "source_file", "rank_source").rows()
+    )
+    return [Text(f"ranks assumed, not read from the trace: {items}; pass --rank-map to set them", style="yellow")]

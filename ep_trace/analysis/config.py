@@ -17,6 +17,8 @@ class AnalysisConfig:
         stage_presets: A user TOML file of extra stage-name patterns (merged over the built-ins).
         hta_compatible: Also compute overlap with HTA's classification and step filter.
         align_clocks: Estimate and apply per-host clock offsets from matched collectives.
+        min_clock_calls: Matched calls a host must share with the reference host before its clock
+            is moved (fewer: the recorded clock is kept and the report says so).
         representative_step: Step shown in the report timeline; ``None`` = the median-length step.
         max_timeline_ranks: Ranks drawn in the timeline before sampling (large jobs stay openable).
         whatif_chunks: Chunk counts the ``chunked_pipeline`` what-if tries (it reports the best).
@@ -26,6 +28,7 @@ class AnalysisConfig:
     stage_presets: Path | None = None
     hta_compatible: bool = False
     align_clocks: bool = True
+    min_clock_calls: int = 8
     representative_step: int | None = None
     max_timeline_ranks: int = 16
     whatif_chunks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)

@@ -14,7 +14,7 @@ from typing import cast
 
 import polars as pl
 
-from ep_trace.analysis import bandwidth, clocks, findings, graph, imbalance, matching, stages, whatif
+from ep_trace.analysis import bandwidth, clocks, findings, graph, imbalance, matching, stage_families, stages, whatif
 from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
 from ep_trace.analysis.config import AnalysisConfig
@@ -109,7 +109,14 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
     ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
     cr0 = cr0.filter(pl.col("match_id").is_in(ok0.implode()))
-    host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks)
+    host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks, config.min_clock_calls)
+    if config.align_clocks and host_off.height > 1:
+        for h, n in host_off.filter(~pl.col("aligned")).select("host", "n_calls").iter_rows():
+            notes.append(
+                f"host {h}: only {n} matched collectives shared with host {host_off['host'][0]} (fewer than "
+                f"{config.min_clock_calls}): its recorded clock (nsys UTC epoch / Kineto baseTimeNanoseconds) is kept, "
+                "not aligned; cross-host waits carry its residual"
+            )
     rank_off = (
         ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
         .join(host_off, on="host", how="left")
@@ -294,21 +301,24 @@ def _stages(
     exposed_iv: pl.DataFrame,
     config: AnalysisConfig,
 ) -> tuple[pl.DataFrame, str]:
-    """Stage rows of every rank (ranges by presets, kernel families where a rank has none) and the method."""
+    """Stage rows of every rank: stage ranges (tiers layered per window), then kernel families for the
+    kernels no range claimed (:mod:`ep_trace.analysis.stage_families`); and the most common method."""
     presets = stages.load_presets(config.stage_presets)
     ranges = stages.detect_ranges(ev, presets)
-    parts = []
-    if ranges.height:
-        st, _ = stages.attribute(ranges, act, mode, windows, exposed_iv)
-        parts.append(st)
-    without = pl.Series([r for r in mode if r not in set(ranges["rank"].to_list())], dtype=pl.Int32)
-    fam = stages.kernel_family_ranges(act.filter(pl.col("step").is_not_null()), without)
+    cont = stage_families.container_index(stages.detect_containers(ev, presets), windows)
+    act = act.with_row_index("aid")
+    st, att = stages.attribute(ranges, act, mode, windows, exposed_iv)
+    st = stage_families.layers_from_containers(st, cont)
+    parts = [st] if st.height else []
+    fam = stage_families.family_rows(act, att["aid"], cont)
     if fam.height:
-        st, _ = stages.family_stages(fam, exposed_iv)
-        parts.append(st.with_columns(pl.col("sid") + (1 << 40)))
+        fr = stage_families.family_ranges(fam)
+        fatt = fam.join(fr.select("rank", "run", "sid"), on=["rank", "run"], how="inner")
+        parts.append(stages.measure(fr.drop("run"), fatt, exposed_iv))
     if not parts:
-        return stages.attribute(ranges, act, mode, windows, exposed_iv)[0], "none"
-    out = pl.concat([p.cast(parts[0].schema) for p in parts]).sort(["rank", "cpu_start_ns"])
+        return st, "none"
+    out = pl.concat([p.with_columns(pl.col("sid").cast(pl.Int64)) for p in parts], how="vertical_relaxed")
+    out = out.sort(["rank", "cpu_start_ns"])
     methods = out["method"].value_counts(sort=True)
     return out, str(methods["method"][0])
 

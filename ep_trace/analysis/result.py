@@ -173,6 +173,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "host": "",
         "offset_ns": "added to the host's times",
         "n_calls": "matched calls used",
+        "aligned": "offset estimated from >= 8 matched calls (False: the recorded clock is kept)",
         "residual_ns": "spread after alignment (uncertainty of wait figures)",
     },
     "misaligned": {

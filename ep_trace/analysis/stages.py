@@ -1,10 +1,17 @@
 """Stage attribution: which host ranges are EP stages, and which device work belongs to each.
 
-Detection, per rank, best tier first (see ``presets.toml``): ep-trace's own ``ep:<stage>...`` names
-(tier 0, parsed by :data:`ep_trace.stage_names.STAGE_NAME_RE`), framework presets (Megatron-Core,
-SGLang, ``dispatch(F)`` style; tier 1), plain PyTorch collectives (tier 2), then, when a rank has
-no stage range at all, kernel families (DeepEP dispatch / combine / notify kernels, grouped GEMM,
-top-k / routing, permute / scatter kernels). The method is reported per row.
+Detection is layered; the tiers *combine* instead of excluding each other:
+
+1. host ranges, best tier first (see ``presets.toml``): ep-trace's own ``ep:<stage>...`` names
+   (tier 0, parsed by :data:`ep_trace.stage_names.STAGE_NAME_RE`), a user ``--stages`` file (tier 1,
+   added to the built-ins), framework ranges (Megatron-Core, TransformerEngine, vLLM, SGLang,
+   TensorRT-LLM; tier 2), plain PyTorch collectives (tier 3). The choice is made *per rank and time
+   window*: a range is dropped only where it overlaps a range of a better tier on the same rank, so
+   a trace where ep-trace wraps only some layers still gets the framework's ranges for the others;
+2. kernel families (:mod:`ep_trace.analysis.stage_families`) for the device kernels no range claimed,
+   on every rank, with the framework's MoE layer ranges ("containers") as context.
+
+The method is reported per row (``ep_trace``, ``preset:<name>``, ``kernel_family``).
 
 Attribution: a device interval belongs to the innermost stage range of its rank — on the thread of
 its anchor when both are known — whose host span contains the interval's *launch* time (Kineto and
@@ -26,20 +33,10 @@ from ep_trace.analysis.steps import assign_step
 from ep_trace.errors import ConfigError
 from ep_trace.stage_names import STAGE_NAME_RE
 
-__all__ = ["load_presets", "detect_ranges", "kernel_family_ranges", "attribute", "KERNEL_FAMILIES"]
+__all__ = ["load_presets", "detect_ranges", "detect_containers", "attribute", "measure", "USER_TIER"]
 
-#: (stage, regex) for the kernel-family fallback; first match wins.
-KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
-    (
-        "dispatch",
-        r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:notify_dispatch|cached_notify_dispatch|dispatch|get_dispatch_layout)",
-    ),
-    ("combine", r"^(?:void\s+)?(?:deep_ep|dpsk::ep)::\w+::(?:cached_notify_combine|combine)"),
-    ("unpermute", r"(?i)unpermute"),
-    ("expert", r"(?i)grouped_?gemm|group_gemm|moe_?gemm|fused_moe|cutlass\w*grouped"),
-    ("route", r"(?i)topk|top_k|gating|router"),
-    ("permute", r"(?i)permute|moe_align|scatter|gather_tokens"),
-)
+#: Tier of a user ``--stages`` preset that names none.
+USER_TIER = 1
 
 _RANGE_SCHEMA: dict[str, Any] = {
     "rank": pl.Int32,
@@ -56,7 +53,7 @@ _RANGE_SCHEMA: dict[str, Any] = {
 
 
 def load_presets(user: Path | None = None) -> list[dict]:
-    """Built-in presets plus an optional user TOML file of the same layout.
+    """Built-in presets plus an optional user TOML file of the same layout (added, never replacing).
 
     Raises:
         ConfigError: the user file is unreadable or an entry lacks ``name`` / ``pattern``.
@@ -80,8 +77,8 @@ def load_presets(user: Path | None = None) -> list[dict]:
                     f"--stages: {user}: preset[{i}] pattern {p['pattern']!r} is not a valid regex; "
                     "use the Rust regex syntax (no look-around)"
                 ) from exc
-        names = {p["name"] for p in extra}
-        presets = [p for p in presets if p["name"] not in names] + [{"tier": 1, **p} for p in extra]
+        # a user file adds to the built-ins; its ranges win where they overlap a framework range
+        presets = presets + [{"tier": USER_TIER, **p} for p in extra]
     return presets
 
 
@@ -100,35 +97,8 @@ def _dedupe_nested(df: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
-    """Stage ranges of every rank (best tier per rank).
-
-    Returns:
-        Columns ``rank, tid, stage, layer, microbatch, phase, cpu_start_ns, cpu_end_ns, method, tier``.
-    """
-    host = events.filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"])).select(
-        "rank", "tid", "name", "start_ns", "end_ns"
-    )
+def _preset_ranges(host: pl.DataFrame, presets: list[dict]) -> list[pl.DataFrame]:
     parts = []
-    ep = (
-        host.filter(pl.col("name").str.starts_with("ep:"))
-        .with_columns(pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g"))
-        .filter(pl.col("_g").struct.field("stage").is_not_null())
-    )
-    parts.append(
-        ep.select(
-            "rank",
-            "tid",
-            pl.col("_g").struct.field("stage").alias("stage"),
-            pl.col("_g").struct.field("layer").cast(pl.Int32).alias("layer"),
-            pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("microbatch"),
-            pl.col("_g").struct.field("phase").alias("phase"),
-            pl.col("start_ns").alias("cpu_start_ns"),
-            pl.col("end_ns").alias("cpu_end_ns"),
-            pl.lit("ep_trace").alias("method"),
-            pl.lit(0, pl.Int32).alias("tier"),
-        )
-    )
     for p in presets:
         m = host.filter(pl.col("name").str.contains(p["pattern"]))
         if m.is_empty():
@@ -152,26 +122,96 @@ def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
                 pl.col("start_ns").alias("cpu_start_ns"),
                 pl.col("end_ns").alias("cpu_end_ns"),
                 pl.lit(f"preset:{p['name']}").alias("method"),
-                pl.lit(int(p.get("tier", 1)), pl.Int32).alias("tier"),
+                pl.lit(int(p.get("tier", USER_TIER)), pl.Int32).alias("tier"),
             )
         )
-    out = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical")
-    best = out.group_by("rank").agg(pl.col("tier").min().alias("_best"))
-    out = out.join(best, on="rank").filter(pl.col("tier") == pl.col("_best")).drop("_best")
+    return parts
+
+
+def _host(events: pl.DataFrame) -> pl.DataFrame:
+    return events.filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"])).select(
+        "rank", "tid", "name", "start_ns", "end_ns"
+    )
+
+
+def detect_ranges(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
+    """Stage ranges of every rank, tiers layered per rank and time window.
+
+    A range of tier ``t`` is kept unless it overlaps (host time, same rank) a range of a tier better
+    than ``t``; container presets (``kind = "container"``) are left to :func:`detect_containers`.
+
+    Returns:
+        Columns ``rank, tid, stage, layer, microbatch, phase, cpu_start_ns, cpu_end_ns, method, tier``.
+    """
+    host = _host(events)
+    ep = (
+        host.filter(pl.col("name").str.starts_with("ep:"))
+        .with_columns(pl.col("name").str.extract_groups(STAGE_NAME_RE.pattern).alias("_g"))
+        .filter(pl.col("_g").struct.field("stage").is_not_null())
+    )
+    parts = [
+        ep.select(
+            "rank",
+            "tid",
+            pl.col("_g").struct.field("stage").alias("stage"),
+            pl.col("_g").struct.field("layer").cast(pl.Int32).alias("layer"),
+            pl.col("_g").struct.field("microbatch").cast(pl.Int32).alias("microbatch"),
+            pl.col("_g").struct.field("phase").alias("phase"),
+            pl.col("start_ns").alias("cpu_start_ns"),
+            pl.col("end_ns").alias("cpu_end_ns"),
+            pl.lit("ep_trace").alias("method"),
+            pl.lit(0, pl.Int32).alias("tier"),
+        )
+    ]
+    parts += _preset_ranges(host, [p for p in presets if p.get("kind", "stage") == "stage"])
+    out = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical").with_row_index("_r")
+    # per window: drop a range that overlaps a range of a better tier on its rank
+    pairs = range_join(
+        out.select("rank", "_r", "tier", "cpu_start_ns", "cpu_end_ns"),
+        out.select(
+            "rank",
+            pl.col("_r").alias("_r2"),
+            pl.col("tier").alias("_t2"),
+            pl.col("cpu_start_ns").alias("_s2"),
+            pl.col("cpu_end_ns").alias("_e2"),
+        ),
+        ("cpu_start_ns", "cpu_end_ns"),
+        ("_s2", "_e2"),
+    )
+    beaten = pairs.filter(
+        (pl.col("_t2") < pl.col("tier"))
+        & (pl.col("_s2") < pl.col("cpu_end_ns"))
+        & (pl.col("_e2") > pl.col("cpu_start_ns"))
+    )["_r"].unique()
+    out = out.filter(~pl.col("_r").is_in(beaten.implode())).drop("_r")
     return _dedupe_nested(out)
 
 
-def kernel_family_ranges(act: pl.DataFrame, ranks_without: pl.Series) -> pl.DataFrame:
-    """Fallback: device kernels of ranks without stage ranges, classified by kernel family.
+def detect_containers(events: pl.DataFrame, presets: list[dict]) -> pl.DataFrame:
+    """MoE layer ranges (container presets) of every rank, outermost only.
 
     Returns:
-        The matching activity rows with a ``stage`` column.
+        Columns ``rank, tid, cpu_start_ns, cpu_end_ns, layer`` (``layer`` from the range name's
+        ``(?P<layer>...)`` group, else null; the detector numbers containers within a step).
     """
-    k = act.filter(pl.col("rank").is_in(ranks_without.implode()) & (pl.col("cls") != "memory"))
-    fam: Any = pl.when(pl.col("name").str.contains(KERNEL_FAMILIES[0][1])).then(pl.lit(KERNEL_FAMILIES[0][0]))
-    for st, rx in KERNEL_FAMILIES[1:]:
-        fam = fam.when(pl.col("name").str.contains(rx)).then(pl.lit(st))
-    return k.with_columns(fam.otherwise(None).alias("stage")).filter(pl.col("stage").is_not_null())
+    parts = _preset_ranges(_host(events), [p for p in presets if p.get("kind") == "container"])
+    if not parts:
+        return pl.DataFrame(
+            schema={
+                "rank": pl.Int32,
+                "tid": pl.Int64,
+                "cpu_start_ns": pl.Int64,
+                "cpu_end_ns": pl.Int64,
+                "layer": pl.Int32,
+            }
+        )
+    c = pl.concat([x.cast(pl.Schema(_RANGE_SCHEMA)) for x in parts], how="vertical")
+    c = (
+        c.sort(["rank", "cpu_start_ns", "cpu_end_ns"], descending=[False, False, True])
+        .with_columns(pl.col("cpu_end_ns").cum_max().shift(1).over("rank").alias("_pm"))
+        .filter(pl.col("_pm").is_null() | (pl.col("cpu_start_ns") >= pl.col("_pm")))
+    )
+    return c.select("rank", "tid", "cpu_start_ns", "cpu_end_ns", "layer")
 
 
 def attribute(
@@ -192,7 +232,8 @@ def attribute(
     """
     ranges = assign_step(ranges, windows, "cpu_start_ns").with_row_index("sid")
     cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
-    act = act.with_row_index("aid")
+    if "aid" not in act.columns:
+        act = act.with_row_index("aid")
     is_cpu_compute = pl.col("rank").is_in(cpu_ranks) & (pl.col("cls") == "compute")
     rsel = ranges.select("sid", "rank", "tid", "cpu_start_ns", "cpu_end_ns")
     # same thread when both sides know it; ranks whose ranges carry no thread fall back to rank-only
@@ -246,30 +287,11 @@ def attribute(
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
     att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
-    return _measure(ranges, att, exposed), att
+    return measure(ranges, att, exposed), att
 
 
-def family_stages(fam: pl.DataFrame, exposed: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Stage rows per (rank, step, stage) from kernel-family rows (:func:`kernel_family_ranges`)."""
-    ranges = (
-        fam.group_by(["rank", "step", "stage"])
-        .agg(pl.col("anchor_ns").min().alias("cpu_start_ns"), pl.col("anchor_ns").max().alias("cpu_end_ns"))
-        .sort(["rank", "cpu_start_ns"])
-        .with_columns(
-            pl.lit(None, pl.Int32).alias("layer"),
-            pl.lit(None, pl.Int32).alias("microbatch"),
-            pl.lit(None, pl.Utf8).alias("phase"),
-            pl.lit("kernel_family").alias("method"),
-        )
-        .with_row_index("sid")
-    )
-    att = fam.join(
-        ranges.select("rank", "step", "stage", "sid"), on=["rank", "step", "stage"], how="inner", nulls_equal=True
-    )
-    return _measure(ranges, att, exposed), att
-
-
-def _measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:
+def measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:
+    """Window, busy, comm, overlapped and exposed comm of every stage row ``sid`` from its attributed rows."""
     busy = union_length(att, ["sid"], "busy_ns")
     win = att.group_by("sid").agg(pl.col("start_ns").min(), pl.col("end_ns").max())
     cu = union(att.filter(pl.col("cls") == "comm").select("sid", "rank", "start_ns", "end_ns"), ["sid", "rank"])

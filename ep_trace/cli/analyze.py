@@ -98,6 +98,11 @@ def analyze_cmd(
     with_hta: bool = typer.Option(
         False, "--with-hta", help="Add HTA's temporal and idle-time breakdowns (needs: pip install 'ep-trace\\[hta]')."
     ),
+    rank_map: Optional[list[str]] = typer.Option(
+        None,
+        "--rank-map",
+        help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
     record: Optional[Path] = typer.Option(
         None, "--record", help="Also write the run record (docs/run_record.md) as YAML here."
@@ -112,10 +117,13 @@ def analyze_cmd(
       ep-trace analyze node0/ node1/ --steps 2:5 --keep-going
 
       ep-trace analyze run.sqlite --format nsys -o nsys_report.html
+
+      ep-trace analyze nsys_job/ --rank-map 0=nsys_job/report_a_3000.sqlite --rank-map 1=nsys_job/report_b_3010.sqlite
     """
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
     from ep_trace.cli.outputs import build_report, for_display
+    from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.reports.terminal import summary_renderables
 
     if stages is not None and not stages.is_file():
@@ -135,6 +143,7 @@ def analyze_cmd(
             on_error="skip" if keep_going else "raise",
             progress=progress,
             with_hta=with_hta,
+            rank_map=parse_rank_map(rank_map),
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import typer
 
@@ -49,6 +49,11 @@ def annotate_cmd(
     ),
     fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks instead of stopping."),
+    rank_map: Optional[list[str]] = typer.Option(
+        None,
+        "--rank-map",
+        help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
+    ),
 ) -> None:
     """Write per-rank Chrome/Perfetto traces: the original trace unchanged plus ep-trace tracks.
 
@@ -65,6 +70,7 @@ def annotate_cmd(
     """
     from ep_trace import load
     from ep_trace.cli.analyze import check_format, progress_bar
+    from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.reports.annotate import write_annotated_traces
 
     src = trace_dir if trace_dir.is_dir() else trace_dir.parent
@@ -78,6 +84,7 @@ def annotate_cmd(
             format=check_format(fmt),  # type: ignore[arg-type]
             on_error="skip" if keep_going else "raise",
             progress=progress,
+            rank_map=parse_rank_map(rank_map),
         )
         originals = _Originals(original_files(analysis.tables.ranks))
         paths = write_annotated_traces(analysis, out, progress=progress, originals=originals)

@@ -25,6 +25,11 @@ def compare_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the comparison as JSON here."),
     fmt: str = typer.Option("auto", "--format", help="Input format of trace directories: auto, kineto or nsys."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Skip unreadable ranks instead of stopping."),
+    rank_map: Optional[list[str]] = typer.Option(
+        None,
+        "--rank-map",
+        help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
+    ),
 ) -> None:
     """Compare two runs: what got better or worse per stage, per rank and per finding.
 
@@ -49,7 +54,10 @@ def compare_cmd(
     if json_out is not None:
         check_writable(json_out, "--json")
     on_error = "skip" if keep_going else "raise"
-    cmp = compare_runs(load_run(a, fmt, on_error), load_run(b, fmt, on_error))
+    from ep_trace.cli.rank_map import parse_rank_map
+
+    rmap = parse_rank_map(rank_map)
+    cmp = compare_runs(load_run(a, fmt, on_error, rmap), load_run(b, fmt, on_error, rmap))
     console.print(headline(cmp), markup=False, highlight=False, soft_wrap=True)
     if cmp.stages.height:
         t = Table(title="per stage (window per step, mean over ranks)", title_justify="left", show_edge=False)
@@ -79,7 +87,9 @@ def compare_cmd(
         console.print(f"json: {json_out}", markup=False, highlight=False, soft_wrap=True)
 
 
-def load_run(path: Path, fmt: str = "auto", on_error: str = "raise") -> RunDigest:
+def load_run(
+    path: Path, fmt: str = "auto", on_error: str = "raise", rank_map: dict[object, int] | None = None
+) -> RunDigest:
     """A run from a trace directory / file (:func:`ep_trace.load`) or from a saved ``*.json`` summary.
 
     Raises:
@@ -99,4 +109,4 @@ def load_run(path: Path, fmt: str = "auto", on_error: str = "raise") -> RunDiges
                 f"{path}: not valid JSON ({exc}); pass a summary written by 'ep-trace analyze --json' or a trace directory"
             ) from None
         return digest_summary(data, str(path))
-    return digest_analysis(load(path, format=fmt, on_error=on_error), str(path))  # type: ignore[arg-type]
+    return digest_analysis(load(path, format=fmt, on_error=on_error, rank_map=rank_map), str(path))  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ mtimes) reuses ``OUT`` without parsing (see :mod:`ep_trace.parsers.parquet_io`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -35,6 +36,11 @@ def ingest_cmd(
     jobs: int = typer.Option(
         1, "-j", "--jobs", help="Rank files read at once, one worker process each (memory grows with it)."
     ),
+    rank_map: Optional[list[str]] = typer.Option(
+        None,
+        "--rank-map",
+        help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Print nothing on success."),
 ) -> None:
     """Convert a trace directory into Parquet tables (ranks, events, collectives, routing_*, placement, stages).
@@ -45,6 +51,7 @@ def ingest_cmd(
     """
     from ep_trace.cli import printable
     from ep_trace.cli.analyze import progress_bar
+    from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest
 
@@ -60,6 +67,7 @@ def ingest_cmd(
             progress=progress,
             use_cache=not no_cache,
             jobs=jobs,
+            rank_map=parse_rank_map(rank_map),
         )
     if quiet:
         return

@@ -156,7 +156,6 @@ def test_presets_and_user_toml(synth, tmp_path):
         "MoELayer.router_and_preprocess",
         "dispatch(F)",
         "mlp(W)",
-        "moe.combine",
         "c10d::alltoall_base_",
         "my_gate",
     ]
@@ -164,19 +163,32 @@ def test_presets_and_user_toml(synth, tmp_path):
         {"rank": 0, "kind": "cpu_annotation", "name": n, "tid": 1, "start_ns": T0 + 10 * i, "end_ns": T0 + 10 * i + 5}
         for i, n in enumerate(names)
     ]
+    # a plain all-to-all nested in the dispatch(F) range: the better tier wins in that window only
+    ev.append(
+        {"rank": 0, "kind": "cpu_op", "name": "c10d::alltoall_base_", "tid": 1, "start_ns": T0 + 11, "end_ns": T0 + 14}
+    )
     ev = conform("events", pl.DataFrame([{"event_id": i, **e} for i, e in enumerate(ev)]))
     r = detect_ranges(ev, load_presets()).sort("cpu_start_ns")
-    # tier 1 presets win over the plain collective (tier 2) on this rank
     assert r.select("stage", "phase", "method").rows() == [
         ("route", "fwd", "preset:megatron"),
         ("dispatch", "fwd", "preset:paren"),
         ("expert", "bwd", "preset:paren"),
-        ("combine", "fwd", "preset:sglang"),
+        ("all_to_all", "fwd", "preset:pytorch"),  # no better range overlaps it: it counts
     ]
     f = tmp_path / "p.toml"
-    f.write_text("[[preset]]\nname = \"mine\"\npattern = '^my_(?P<stage>gate)$'\n")
-    r2 = detect_ranges(ev, load_presets(f))
-    assert ("gate", "preset:mine") in r2.select("stage", "method").rows()
+    # the user file ADDS to the built-ins (tier 1): its range replaces the framework one where they overlap
+    f.write_text(
+        "[[preset]]\nname = \"mine\"\npattern = '^my_(?P<stage>gate)$'\n"
+        '[[preset]]\nname = "mine"\npattern = \'^mlp\\(W\\)$\'\nstage = "shared_expert"\n'
+    )
+    r2 = detect_ranges(ev, load_presets(f)).sort("cpu_start_ns")
+    assert r2.select("stage", "method").rows() == [
+        ("route", "preset:megatron"),
+        ("dispatch", "preset:paren"),
+        ("shared_expert", "preset:mine"),
+        ("all_to_all", "preset:pytorch"),
+        ("gate", "preset:mine"),
+    ]
     f.write_text("[[preset]]\nname = 'x'\n")
     with pytest.raises(ConfigError, match="--stages"):
         load_presets(f)

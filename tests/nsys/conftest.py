@@ -30,6 +30,8 @@ def build_export(
     session_start: int | None = SESSION_START,
     thread_names: list[tuple[int, int]] | None = None,
     meta: dict[str, str] | None = None,
+    system_env: dict[str, str] | None = None,
+    streams: list[tuple[int, str, str]] | None = None,
 ) -> Path:
     """Write an export.
 
@@ -37,8 +39,16 @@ def build_export(
     runtime: (start, end, eventClass, globalTid, correlationId, nameStringId)
     nvtx: (start, end, eventType, text, globalTid, endGlobalTid, textId, domainId)
     memcpy: (start, end, deviceId, streamId, correlationId, globalPid, bytes, copyKind)
+    system_env: ``TARGET_INFO_SYSTEM_ENV`` rows (``DeviceEnvironment`` = the recorded environment)
+    streams: ``ProcessStreams`` rows (globalPid, file name, content), strings added to ``StringIds``
     ``None`` = table absent (lazy export); ``[]`` = table present and empty.
     """
+    strings = dict(strings or {})
+    stream_rows = []
+    for g, fname, content in streams or []:
+        a, b = max(strings, default=0) + 1, max(strings, default=0) + 2
+        strings[a], strings[b] = fname, content
+        stream_rows.append((g, a, b))
     con = sqlite3.connect(path)
     meta_table = "EXPORT_META_DATA" if style == "2.9" else "META_DATA_EXPORT"
     version = "2.9.1" if style == "2.9" else "3.25.0"
@@ -109,6 +119,10 @@ def build_export(
             cols,
             [(s, e, t, None, None, None, x, g, eg, tx, d) for s, e, t, x, g, eg, tx, d in nvtx],
         )
+    if system_env is not None:
+        _create(con, "TARGET_INFO_SYSTEM_ENV", ["name", "value"], list(system_env.items()))
+    if streams is not None:
+        _create(con, "ProcessStreams", ["globalPid", "filenameId", "contentId"], stream_rows)
     if thread_names is not None:
         _create(con, "ThreadNames", ["nameId", "priority", "globalTid"], [(n, 0, g) for n, g in thread_names])
     con.commit()

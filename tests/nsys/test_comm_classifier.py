@@ -52,5 +52,5 @@ def test_expr_matches_scalar_and_is_comm() -> None:
 
 def test_pattern_table_shape() -> None:
     families = [f for f, _ in COMM_KERNEL_PATTERNS]
-    assert len(families) == len(set(families)) == 8
+    assert len(families) == len(set(families)) == 10
     assert families.index("rccl") < families.index("nccl")

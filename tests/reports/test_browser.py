@@ -181,7 +181,9 @@ INPUTS = {
     "demo_gloo_ep": ("@samples/skewed_straggler", 9),
     "kineto_nccl_dlrm_8rank": ("kineto/param_dlrm_8rank", 8),
     "kineto_torchrec_pair_no_flows": ("kineto/hta_torchrec_pair", 6),
-    "kineto_nccl_metadata": ("kineto/hta_nccl_metadata", 5),
+    # no stage figure: the old kernel-family fallback read 'permute' inside a cuDNN convolution's mangled
+    # name (ImplicitGemmConvolution<...permute...>) as an MoE permute stage; this is not an MoE trace
+    "kineto_nccl_metadata": ("kineto/hta_nccl_metadata", 4),
     "kineto_torchrec16_one_rank": ("kineto/hta_torchrec16_rank0", 6),
     "kineto_cpu_only": ("kineto/edge_cases/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz", 3),
     "kineto_no_distributed_info": ("kineto/edge_cases/distributed_info_not_found.json.gz", 4),

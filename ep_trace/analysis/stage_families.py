@@ -1,0 +1,209 @@
+"""Kernel-family stage detection for the device kernels no stage range claimed.
+
+Input: every device kernel of the analysed steps, the ids of those already attributed to a stage
+range (:func:`ep_trace.analysis.stages.attribute`) and the MoE layer ranges ("containers", e.g.
+vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in device start order:
+
+1. each kernel gets the stage of its family (:data:`ep_trace.analysis.kernel_families.KERNEL_FAMILIES`);
+2. context rules (each tested in ``tests/analysis/test_stage_families.py``):
+
+   * a plain GEMM is expert work only inside a container and after a routing kernel of that
+     container (the gate GEMM before routing is not); elsewhere it gets no stage;
+   * a PyTorch index_select / gather / scatter inside a container after routing is expert work before
+     the container's first expert kernel (a plain-PyTorch MoE gathers the selected experts' weights,
+     ``w1[expert_ids]``, or the tokens right before its batched GEMMs: TraceLens' ``aten::index``
+     before ``expert_ffn[...]``) and unpermute after it; elsewhere it gets no stage;
+   * a softmax is routing inside a container, or outside one when it falls in one contiguous group
+     with a top-k / sort kernel; else it gets no stage;
+   * a notify kernel (DeepEP ``notify_dispatch``, ``cached_notify``, ...) is communication of the
+     *next* DeepEP dispatch / combine kernel on the rank (the previous one when none follows);
+   * a kernel already attributed to a range (an attention range, an ep-trace range) keeps that
+     stage: a grouped GEMM inside an attention range is attention, never expert work;
+
+3. contiguous groups: consecutive kernels of one stage (in the same step and container, with no
+   kernel of another stage or of a range in between) form one stage row whose window runs from the
+   first kernel's start to the last kernel's end, not over the whole step;
+4. layers: the container's ``(?P<layer>)`` group, else the container's ordinal within the step;
+   without containers, the ordinal within the step of the group that opens an MoE block (the first
+   of route, dispatch, expert that the rank has).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ep_trace.analysis.intervals import range_join
+from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
+from ep_trace.comm_classifier import first_match_expr
+
+__all__ = ["family_label_expr", "container_index", "family_rows", "family_ranges", "layers_from_containers"]
+
+_RANGE = "__range"
+_TABLE = tuple((f.stage, f.regex) for f in KERNEL_FAMILIES)
+
+
+def family_label_expr(name: pl.Expr) -> pl.Expr:
+    """Polars expression: the family stage of a kernel name (``notify`` / ``gemm`` / ``route_aux`` unresolved)."""
+    return first_match_expr(name, _TABLE)
+
+
+def container_index(containers: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """Containers with ``cid`` (unique id), ``step`` and ``c_layer`` (name group, else ordinal in the step)."""
+    from ep_trace.analysis.steps import assign_step
+
+    c = assign_step(containers.sort(["rank", "cpu_start_ns"]), windows, "cpu_start_ns").with_row_index("cid")
+    return c.with_columns(
+        pl.coalesce(
+            pl.col("layer"), pl.int_range(pl.len(), dtype=pl.Int32).over(["rank", "step"], order_by="cpu_start_ns")
+        ).alias("c_layer")
+    )
+
+
+def _with_container(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
+    if cont.is_empty():
+        return k.with_columns(pl.lit(None, pl.UInt32).alias("cid"), pl.lit(None, pl.Int32).alias("c_layer"))
+    j = range_join(
+        k.select("rank", "aid", "anchor_ns"),
+        cont.select("rank", "cid", "c_layer", pl.col("cpu_start_ns").alias("_cs"), pl.col("cpu_end_ns").alias("_ce")),
+        ("anchor_ns", "anchor_ns"),
+        ("_cs", "_ce"),
+    ).select("aid", "cid", "c_layer")
+    return k.join(j.unique("aid"), on="aid", how="left")
+
+
+def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
+    """Device kernels of the analysed steps with their resolved family ``stage`` and contiguous-group ``run``.
+
+    Args:
+        act: Device activity with ``step`` and ``aid``.
+        attributed: ``aid`` of the rows a stage range already claimed.
+        cont: Output of :func:`container_index`.
+
+    Returns:
+        The unclaimed kernels that got a stage, with ``stage, run, cid, c_layer`` added.
+    """
+    k = act.filter(pl.col("step").is_not_null() & (pl.col("cls") != "memory"))
+    names = k.select(pl.col("name").unique()).with_columns(family_label_expr(pl.col("name")).alias("_fam"))
+    k = k.join(names, on="name", how="left")
+    claimed = pl.col("aid").is_in(attributed.implode())
+    k = k.with_columns(pl.when(claimed).then(pl.lit(_RANGE)).otherwise(pl.col("_fam")).alias("_fam"))
+    k = _with_container(k.filter(pl.col("_fam").is_not_null()), cont).sort(["rank", "start_ns"])
+    in_c = pl.col("cid").is_not_null()
+    # routing seen earlier in the same container (rank, container): cum max over the container's rows
+    routed = pl.col("_fam").is_in(["route", "route_aux"]).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
+    next_dc = pl.when(pl.col("_fam").is_in(["dispatch", "combine"])).then(pl.col("_fam")).backward_fill().over("rank")
+    prev_dc = pl.when(pl.col("_fam").is_in(["dispatch", "combine"])).then(pl.col("_fam")).forward_fill().over("rank")
+    gemm_expert = (pl.col("_fam") == "gemm") & in_c & routed
+    k = k.with_columns(gemm_expert.alias("_gx"))
+    expert_seen = (
+        ((pl.col("_fam") == "expert") | pl.col("_gx")).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
+    )
+    k = k.with_columns(
+        pl.when(pl.col("_fam") == "gemm")
+        .then(pl.when(pl.col("_gx")).then(pl.lit("expert")).otherwise(None))
+        .when(pl.col("_fam") == "gather")
+        .then(
+            pl.when(in_c & routed & expert_seen)
+            .then(pl.lit("unpermute"))
+            .when(in_c & routed)
+            .then(pl.lit("expert"))
+            .otherwise(None)
+        )
+        .when(pl.col("_fam") == "notify")
+        .then(pl.coalesce(next_dc, prev_dc))
+        .when((pl.col("_fam") == "route_aux") & in_c)
+        .then(pl.lit("route"))
+        .otherwise(pl.col("_fam"))
+        .alias("_lab"),
+        (pl.col("_fam") == "route_aux").alias("_aux"),
+    ).filter(pl.col("_lab").is_not_null())
+    # contiguous groups: a new run where the stage, the step or the container changes
+    key_change = (
+        (pl.col("_lab") != pl.col("_lab").shift(1).over("rank"))
+        | (pl.col("step") != pl.col("step").shift(1).over("rank"))
+        | (pl.col("cid").fill_null(-1) != pl.col("cid").fill_null(-1).shift(1).over("rank"))
+    ).fill_null(True)
+    k = k.with_columns(key_change.cast(pl.Int64).cum_sum().over("rank").alias("run"))
+    fam = k.filter(pl.col("_lab") != _RANGE)
+    # a softmax outside a container is routing only in a group with a real top-k / sort kernel
+    keep = (pl.col("cid").is_not_null() | (~pl.col("_aux")).any()).over(["rank", "run"])
+    fam = fam.filter(keep)
+    return fam.rename({"_lab": "stage"}).drop(["_fam", "_aux", "_gx"])
+
+
+def family_ranges(fam: pl.DataFrame) -> pl.DataFrame:
+    """One stage row per contiguous group of :func:`family_rows` (``sid`` offset by 2**40 to stay unique).
+
+    Layer: the container's, else the ordinal within (rank, step) of the groups that open an MoE block
+    (the first of ``route``, ``dispatch``, ``expert`` the rank has).
+    """
+    g = (
+        fam.group_by(["rank", "run"])
+        .agg(
+            pl.col("step").first(),
+            pl.col("stage").first(),
+            pl.col("c_layer").first(),
+            pl.col("anchor_ns").min().alias("cpu_start_ns"),
+            pl.col("anchor_ns").max().alias("cpu_end_ns"),
+            pl.col("start_ns").min().alias("_s"),
+        )
+        .sort(["rank", "_s"])
+    )
+    present = g.group_by("rank").agg(pl.col("stage").unique().alias("_st"))
+    opener = present.select(
+        "rank",
+        pl.when(pl.col("_st").list.contains("route"))
+        .then(pl.lit("route"))
+        .when(pl.col("_st").list.contains("dispatch"))
+        .then(pl.lit("dispatch"))
+        .otherwise(pl.lit("expert"))
+        .alias("_open"),
+    )
+    g = g.join(opener, on="rank", how="left")
+    ordinal = (pl.col("stage") == pl.col("_open")).cast(pl.Int32).cum_sum().over(["rank", "step"]) - 1
+    g = g.sort(["rank", "_s"]).with_columns(
+        pl.coalesce(pl.col("c_layer"), pl.when(ordinal >= 0).then(ordinal)).cast(pl.Int32).alias("layer")
+    )
+    return (
+        g.with_row_index("sid")
+        .with_columns(
+            (pl.col("sid").cast(pl.Int64) + (1 << 40)).alias("sid"),
+            pl.lit(None, pl.Int32).alias("microbatch"),
+            pl.lit("fwd").alias("phase"),
+            pl.lit("kernel_family").alias("method"),
+        )
+        .select(
+            "sid",
+            "rank",
+            "run",
+            "step",
+            "stage",
+            "layer",
+            "microbatch",
+            "phase",
+            "cpu_start_ns",
+            "cpu_end_ns",
+            "method",
+        )
+    )
+
+
+def layers_from_containers(ranges: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
+    """Fill a null ``layer`` of a stage range from the container that holds its host start."""
+    if cont.is_empty() or ranges.is_empty():
+        return ranges
+    j = (
+        range_join(
+            ranges.select("rank", "sid", "cpu_start_ns"),
+            cont.select("rank", "c_layer", pl.col("cpu_start_ns").alias("_cs"), pl.col("cpu_end_ns").alias("_ce")),
+            ("cpu_start_ns", "cpu_start_ns"),
+            ("_cs", "_ce"),
+        )
+        .select("sid", "c_layer")
+        .unique("sid")
+    )
+    return (
+        ranges.join(j, on="sid", how="left")
+        .with_columns(pl.coalesce("layer", "c_layer").cast(pl.Int32).alias("layer"))
+        .drop("c_layer")
+    )
