@@ -106,7 +106,10 @@ def run_knobs(a: Analysis, workload: dict[str, Any] | None = None) -> dict[str, 
     elif a2a.height and a2a["group_size"].drop_nulls().len():
         ep_size = int(a2a["group_size"].max())  # type: ignore[arg-type]
     st = a.stages
-    layers = st["layer"].drop_nulls().n_unique() if st.height else 0
+    # MoE layers are the layers with expert work: an all-to-all alone (e.g. DLRM's embedding exchange,
+    # whose dispatch-like stage gets a layer from the block order) is no MoE layer
+    experts_st = st.filter(pl.col("stage") == "expert") if st.height else st
+    layers = experts_st["layer"].drop_nulls().n_unique() if experts_st.height else 0
     chunks = None
     disp = st.filter((pl.col("stage") == "dispatch") & pl.col("microbatch").is_not_null()) if st.height else st
     if disp.height:

@@ -87,6 +87,15 @@ other_event = st.one_of(
 )
 
 
+def _canon(x: object) -> object:
+    """Numbers as floats, recursively (the reader keeps times, not their JSON spelling)."""
+    if isinstance(x, dict):
+        return {k: _canon(v) for k, v in x.items()}
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    return x
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
@@ -113,7 +122,7 @@ def test_random_traces_round_trip(tmp_path_factory, events, base, indent, chunk)
     seen: set[str] = set()
     xs = []
     for i, e in enumerate(events):
-        key = json.dumps(e, sort_keys=True)
+        key = json.dumps(_canon(e), sort_keys=True)  # 0 and 0.0 µs are one time: the same event
         if e["ph"] == "X" and key not in seen:  # an exact copy of an X event is dropped (issue 12)
             seen.add(key)
             xs.append((i, e))
