@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,12 +41,23 @@ from ep_trace.errors import (
     RankConflictError,
     TraceFormatError,
 )
+from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
-from ep_trace.parsers.read_pool import read_files
-from ep_trace.parsers.routing_splits import routing_from_splits
-from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
+from ep_trace.parsers.read_pool import BatchResult, BatchSpec, estimated_cpu_s, plan_batches, run_batches
+from ep_trace.parsers.sidecar import read_sidecar
 
-__all__ = ["Format", "FORMATS", "check_format", "detect_format", "discover", "read_trace_dir", "merge_tables"]
+__all__ = [
+    "Format",
+    "FORMATS",
+    "ReadRun",
+    "check_format",
+    "detect_format",
+    "discover",
+    "merge_tables",
+    "read_batches",
+    "read_trace_dir",
+    "splits_routing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -138,36 +150,17 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     return inputs, sidecars
 
 
-def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
-    ranks = t.ranks["rank"].to_list()
-    if len(ranks) == 1:
-        return [t]
-    out = []
-    for i, r in enumerate(ranks):
-        sel = {name: t.table(name).filter(pl.col("rank") == r) for name in ("events", "collectives", "routing_counts")}
-        out.append(
-            schema.TraceTables(
-                ranks=t.ranks.slice(i, 1),
-                events=sel["events"],
-                collectives=sel["collectives"],
-                routing_counts=sel["routing_counts"],
-                load_report=t.load_report if i == 0 else (),
-            )
-        )
-    return out
-
-
-def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
-    """Reject duplicate ranks and mixed jobs, naming the files."""
+def _check_job(parts: list[tuple[pl.DataFrame, object | None]]) -> None:
+    """Reject duplicate ranks and mixed jobs, naming the files (``parts``: each file's ranks rows and info)."""
     seen: dict[int, str] = {}
     for t, _ in parts:
-        for r, f in t.ranks.select("rank", "source_file").iter_rows():
+        for r, f in t.select("rank", "source_file").iter_rows():
             if r in seen:
                 raise RankConflictError(
                     f"rank {r} appears in two files: {seen[r]} and {f}; keep one file per rank (or pass rank_map)"
                 )
             seen[r] = f
-    ranks = pl.concat([t.ranks for t, _ in parts])
+    ranks = pl.concat([t for t, _ in parts])
     for col, what in (("world_size", "world sizes"), ("job_id", "job ids"), ("backend", "backends")):
         vals = (
             ranks.filter(pl.col(col).is_not_null())
@@ -203,11 +196,116 @@ def merge_tables(
     """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
     if not parts:
         raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
-    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}
+    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
     cat["placement"] = cat["placement"].unique(maintain_order=True)
     cat["ranks"] = cat["ranks"].sort("rank")
     issues = tuple(i for p in parts for i in p.load_report) + extra_issues
     return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
+
+
+@dataclass
+class ReadRun:
+    """What :func:`read_batches` gathered: the batch results (tables when read in memory), the
+    load-report issues in the order the serial reader gives them, and the ranks rows of every rank."""
+
+    results: list[BatchResult]
+    issues: tuple[schema.LoadIssue, ...]
+    ranks: pl.DataFrame
+
+
+def read_batches(
+    path: str | Path,
+    format: Format = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Progress | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
+    executor: Executor | None = None,
+    out_dir: str | Path | None = None,
+) -> ReadRun:
+    """Decode every input of ``path`` in batches (:mod:`ep_trace.parsers.read_pool`) and check the job.
+
+    ``out_dir`` given: each batch writes its Parquet partitions there and no tables come back.
+    ``executor`` None and ``jobs > 1``: a local process pool of the size the work pays for
+    (:func:`ep_trace.parsers.engines.choose_workers`).
+
+    Raises:
+        TraceFormatError, BadInputError, RankConflictError: as :func:`read_trace_dir`.
+    """
+    inputs, sidecar_paths = discover(path, format)
+    own: Executor | None = None
+    if executor is None and jobs > 1:
+        workers = choose_workers(jobs, estimated_cpu_s(inputs), len(inputs))
+        if workers > 1:
+            own = executor = local_executor(workers)
+        log.info("%s: %d files, %d worker process(es)", path, len(inputs), workers)
+        batches = plan_batches(inputs, workers)
+    else:
+        workers = getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1
+        batches = plan_batches(inputs, workers if executor is not None else 1)
+    specs = [
+        BatchSpec(
+            index=i,
+            files=tuple((str(inputs[j][0]), inputs[j][1]) for j in b),
+            rank_map=dict(rank_map) if rank_map else None,
+            sidecars={r: str(p) for r, p in sidecar_paths.items()},
+            on_error=on_error,
+            out_dir=None if out_dir is None else str(out_dir),
+        )
+        for i, b in enumerate(batches)
+    ]
+    results: list[BatchResult] = []
+    skipped: list[schema.LoadIssue] = []
+    sc_errors: list[schema.LoadIssue] = []
+    ranks_of: list[tuple[pl.DataFrame, object | None]] = []
+    used: set[int] = set()
+    try:
+        for res in run_batches(specs, executor, in_flight=2 * workers, progress=progress, n_files=len(inputs)):
+            for fr in res.files:
+                exc = fr.exception()
+                if exc is None:
+                    ranks_of.append((fr.ranks, fr.info))  # type: ignore[arg-type]
+                    continue
+                if on_error != "skip":
+                    raise exc
+                skipped.append(
+                    schema.LoadIssue(fr.path, rank_from_file_name(Path(fr.path).name), "error", f"skipped: {exc}")
+                )
+                log.warning("skipped %s: %s", fr.path, exc)
+            sc_errors.extend(res.sidecar_issues)
+            used.update(res.sidecar_ranks)
+            results.append(res)
+    finally:
+        if own is not None:
+            own.shutdown(wait=True, cancel_futures=True)
+    warnings = []
+    for r, sp in sidecar_paths.items():
+        if r in used:
+            continue
+        try:  # read anyway: a broken sidecar is reported as before, even without its trace file
+            read_sidecar(sp)
+        except EpTraceError as exc:
+            if on_error != "skip":
+                raise
+            sc_errors.append(schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}"))
+            continue
+        warnings.append(schema.LoadIssue(str(sp), r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
+    issues = [i for res in results for i in res.issues] + skipped + sc_errors + warnings
+    if not ranks_of:  # every file was skipped (on_error="skip"): nothing true can be said
+        first = skipped[0].message.removeprefix("skipped: ") if skipped else "no readable trace"
+        raise BadInputError(f"{path}: no readable trace file ({len(skipped)} skipped); the first: {first}")
+    _check_job(ranks_of)
+    return ReadRun(results, tuple(issues), pl.concat([r for r, _ in ranks_of]))
+
+
+def splits_routing(parts: list[pl.DataFrame | None]) -> pl.DataFrame:
+    """The routing matrix derived from all_to_allv splits, from per-batch pieces: the same rows, in
+    the same order (by source rank, then call time), as one derivation over all ranks."""
+    got = [p for p in parts if p is not None and p.height]
+    if not got:
+        return schema.empty("routing_matrix")
+    rm = pl.concat(got).sort("src", maintain_order=True)
+    return schema.validate("routing_matrix", schema.conform("routing_matrix", rm), "<splits>")
 
 
 def read_trace_dir(
@@ -217,8 +315,12 @@ def read_trace_dir(
     progress: Progress | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """Read every trace file of a directory (or one file) into one set of canonical tables.
+
+    An ``ep-trace ingest`` output directory (``manifest.json`` + Parquet tables) is read back as it
+    is (:func:`ep_trace.parsers.parquet_io.read_parquet`; the other options do not apply).
 
     Args:
         path: A trace directory or a single trace file (its directory's sidecars are used).
@@ -228,8 +330,11 @@ def read_trace_dir(
         progress: Optional ``progress(stage, done, total)``; stage ``read`` counts files.
         rank_map: ``{file name | path: rank}`` overriding the rank found in each file (nsys: also
             ``{pid: rank}``).
-        jobs: Files read at once, each in its own worker process (1 = one after another here;
-            memory grows with ``jobs``), see :mod:`ep_trace.parsers.read_pool`.
+        jobs: Worker processes at most (1 = here, one file after another); fewer are started when
+            the files are too few or small to repay a worker's start-up (never slower than 1).
+        executor: Run the batches there instead (``concurrent.futures.Executor``: a
+            :class:`~ep_trace.parsers.engines.RayExecutor`, a Dask ``Client.get_executor()`` ...);
+            ``jobs`` is then ignored.
 
     Returns:
         Validated :class:`~ep_trace.schema.TraceTables` of all ranks.
@@ -238,50 +343,15 @@ def read_trace_dir(
         TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
         RankConflictError: duplicate ranks or files of different jobs.
     """
-    inputs, sidecar_paths = discover(path, format)
-    issues: list[schema.LoadIssue] = []
-    parts: list[tuple[schema.TraceTables, object | None]] = []
-    for f, res in read_files(inputs, rank_map, jobs, progress):
-        if not isinstance(res, EpTraceError):
-            parts.append(res)
-            continue
-        if on_error != "skip":
-            raise res
-        issues.append(schema.LoadIssue(str(f), rank_from_file_name(f.name), "error", f"skipped: {res}"))
-        log.warning("skipped %s: %s", f, res)
-    per_rank = [(t, info) for tables, info in parts for t in _split_by_rank(tables)]
-    sidecars: dict[int, Sidecar] = {}
-    for r, sp in sidecar_paths.items():
-        try:
-            sc = read_sidecar(sp)
-            if sc.rank is not None and sc.rank != r:
-                raise TraceFormatError(
-                    sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
-                )
-            sidecars[r] = sc
-        except EpTraceError as exc:
-            if on_error != "skip":
-                raise
-            issues.append(schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}"))
-    merged = []
-    for t, info in per_rank:
-        r = int(t.ranks["rank"][0])
-        sc = sidecars.pop(r, None)
-        merged.append((merge_sidecar(t, sc) if sc is not None else t, info))
-    for r, sc in sidecars.items():
-        issues.append(schema.LoadIssue(sc.path, r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
-    if not merged:  # every file was skipped (on_error="skip"): nothing true can be said
-        first = issues[0].message.removeprefix("skipped: ") if issues else "no readable trace"
-        raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
-    _check_job(merged)
-    out = merge_tables([t for t, _ in merged], tuple(issues))
+    from ep_trace.parsers.parquet_io import is_ingest_dir, read_parquet
+
+    if is_ingest_dir(path):
+        return read_parquet(path)
+    run = read_batches(path, format, on_error, progress, rank_map, jobs, executor)
+    parts = [r.tables for r in run.results if r.tables is not None]
+    out = merge_tables(parts, run.issues)
     if out.routing_matrix.height == 0:
-        out = replace(
-            out,
-            routing_matrix=schema.validate(
-                "routing_matrix", routing_from_splits(out.collectives, out.events), "<splits>"
-            ),
-        )
+        out = replace(out, routing_matrix=splits_routing([r.splits_routing for r in run.results]))
     return out
 
 
@@ -292,6 +362,7 @@ def read_trace_dirs(
     progress: Progress | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """Read several trace directories (or files) of one job, e.g. one directory per node.
 
@@ -302,7 +373,7 @@ def read_trace_dirs(
         TraceFormatError: as :func:`read_trace_dir`.
     """
     dirs = [Path(p) for p in paths]
-    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs) for p in dirs]
+    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs, executor) for p in dirs]
     if len(parts) == 1:
         return parts[0]
     seen: dict[int, Path] = {}

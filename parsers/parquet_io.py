@@ -2,10 +2,18 @@
 
 Layout of an ingest output directory (readable by polars, pandas, DuckDB)::
 
-    OUT/ranks.parquet  events.parquet  collectives.parquet  routing_counts.parquet
-        routing_matrix.parquet  placement.parquet  stages.parquet   (rank is a column)
+    OUT/<table>/part-<i>.parquet   -- table = ranks, events, collectives, routing_counts,
+                                      routing_matrix, placement, stages; rank is a column
         load_report.json   -- list of {file, rank, level, message}
-        manifest.json      -- ep-trace version, input key, inputs; written last (= complete)
+        manifest.json      -- ep-trace version, input key, inputs, layout; written last (= complete)
+
+``ep-trace ingest`` streams: rank files are decoded in batches of consecutive files
+(:mod:`ep_trace.parsers.read_pool`), each batch writes one partition ``part-<i>.parquet`` per
+table as soon as it is decoded (so ingest never holds more than the batches in flight), and
+``part-<i>`` holds the ranks of batch ``i`` (one big rank file = one batch). Read a table with
+``pl.scan_parquet("OUT/events/*.parquet")`` or DuckDB ``from 'OUT/events/*.parquet'``; an
+empty table has no part file. Directories written before partitioning (``OUT/<table>.parquet``)
+still read. :func:`write_parquet` (a set already in memory) writes one part per table.
 
 Cache: the *input key* is a SHA-256 over the ep-trace version, the schema version, the reader options and
 ``(relative path, size, mtime_ns)`` of every input file (traces and sidecars). ``ep-trace ingest``
@@ -23,7 +31,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +42,19 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 
-__all__ = ["TABLE_NAMES", "write_parquet", "read_parquet", "input_key", "ingest", "load_trace_dir", "default_cache_dir"]
+__all__ = [
+    "TABLE_NAMES",
+    "IngestResult",
+    "default_cache_dir",
+    "ingest",
+    "ingest_to",
+    "input_key",
+    "is_ingest_dir",
+    "load_trace_dir",
+    "read_parquet",
+    "table_files",
+    "write_parquet",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +69,7 @@ TABLE_NAMES: tuple[str, ...] = (
 )
 _MANIFEST = "manifest.json"
 _REPORT = "load_report.json"
+_LAYOUT = "partitioned-v1"  # OUT/<table>/part-<i>.parquet
 
 
 def default_cache_dir() -> Path:
@@ -69,19 +91,57 @@ def write_parquet(
     stale = out / _MANIFEST
     if stale.exists():
         stale.unlink()  # the directory is incomplete until the new manifest lands
+    _clear_tables(out)
     written = []
     for name in TABLE_NAMES:
-        p = out / f"{name}.parquet"
-        tables.table(name).write_parquet(p, compression="zstd", statistics=True)  # type: ignore[arg-type]
-        written.append(p)
-    rep = out / _REPORT
-    rep.write_bytes(orjson.dumps([asdict(i) for i in tables.load_report], option=orjson.OPT_INDENT_2))
-    written.append(rep)
+        df = tables.table(name)  # type: ignore[arg-type]
+        (out / name).mkdir()
+        if df.height:
+            p = out / name / "part-000000.parquet"
+            df.write_parquet(p, compression="zstd", statistics=True)
+            written.append(p)
     man = dict(manifest or {})
     man.setdefault("tables", {n: tables.table(n).height for n in TABLE_NAMES})  # type: ignore[arg-type]
-    (out / _MANIFEST).write_bytes(orjson.dumps(man, option=orjson.OPT_INDENT_2))
-    written.append(out / _MANIFEST)
-    return written
+    return written + _finish(out, tables.load_report, man)
+
+
+def _clear_tables(out: Path) -> None:
+    """Remove the table files of an earlier run (both layouts) from ``out``."""
+    for name in (*TABLE_NAMES, "_splits"):
+        shutil.rmtree(out / name, ignore_errors=True)
+        (out / f"{name}.parquet").unlink(missing_ok=True)
+
+
+def _finish(out: Path, issues: tuple[schema.LoadIssue, ...], manifest: dict[str, Any]) -> list[Path]:
+    """Write ``load_report.json`` then ``manifest.json`` (last: the directory is complete)."""
+    rep = out / _REPORT
+    rep.write_bytes(orjson.dumps([asdict(i) for i in issues], option=orjson.OPT_INDENT_2))
+    manifest = {**manifest, "layout": _LAYOUT}
+    (out / _MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    return [rep, out / _MANIFEST]
+
+
+def is_ingest_dir(path: str | Path) -> bool:
+    """True for a complete ``ep-trace ingest`` output directory (or cache entry)."""
+    p = Path(path)
+    return p.is_dir() and (p / _MANIFEST).is_file() and _has_tables(p)
+
+
+def _has_tables(out: Path) -> bool:
+    return all((out / name).is_dir() or (out / f"{name}.parquet").is_file() for name in TABLE_NAMES)
+
+
+def table_files(out_dir: str | Path, name: str) -> list[Path]:
+    """The Parquet files of one table of an ingest directory, in rank-file order (either layout).
+
+    Raises:
+        TraceFormatError: the table is missing."""
+    out = Path(out_dir)
+    if (out / name).is_dir():
+        return sorted((out / name).glob("part-*.parquet"))
+    if (out / f"{name}.parquet").is_file():
+        return [out / f"{name}.parquet"]
+    raise TraceFormatError(out / name, "missing table file", "re-run ep-trace ingest into this directory")
 
 
 def read_parquet(out_dir: str | Path) -> schema.TraceTables:
@@ -93,10 +153,9 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
     out = Path(out_dir)
     frames = {}
     for name in TABLE_NAMES:
-        p = out / f"{name}.parquet"
-        if not p.exists():
-            raise TraceFormatError(p, "missing table file", "re-run ep-trace ingest into this directory")
-        df = pl.read_parquet(p)
+        files = table_files(out, name)
+        p = files[0] if len(files) == 1 else out / name
+        df = pl.concat([pl.read_parquet(f) for f in files], how="vertical") if files else schema.empty(name)  # type: ignore[arg-type]
         # conform first: directories written before a layout change (e.g. kind as String) still read
         if set(df.columns) >= set(schema.SCHEMAS[name]):  # type: ignore[index]
             try:
@@ -104,6 +163,9 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
             except pl.exceptions.PolarsError:
                 pass  # validate names the mismatch
         frames[name] = schema.validate(name, df, str(p))  # type: ignore[arg-type]
+    # what merge_tables does to in-memory parts: ranks by rank, placement rows once
+    frames["ranks"] = frames["ranks"].sort("rank")
+    frames["placement"] = frames["placement"].unique(maintain_order=True)
     issues: tuple[schema.LoadIssue, ...] = ()
     rep = out / _REPORT
     if rep.exists():
@@ -153,11 +215,79 @@ def _cached(out: Path, key: str) -> bool:
     if not man.exists():
         return False
     try:
-        return orjson.loads(man.read_bytes()).get("input_key") == key and all(
-            (out / f"{n}.parquet").exists() for n in TABLE_NAMES
-        )
+        return orjson.loads(man.read_bytes()).get("input_key") == key and _has_tables(out)
     except orjson.JSONDecodeError:
         return False
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What :func:`ingest_to` did.
+
+    Attributes:
+        out_dir: The ingest directory.
+        from_cache: True when ``out_dir`` already held the tables of the unchanged inputs.
+        rows: Rows per table.
+        load_report: The load report (skipped ranks, warnings).
+    """
+
+    out_dir: Path
+    from_cache: bool
+    rows: dict[str, int]
+    load_report: tuple[schema.LoadIssue, ...]
+
+
+def ingest_to(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    format: Literal["auto", "kineto", "nsys", "cupti"] = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Callable[[str, int, int], None] | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    use_cache: bool = True,
+    jobs: int = 1,
+    executor: Executor | None = None,
+) -> IngestResult:
+    """Stream a trace directory into ``out_dir`` (partitioned Parquet), unless it already holds it.
+
+    Rank files are decoded in batches, each written as one partition per table as soon as it is
+    decoded (here, in ``jobs`` local processes, or on ``executor``: then ``out_dir`` must be
+    writable by every worker); only the ranks rows and the load report are gathered here, so
+    memory does not grow with the number of ranks. Nothing is returned but counts.
+
+    Raises:
+        TraceFormatError, BadInputError, RankConflictError: as ``read_trace_dir``; ``out_dir`` then
+        has no manifest (incomplete) and is never reused.
+    """
+    from ep_trace import __version__
+    from ep_trace.parsers.dispatch import read_batches, splits_routing
+
+    out = Path(out_dir)
+    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    if use_cache and _cached(out, key):
+        log.info("%s: unchanged since the last ingest; reusing %s", path, out)
+        man = orjson.loads((out / _MANIFEST).read_bytes())
+        issues = tuple(schema.LoadIssue(**d) for d in orjson.loads((out / _REPORT).read_bytes()))
+        return IngestResult(out, True, dict(man.get("tables") or {}), issues)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / _MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the new manifest lands
+    _clear_tables(out)
+    for name in TABLE_NAMES:
+        (out / name).mkdir(exist_ok=True)
+    run = read_batches(path, format, on_error, progress, rank_map, jobs, executor, out_dir=out)
+    rows = {n: sum(r.rows.get(n, 0) for r in run.results) for n in TABLE_NAMES}
+    if rows["routing_matrix"] == 0:  # no sidecar anywhere: the routing the all_to_allv splits give
+        parts = [pl.read_parquet(f) for f in sorted((out / "_splits").glob("part-*.parquet"))]
+        rm = splits_routing(parts)  # type: ignore[arg-type]
+        if rm.height:
+            rm.write_parquet(out / "routing_matrix" / "part-000000.parquet", compression="zstd", statistics=True)
+        rows["routing_matrix"] = rm.height
+    shutil.rmtree(out / "_splits", ignore_errors=True)
+    # ranks: the rows the batches gathered (placement is deduplicated when read)
+    man = {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files, "tables": rows}
+    _finish(out, run.issues, man)
+    return IngestResult(out, False, rows, run.issues)
 
 
 def ingest(
@@ -170,25 +300,25 @@ def ingest(
     rank_map: Mapping[object, int] | None = None,
     use_cache: bool = True,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> tuple[schema.TraceTables, bool]:
-    """Read a trace directory and write its tables to ``out_dir``, unless ``out_dir`` already holds them.
+    """:func:`ingest_to`, then the tables read back from ``out_dir``.
 
     Returns:
         ``(tables, from_cache)``.
     """
-    from ep_trace import __version__
-    from ep_trace.parsers.dispatch import read_trace_dir
-
-    out = Path(out_dir)
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
-    if use_cache and _cached(out, key):
-        log.info("%s: unchanged since the last ingest; reusing %s", path, out)
-        return read_parquet(out), True
-    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
-    write_parquet(
-        tables, out, {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files}
+    res = ingest_to(
+        path,
+        out_dir,
+        format=format,
+        on_error=on_error,
+        progress=progress,
+        rank_map=rank_map,
+        use_cache=use_cache,
+        jobs=jobs,
+        executor=executor,
     )
-    return tables, False
+    return read_parquet(res.out_dir), res.from_cache
 
 
 def load_trace_dir(
@@ -201,32 +331,47 @@ def load_trace_dir(
     progress: Callable[[str, int, int], None] | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """:func:`~ep_trace.parsers.dispatch.read_trace_dir` with a Parquet cache in ``cache_dir/<key>/``.
 
     Args:
-        path: Trace directory or file.
+        path: Trace directory or file (an ingest output directory is read as it is).
         cache_dir: Cache root; default :func:`default_cache_dir`.
         use_cache: False = always parse (and do not write the cache).
-        format, on_error, progress, rank_map, jobs: As for ``read_trace_dir``.
+        format, on_error, progress, rank_map, jobs, executor: As for ``read_trace_dir``.
     """
     from ep_trace.parsers.dispatch import read_trace_dir
 
-    if not use_cache:
-        return read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    if not use_cache or is_ingest_dir(path):
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    key, _ = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
     if _cached(entry, key):
         return read_parquet(entry)
-    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
-        write_parquet(tables, tmp, {"input_key": key, "source": str(path), "inputs": files})
+    except OSError as exc:  # a read-only home must not break analysis
+        log.warning("could not write the ingest cache under %s: %s", root, exc)
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    try:
+        ingest_to(
+            path,
+            tmp,
+            format=format,
+            on_error=on_error,
+            progress=progress,
+            rank_map=rank_map,
+            use_cache=False,
+            jobs=jobs,
+            executor=executor,
+        )
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
-    except OSError as exc:  # a read-only home must not break analysis
-        log.warning("could not write the ingest cache under %s: %s", root, exc)
-    return tables
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return read_parquet(entry)

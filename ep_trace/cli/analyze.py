@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal, Optional, cast
@@ -12,7 +13,7 @@ import typer
 from ep_trace.cli.app import app, console, err_console
 from ep_trace.errors import ConfigError
 
-__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar"]
+__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "engine_executor"]
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -71,6 +72,25 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
         yield update
 
 
+@contextmanager
+def engine_executor(engine: str, jobs: int, address: str | None) -> Iterator[Executor | None]:
+    """The executor of ``--engine`` / ``--jobs`` / ``--address`` (None: local), shut down on exit.
+
+    Raises:
+        ConfigError: naming the option (``--jobs`` < 1, unknown engine, Ray not installed).
+    """
+    from ep_trace.parsers.engines import make_executor
+
+    if jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
+    executor = make_executor(engine, jobs, address)
+    try:
+        yield executor
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
 @app.command("analyze")
 def analyze_cmd(
     dirs: list[Path] = typer.Argument(
@@ -95,6 +115,16 @@ def analyze_cmd(
     with_hta: bool = typer.Option(
         False, "--with-hta", help="Add HTA's temporal and idle-time breakdowns (needs: pip install 'ep-trace\\[hta]')."
     ),
+    jobs: int = typer.Option(
+        1,
+        "-j",
+        "--jobs",
+        help="Worker processes at most for reading rank files (fewer when the files are too small to repay one).",
+    ),
+    engine: str = typer.Option("local", "--engine", help="Where rank files are decoded: local or ray (docs/scale.md)."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster address for --engine ray (default: RAY_ADDRESS or a new local Ray)."
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
 ) -> None:
     """Analyze EP MoE traces and write a self-contained HTML report.
@@ -106,6 +136,10 @@ def analyze_cmd(
       ep-trace analyze node0/ node1/ --steps 2:5 --keep-going
 
       ep-trace analyze run.sqlite --format nsys -o nsys_report.html
+
+      ep-trace analyze tables/   (an ep-trace ingest output directory: no parsing)
+
+      ep-trace analyze big_job/ --jobs 8   or   --engine ray --address auto
     """
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli.outputs import build_report
@@ -114,16 +148,19 @@ def analyze_cmd(
     if stages is not None and not stages.is_file():
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
-    with progress_bar() as progress:
+    fmt = check_format(fmt)
+    with progress_bar() as progress, engine_executor(engine, jobs, address) as executor:
         analysis = build_report(
             dirs,
             out,
             json_path=json_out,
             config=config,
-            fmt=check_format(fmt),  # type: ignore[arg-type]
+            fmt=fmt,  # type: ignore[arg-type]
             on_error="skip" if keep_going else "raise",
             progress=progress,
             with_hta=with_hta,
+            jobs=jobs,
+            executor=executor,
         )
     if not quiet:
         for r in summary_renderables(analysis):

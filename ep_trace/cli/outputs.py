@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,11 +74,13 @@ def build_report(
     on_error: Literal["raise", "skip"] = "raise",
     progress: Progress | None = None,
     with_hta: bool = False,
+    jobs: int = 1,
+    executor: Executor | None = None,
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis."""
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
-    analysis = load(dirs, config, format=fmt, on_error=on_error, progress=progress)
+    analysis = load(dirs, config, format=fmt, on_error=on_error, progress=progress, jobs=jobs, executor=executor)
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
     return analysis
