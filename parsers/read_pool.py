@@ -290,9 +290,9 @@ def plan_batches(
 
 
 def estimated_cpu_s(inputs: list[tuple[Path, str]]) -> float:
-    """Rough decode CPU time of the inputs: 45 ms per file plus 70 MB of JSON per second (measured
-    on the project machine, docs in benchmarks/README.md); used to decide whether a pool pays."""
-    return sum(0.045 + _json_bytes(p) / 70e6 for p, _ in inputs)
+    """Rough decode CPU time of the inputs: 35 ms per file plus 70 MB of JSON per second (measured
+    on the project machine, see benchmarks/README.md); used to decide whether a pool pays."""
+    return sum(0.035 + _json_bytes(p) / 70e6 for p, _ in inputs)
 
 
 def run_batches(
