@@ -139,3 +139,9 @@ def make_executor(engine: str, jobs: int = 1, address: str | None = None) -> Exe
         return RayExecutor(address=address, num_cpus=jobs if jobs > 1 else None)
     except ImportError:
         raise ConfigError("--engine ray: Ray is not installed; pip install 'ep-trace[ray]'") from None
+    except Exception as exc:  # noqa: BLE001 - ray.init raises a bare Exception (e.g. node start-up timeout)
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--engine ray: could not start or join {where} ({first[:160]}); check --address / RAY_ADDRESS, or use --engine local"
+        ) from None

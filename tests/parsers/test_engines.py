@@ -160,3 +160,23 @@ def test_cli_engine_ray(ray_pool, dlrm_bad, dlrm, tmp_path, capsys):
     assert capsys.readouterr().err == err_ray and "worker3_bad.pt.trace.json: traceEvents[0]" in err_ray
     write_json(ep_trace.load(dlrm).summary(), tmp_path / "local.json")
     assert orjson.loads((tmp_path / "s.json").read_bytes()) == orjson.loads((tmp_path / "local.json").read_bytes())
+
+
+def test_engine_errors_are_one_line_config_errors(monkeypatch):
+    from ep_trace.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--engine: unknown engine 'spark'; use local or ray$"):
+        engines.make_executor("spark")
+    with pytest.raises(ConfigError, match=r"^--address: only with --engine ray$"):
+        engines.make_executor("local", address="auto")
+
+    def boom(**kw):
+        raise Exception("The current node timed out during startup.\nmore lines")  # what ray.init raises
+
+    monkeypatch.setattr(engines, "RayExecutor", boom)
+    with pytest.raises(ConfigError) as exc:
+        engines.make_executor("ray", 2)
+    assert str(exc.value) == (
+        "--engine ray: could not start or join a local Ray (The current node timed out during startup.); "
+        "check --address / RAY_ADDRESS, or use --engine local"
+    )
