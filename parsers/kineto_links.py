@@ -76,14 +76,14 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
     ops = ops.drop_nulls(by)
     if ops.height == 0 or points.height == 0:
         return out
-    ops = _depths(ops, by).lazy()
+    lops = _depths(ops, by).lazy()
     pts = points.lazy().select(*by, "t")
     # one query for all levels (each level an as-of join in points' order), not ~6 eager calls per
     # level: old traces nest ~10 deep (param_dlrm_8rank: 9) and that fixed cost was per rank file
     levels = []
-    for d in range(int(ops.select(pl.col("depth").max()).collect().item()) + 1):
+    for d in range(int(lops.select(pl.col("depth").max()).collect().item()) + 1):
         level = (
-            ops.filter(pl.col("depth") == d)
+            lops.filter(pl.col("depth") == d)
             .select(*by, "start_ns", pl.col("end_ns").alias("_end"), pl.col("op").alias("_op"))
             .sort("start_ns")
         )
