@@ -43,6 +43,7 @@ from ep_trace.errors import (
 )
 from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
+from ep_trace.parsers.parquet_read import is_ingest_dir, read_parquet
 from ep_trace.parsers.read_pool import BatchResult, BatchSpec, estimated_cpu_s, plan_batches, run_batches
 from ep_trace.parsers.sidecar import read_sidecar
 
@@ -343,8 +344,6 @@ def read_trace_dir(
         TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
         RankConflictError: duplicate ranks or files of different jobs.
     """
-    from ep_trace.parsers.parquet_io import is_ingest_dir, read_parquet
-
     if is_ingest_dir(path):
         return read_parquet(path)
     run = read_batches(path, format, on_error, progress, rank_map, jobs, executor)
