@@ -17,6 +17,8 @@ __all__ = [
     "ConfigError",
     "MissingDependencyError",
     "NothingToAnalyzeError",
+    "OutputError",
+    "ResourceLimitError",
 ]
 
 
@@ -72,3 +74,16 @@ class NothingToAnalyzeError(EpTraceError):
     """The input was readable but holds nothing to analyze (no events, no steps). Exit code 1."""
 
     exit_code = 1
+
+
+class OutputError(EpTraceError):
+    """An output (``-o``, ``--json``, an ingest directory) cannot be written or is locked. Exit code 2."""
+
+    exit_code = 2
+
+
+class ResourceLimitError(TraceFormatError):
+    """An input exceeds a resource cap (decompressed size, nesting depth, string length). Exit code 2.
+
+    The ``fix`` names the setting that raises the cap (e.g. ``EP_TRACE_MAX_INFLATE_BYTES``).
+    """

@@ -41,11 +41,18 @@ from ep_trace.errors import (
     RankConflictError,
     TraceFormatError,
 )
+from ep_trace.parsers import validate
 from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.parquet_read import is_ingest_dir, read_parquet
-from ep_trace.parsers.read_pool import BatchResult, BatchSpec, estimated_cpu_s, plan_batches, run_batches
-from ep_trace.parsers.sidecar import read_sidecar
+from ep_trace.parsers.read_pool import (
+    BatchResult,
+    BatchSpec,
+    estimated_cpu_s,
+    plan_batches,
+    read_sidecar_checked,
+    run_batches,
+)
 
 __all__ = [
     "Format",
@@ -115,6 +122,16 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
+def _format_by_name(name: str) -> str | None:
+    if name.endswith((".json", ".json.gz")) and name not in ("load_report.json", "manifest.json", "summary.json"):
+        return "kineto"
+    if name.endswith(".sqlite"):
+        return "nsys"
+    if name.endswith(".ep-events.parquet"):
+        return "cupti"
+    return None
+
+
 def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path, str]], dict[int, Path]]:
     """Trace inputs and sidecars of a directory (or a single file).
 
@@ -135,6 +152,10 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     inputs = []
     for e in entries:
         fmt = detect_format(e)
+        if fmt is None and e.is_dir() and not e.name.startswith("."):
+            # a directory named like a trace file (rank3.pt.trace.json.gz/): an input that
+            # read_one refuses, naming it, instead of a rank silently missing (issue 12)
+            fmt = _format_by_name(e.name)
         if fmt in ("kineto", "nsys", "cupti") and format in ("auto", fmt):
             inputs.append((e, fmt))
     sidecars: dict[int, Path] = {}
@@ -233,7 +254,13 @@ def read_batches(
     Raises:
         TraceFormatError, BadInputError, RankConflictError: as :func:`read_trace_dir`.
     """
-    inputs, sidecar_paths = discover(path, format)
+    p = Path(path)
+    if p.exists() and not p.is_dir():  # a FIFO or a device given as the path: refused, never opened
+        validate.check_input_path(p)
+    try:
+        inputs, sidecar_paths = discover(path, format)
+    except OSError as exc:  # a directory without read permission, an I/O error while listing it
+        raise validate.os_error(exc.filename or path, exc, "cannot list") from None
     own: Executor | None = None
     if executor is None and jobs > 1:
         workers = choose_workers(jobs, estimated_cpu_s(inputs), len(inputs))
@@ -284,11 +311,12 @@ def read_batches(
         if r in used:
             continue
         try:  # read anyway: a broken sidecar is reported as before, even without its trace file
-            read_sidecar(sp)
+            read_sidecar_checked(sp, r)
         except EpTraceError as exc:
             if on_error != "skip":
                 raise
-            sc_errors.append(schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}"))
+            sc_errors.append(schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}"))
+            log.warning("left out %s: %s", sp, exc)
             continue
         warnings.append(schema.LoadIssue(str(sp), r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
     issues = [i for res in results for i in res.issues] + skipped + sc_errors + warnings
@@ -296,6 +324,7 @@ def read_batches(
         first = skipped[0].message.removeprefix("skipped: ") if skipped else "no readable trace"
         raise BadInputError(f"{path}: no readable trace file ({len(skipped)} skipped); the first: {first}")
     _check_job(ranks_of)
+    validate.check_job_clocks(pl.concat([r for r, _ in ranks_of]))
     return ReadRun(results, tuple(issues), pl.concat([r for r, _ in ranks_of]))
 
 
@@ -383,4 +412,5 @@ def read_trace_dirs(
                     f"{p}: rank {r} is also in {seen[r]}; pass directories of one job with disjoint ranks"
                 )
             seen[r] = p
+    validate.check_job_clocks(pl.concat([t.ranks for t in parts]))
     return merge_tables(parts)

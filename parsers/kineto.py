@@ -41,7 +41,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream
+from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream, validate
 from ep_trace.parsers.kineto_collectives import build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
@@ -103,8 +103,10 @@ def _event_error(path: Path, index: int, problem: str, fix: str = _FIX) -> Trace
 def _strict_series(
     name: str, values: list[Any], dtype: pl.DataType | type[pl.DataType], path: Path, ev_index: list[int], what: str
 ) -> pl.Series:
-    """Build a typed column; on a bad value (string, int beyond the type) name the event."""
+    """Build a typed column; on a bad value (string, bool time, int beyond the type) name the event."""
     try:
+        if dtype.is_float() and bool in set(map(type, values)):  # "ts": true would be an event at 1 µs
+            raise TypeError("bool")
         return pl.Series(name, values, dtype=dtype)
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
         lo, hi = (-(2**63), 2**63 - 1) if dtype == pl.Int64 else (0, 2**64 - 1)
@@ -149,8 +151,8 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
         raise _event_error(path, offset + bad, f"event is a {type(evs[bad]).__name__}, not an object") from None
     xs = [evs[i] for i in xi]
     ids = [offset + i for i in xi]
-    cat = pl.Series([e.get("cat") for e in xs], dtype=pl.Utf8, strict=False)
-    name = pl.Series([e.get("name") for e in xs], dtype=pl.Utf8, strict=False)
+    cat = validate.text_series(path, [e.get("cat") for e in xs], ids, "cat")
+    name = validate.text_series(path, [e.get("name") for e in xs], ids, "name")
     args = [e.get("args") for e in xs]
     # args kept for the collective builder: its markers by name, and kernels with a metadata copy
     marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in ARG_KEEP_PREFIXES]).fill_null(False)
@@ -408,6 +410,9 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
         )
     # relative ts (kineto#928): the base is known only once the whole file is read
     ev = _times(ev, path, base_ns)
+    ev, dup_issue = validate.drop_duplicate_rows(ev, path, rank)  # before links / collectives
+    if dup_issue is not None:
+        issues.append(dup_issue)
 
     ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
     if ev["name"].null_count():

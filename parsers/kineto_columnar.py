@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import re
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +62,7 @@ _SCHEMA: dict[str, Any] = {
     "args": _ARGS,
 }
 _FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|false)$"
+_BOOL_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*(?:true|false)')
 _FRAME_COLS = ("event_id", "category", "name", "pid_raw", "tid_raw", "ts", "dur", "correlation", "external_id", "bytes")
 _PIPELINE = 4  # slices decoded ahead of the one being consumed
 _PARTS = 8  # JSON reader calls per slice (see _read)
@@ -151,6 +153,9 @@ def _slice_frame(
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
     One polars collect per slice for the checks and the columns."""
+    if (b"true" in text or b"false" in text) and _BOOL_TIME.search(text):
+        # the JSON reader reads a boolean ts / dur as 1.0 / 0.0; the orjson path names the event
+        raise _Surprise("boolean ts or dur")
     try:
         df = _read(text)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide

@@ -38,7 +38,11 @@ _NON_SPACE = re.compile(rb"\S")
 _FIX_REEXPORT = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
 
 
-def _gunzip(raw: bytes | bytearray) -> bytearray:
+class _TooLarge(Exception):
+    """The gzip stream inflates beyond the cap."""
+
+
+def _gunzip(raw: bytes | bytearray, limit: int | None = None) -> bytearray:
     """Decompress gzip into one preallocated buffer.
 
     ``gzip.decompress`` peaks at twice the output (CPython 3.11 grows and copies its result); the
@@ -46,11 +50,11 @@ def _gunzip(raw: bytes | bytearray) -> bytearray:
     1 MB of input at a time. Multi-member files and wrong ISIZE values still work (the buffer grows).
 
     Raises:
-        EOFError: the stream ends early. zlib.error: corrupt data.
+        EOFError: the stream ends early. zlib.error: corrupt data. _TooLarge: more than ``limit`` bytes.
     """
     # ISIZE of a corrupt or truncated file is arbitrary (up to 4 GiB): trust it only up to 16x the
     # compressed size (Kineto JSON compresses ~8x); beyond that the buffer grows as data arrives.
-    out = bytearray(min(int.from_bytes(raw[-4:], "little"), 16 * len(raw) + (1 << 20)))
+    out = bytearray(min(int.from_bytes(raw[-4:], "little"), 16 * len(raw) + (1 << 20), limit or (1 << 62)))
     pos = 0
     view = memoryview(raw)
     while len(view):
@@ -62,6 +66,8 @@ def _gunzip(raw: bytes | bytearray) -> bytearray:
             while buf:
                 piece = d.decompress(buf, 1 << 22)
                 n = len(piece)
+                if limit is not None and pos + n > limit:
+                    raise _TooLarge(pos + n)
                 if pos + n > len(out):
                     out.extend(bytes(pos + n - len(out)))
                 out[pos : pos + n] = piece
@@ -86,8 +92,14 @@ def read_bytes(path: Path) -> bytes | bytearray:
     if not raw:
         raise TraceFormatError(path, "empty file", _FIX_REEXPORT)
     if raw[:2] == b"\x1f\x8b":
+        from ep_trace.parsers import validate
+
+        limit = validate.inflate_limit(path)
         try:
-            raw = _gunzip(raw)
+            raw = _gunzip(raw, limit)
+        except _TooLarge as big:
+            validate.check_inflated(path, int(str(big.args[0])), limit)
+            raise
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceFormatError(path, f"invalid or truncated gzip data ({exc})", _FIX_REEXPORT) from None
         if _NON_SPACE.search(raw) is None:  # (raw.strip() would copy the whole buffer)

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import orjson
 
-from ep_trace.parsers import kineto_json
+from ep_trace.parsers import kineto_json, validate
 
 __all__ = ["Fallback", "stream_events", "stream_slices"]
 
@@ -48,7 +48,15 @@ class Fallback(Exception):
 
 
 def _pieces(path: Path) -> Iterator[bytes]:
-    """Decompressed (or plain) bytes of the file, in pieces of at most 1 MB."""
+    """Decompressed (or plain) bytes of the file, in pieces of at most 1 MB.
+
+    Raises:
+        ResourceLimitError: the file inflates beyond :func:`ep_trace.parsers.validate.inflate_limit`
+            (a gzip bomb: 1 MB inflating to 1 GiB); not a :class:`Fallback`, the other path would
+            inflate it too.
+    """
+    limit = validate.inflate_limit(path)
+    produced = 0
     with open(path, "rb") as fh:
         first = fh.read(_READ)
         if first[:2] != b"\x1f\x8b":
@@ -66,6 +74,8 @@ def _pieces(path: Path) -> Iterator[bytes]:
                 while buf:
                     piece = d.decompress(buf, _READ)
                     if piece:
+                        produced += len(piece)
+                        validate.check_inflated(path, produced, limit)
                         yield piece
                     if d.eof:
                         rest = d.unused_data + fh.read(_READ)

@@ -35,6 +35,22 @@ from ep_trace.parsers.nsys_collectives import group_collectives
 from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
 from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, ranks_table
 from ep_trace.parsers.nsys_source import TableSource, open_source
+from ep_trace.parsers.nsys_tables import (
+    EMIT_NVTX_SUFFIX,
+    GRAPH,
+    RANGE_TYPES,
+    STEP,
+    THREAD_NAME_EVENT,
+    domains,
+    pid_of,
+    proc_of,
+    read_gpu,
+    read_nvtx,
+    read_runtime,
+    read_strings,
+    resolve,
+    tid_of,
+)
 from ep_trace.schema import LoadIssue, TraceTables, conform, validate
 
 __all__ = ["read_nsys"]
@@ -42,58 +58,6 @@ __all__ = ["read_nsys"]
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-
-KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
-MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
-MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
-GRAPH = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
-RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
-NVTX = "NVTX_EVENTS"
-
-# ENUM_CUDA_MEMCPY_OPER (hard-coded: schema 2.x has no ENUM_* tables).
-_COPY_KIND = {
-    0: "Unknown",
-    1: "HtoD",
-    2: "DtoH",
-    3: "HtoA",
-    4: "AtoH",
-    5: "AtoA",
-    6: "AtoD",
-    7: "DtoA",
-    8: "DtoD",
-    9: "HtoH",
-    10: "PtoP",
-    11: "HtoD",
-    12: "DtoH",
-    13: "DtoD",
-}
-# ENUM_NSYS_EVENT_TYPE values of NVTX ranges: 59 push/pop, 60 start/end, 70/71 the NVTXT imports.
-_RANGE_TYPES = (59, 60, 70, 71)
-_DOMAIN_CREATE = 75
-_THREAD_NAME = 39
-# emit_nvtx appends ", op_id = N", ", seq = N", ", sizes = [...]", ", input_op_ids = [...]".
-_EMIT_NVTX_SUFFIX = r", (?:op_id|seq|sizes|input_op_ids) = .*$"
-_TID_MASK = 0xFFFFFF
-# torch.profiler's step ranges reach NVTX as "ProfilerStep#N" (emit_nvtx / record_function): events.seq.
-_STEP = pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64)
-
-
-def _tid(g: pl.Expr) -> pl.Expr:
-    return g & _TID_MASK
-
-
-def _proc(g: pl.Expr) -> pl.Expr:
-    """Process key of a globalTid: thread bits cleared (works on SQLite's signed int64 too)."""
-    return g - (g & _TID_MASK)
-
-
-def _pid(g: pl.Expr) -> pl.Expr:
-    return ((g - (g & _TID_MASK)) // (1 << 24)) & _TID_MASK
-
-
-def _present(src: TableSource, table: str, wanted: list[str]) -> list[str]:
-    have = src.columns(table)
-    return [c for c in wanted if c in have]
 
 
 def _meta(src: TableSource) -> dict[str, str]:
@@ -135,214 +99,20 @@ def _session_offset(src: TableSource, meta: Mapping[str, str], path: Path, issue
     return -shift
 
 
-def _strings(src: TableSource) -> pl.DataFrame:
-    if "StringIds" not in src.tables():
-        return pl.DataFrame(schema={"_sid": pl.Int64, "_str": pl.Utf8})
-    return src.read("StringIds", ["id", "value"]).rename({"id": "_sid", "value": "_str"}).cast({"_str": pl.Utf8})
-
-
-def _resolve(df: pl.DataFrame, col: str, strings: pl.DataFrame, out: str) -> pl.DataFrame:
-    if col not in df.columns:
-        return df.with_columns(pl.lit(None, dtype=pl.Utf8).alias(out))
-    return df.with_columns(
-        pl.col(col).replace_strict(strings["_sid"], strings["_str"], default=None, return_dtype=pl.Utf8).alias(out)
-    )
-
-
-def _read_gpu(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    """Kernels, memcpy, memset and whole-graph replays: one frame, capture-relative ns."""
-    base = ["start", "end", "deviceId", "streamId", "correlationId", "globalPid"]
-    parts = []
-    if KERNEL in src.tables():
-        cols = _present(src, KERNEL, base + ["demangledName", "shortName"])
-        k = _resolve(
-            _resolve(src.read(KERNEL, cols), "demangledName", strings, "_dn"), "shortName", strings, "short_name"
-        )
-        parts.append(
-            k.select(
-                *base,
-                pl.coalesce("_dn", "short_name", pl.lit("<unnamed kernel>")).alias("name"),
-                "short_name",
-                pl.lit("gpu_kernel").alias("kind"),
-                pl.lit(KERNEL).alias("category"),
-                pl.lit(None, dtype=pl.Int64).alias("bytes"),
-            )
-        )
-    if MEMCPY in src.tables():
-        cols = _present(src, MEMCPY, base + ["bytes", "copyKind"])
-        m = src.read(MEMCPY, cols)
-        kind = (
-            pl.col("copyKind").replace_strict(_COPY_KIND, default="Unknown", return_dtype=pl.Utf8)
-            if "copyKind" in m.columns
-            else pl.lit("Unknown")
-        )
-        parts.append(
-            m.select(
-                *base,
-                pl.format("Memcpy {}", kind).alias("name"),
-                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                pl.lit("gpu_memcpy").alias("kind"),
-                pl.lit(MEMCPY).alias("category"),
-                (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes"),
-            )
-        )
-    if MEMSET in src.tables():
-        m = src.read(MEMSET, _present(src, MEMSET, base + ["bytes"]))
-        parts.append(
-            m.select(
-                *base,
-                pl.lit("Memset").alias("name"),
-                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                pl.lit("gpu_memset").alias("kind"),
-                pl.lit(MEMSET).alias("category"),
-                (pl.col("bytes") if "bytes" in m.columns else pl.lit(None, dtype=pl.Int64)).alias("bytes"),
-            )
-        )
-    if GRAPH in src.tables():
-        # Graph trace mode `Graph`: a replay is one whole-graph row, not kernel rows (nsys >= 2024).
-        g = src.read(GRAPH, _present(src, GRAPH, base + ["graphId", "graphExecId"]))
-        gid = pl.col("graphExecId") if "graphExecId" in g.columns else pl.lit(None)
-        parts.append(
-            g.select(
-                *base,
-                pl.format("CUDA graph (graphExecId={})", gid).alias("name"),
-                pl.lit(None, dtype=pl.Utf8).alias("short_name"),
-                pl.lit("gpu_kernel").alias("kind"),
-                pl.lit(GRAPH).alias("category"),
-                pl.lit(None, dtype=pl.Int64).alias("bytes"),
-            )
-        )
-    schema = {
-        "start": pl.Int64,
-        "end": pl.Int64,
-        "deviceId": pl.Int64,
-        "streamId": pl.Int64,
-        "correlationId": pl.Int64,
-        "globalPid": pl.Int64,
-        "name": pl.Utf8,
-        "short_name": pl.Utf8,
-        "kind": pl.Utf8,
-        "category": pl.Utf8,
-        "bytes": pl.Int64,
-    }
-    if not parts:
-        return pl.DataFrame(schema=schema)
-    return pl.concat(
-        [
-            p.select(
-                [pl.col(c).cast(t) if c in p.columns else pl.lit(None, dtype=t).alias(c) for c, t in schema.items()]
-            )
-            for p in parts
-        ]
-    )
-
-
-def _read_runtime(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    schema = {
-        "start": pl.Int64,
-        "end": pl.Int64,
-        "eventClass": pl.Int64,
-        "globalTid": pl.Int64,
-        "correlationId": pl.Int64,
-        "name": pl.Utf8,
-    }
-    if RUNTIME not in src.tables():
-        return pl.DataFrame(schema=schema)
-    cols = _present(src, RUNTIME, ["start", "end", "eventClass", "globalTid", "correlationId", "nameId"])
-    rt = src.read(RUNTIME, cols)
-    if "eventClass" in rt.columns:
-        # eventClass 67 = CUDA backtrace rows duplicating the call (same correlationId; schema 2.9.1).
-        rt = rt.filter(pl.col("eventClass").is_in([0, 1]))
-    else:
-        rt = rt.with_columns(pl.lit(0, dtype=pl.Int64).alias("eventClass"))
-    rt = _resolve(rt, "nameId", strings, "name")
-    # Runtime API names carry a CUDA version suffix (cudaLaunchKernel_v7000); driver names do not.
-    return rt.select(
-        "start",
-        "end",
-        "eventClass",
-        "globalTid",
-        "correlationId",
-        pl.col("name").fill_null("<unknown API>").str.replace(r"_v\d+$", ""),
-    ).cast(schema)  # type: ignore[arg-type]
-
-
-def _read_nvtx(src: TableSource, strings: pl.DataFrame) -> pl.DataFrame:
-    schema = {
-        "start": pl.Int64,
-        "end": pl.Int64,
-        "eventType": pl.Int64,
-        "globalTid": pl.Int64,
-        "endGlobalTid": pl.Int64,
-        "domainId": pl.Int64,
-        "name": pl.Utf8,
-    }
-    if NVTX not in src.tables():
-        return pl.DataFrame(schema=schema)
-    cols = _present(src, NVTX, ["start", "end", "eventType", "globalTid", "endGlobalTid", "domainId", "text", "textId"])
-    nv = src.read(NVTX, cols)
-    nv = nv.with_columns(
-        [pl.lit(None, dtype=pl.Int64).alias(c) for c in ("end", "endGlobalTid", "domainId") if c not in nv.columns]
-    )
-    nv = _resolve(nv, "textId", strings, "_reg")
-    text = pl.col("text").cast(pl.Utf8) if "text" in nv.columns else pl.lit(None, dtype=pl.Utf8)
-    return nv.select(
-        "start", "end", "eventType", "globalTid", "endGlobalTid", "domainId", pl.coalesce(text, "_reg").alias("name")
-    ).cast(schema)  # type: ignore[arg-type]
-
-
-def _domains(nv: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    """Add ``domain`` to ranges: the name of the eventType-75 row of the same process and domainId.
-
-    Fallback when that row is missing (domain created before the capture / outside a time slice,
-    e.g. NCCL's domain in the sliced mfu_2gpu_before export): well-known registered strings name
-    it (``nccl*`` API ranges -> ``NCCL``, ``MPI_*`` -> ``MPI``), else ``domain:<id>``.
-    Domain 0 / null is the default domain (``domain`` null).
-    """
-    created = (
-        nv.filter(pl.col("eventType") == _DOMAIN_CREATE)
-        .select(_proc(pl.col("globalTid")).alias("_proc"), "domainId", pl.col("name").alias("_dname"))
-        .unique(["_proc", "domainId"], keep="last")
-    )
-    guess = (
-        ranges.filter(pl.col("domainId").fill_null(0) != 0)
-        .group_by("_proc", "domainId")
-        .agg(
-            pl.when(pl.col("name").str.contains(r"^nccl[A-Z]").any())
-            .then(pl.lit("NCCL"))
-            .when(pl.col("name").str.contains(r"^MPI_").any())
-            .then(pl.lit("MPI"))
-            .otherwise(pl.format("domain:{}", pl.col("domainId").first()))
-            .alias("_guess")
-        )
-    )
-    return (
-        ranges.join(created, on=["_proc", "domainId"], how="left")
-        .join(guess, on=["_proc", "domainId"], how="left")
-        .with_columns(
-            pl.when(pl.col("domainId").fill_null(0) == 0)
-            .then(pl.lit(None, dtype=pl.Utf8))
-            .otherwise(pl.coalesce("_dname", "_guess"))
-            .alias("domain")
-        )
-        .drop("_dname", "_guess")
-    )
-
-
 def _mpi_ranks(src: TableSource, nv: pl.DataFrame, strings: pl.DataFrame) -> pl.DataFrame:
     """Process -> MPI rank from ``MPI_RANKS`` or a thread named ``MPI Rank N`` (NVTX eventType 39
-    rows, ``ThreadNames``). Columns ``_proc``, ``_mpi``."""
-    parts = [nv.filter(pl.col("eventType") == _THREAD_NAME).select("globalTid", "name")]
+    rows, ``ThreadNames``). Columns ``proc_of``, ``_mpi``."""
+    parts = [nv.filter(pl.col("eventType") == THREAD_NAME_EVENT).select("globalTid", "name")]
     if {"nameId", "globalTid"} <= set(src.columns("ThreadNames")):
-        tn = _resolve(src.read("ThreadNames", ["nameId", "globalTid"]), "nameId", strings, "name")
+        tn = resolve(src.read("ThreadNames", ["nameId", "globalTid"]), "nameId", strings, "name")
         parts.append(tn.select("globalTid", "name"))
     names = pl.concat(parts).select(
-        _proc(pl.col("globalTid")).alias("_proc"),
+        proc_of(pl.col("globalTid")).alias("_proc"),
         pl.col("name").str.extract(r"^MPI Rank (\d+)$").cast(pl.Int64).alias("_mpi"),
     )
     if {"globalTid", "rank"} <= set(src.columns("MPI_RANKS")):
         mr = src.read("MPI_RANKS", ["globalTid", "rank"])
-        names = pl.concat([mr.select(_proc(pl.col("globalTid")).alias("_proc"), pl.col("rank").alias("_mpi")), names])
+        names = pl.concat([mr.select(proc_of(pl.col("globalTid")).alias("_proc"), pl.col("rank").alias("_mpi")), names])
     return names.drop_nulls().unique("_proc", keep="first")
 
 
@@ -408,15 +178,15 @@ def _read(
         meta.get("EXPORT_PRODUCT_VERSION", "?"),
     )
     offset = _session_offset(src, meta, path, issues)
-    strings = _strings(src)
+    strings = read_strings(src)
     progress("read", 1, 4)
-    gpu = _read_gpu(src, strings)
+    gpu = read_gpu(src, strings)
     progress("read", 2, 4)
-    rt = _read_runtime(src, strings)
+    rt = read_runtime(src, strings)
     progress("read", 3, 4)
-    nv = _read_nvtx(src, strings)
+    nv = read_nvtx(src, strings)
     progress("read", 4, 4)
-    ranges = nv.filter(pl.col("eventType").is_in(_RANGE_TYPES))
+    ranges = nv.filter(pl.col("eventType").is_in(RANGE_TYPES))
     if gpu.is_empty() and rt.is_empty() and ranges.is_empty():
         raise TraceFormatError(
             path,
@@ -428,10 +198,10 @@ def _read(
     n_gpu, n_rt = gpu.height, rt.height
     gpu = gpu.with_row_index("_uid").with_columns(pl.col("_uid").cast(pl.Int64), pl.col("globalPid").alias("_proc"))
     rt = rt.with_row_index("_uid", offset=n_gpu).with_columns(
-        pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc")
+        pl.col("_uid").cast(pl.Int64), proc_of(pl.col("globalTid")).alias("_proc")
     )
     ranges = ranges.with_row_index("_uid", offset=n_gpu + n_rt).with_columns(
-        pl.col("_uid").cast(pl.Int64), _proc(pl.col("globalTid")).alias("_proc")
+        pl.col("_uid").cast(pl.Int64), proc_of(pl.col("globalTid")).alias("_proc")
     )
     trace_end = max(v for v in (gpu["end"].max(), rt["end"].max(), nv["start"].max(), nv["end"].max()) if v is not None)
 
@@ -454,11 +224,11 @@ def _read(
 
     # NVTX ranges: a range still open at the end of the capture ends at the end of the trace;
     # ranges ending on another thread (endGlobalTid) are kept on the CPU side but never projected.
-    ranges = _domains(
+    ranges = domains(
         nv,
         ranges.with_columns(
             pl.col("end").fill_null(trace_end),
-            pl.col("name").fill_null("<unnamed range>").str.replace(_EMIT_NVTX_SUFFIX, ""),
+            pl.col("name").fill_null("<unnamed range>").str.replace(EMIT_NVTX_SUFFIX, ""),
         ),
     ).with_columns(
         (pl.col("endGlobalTid").is_null() | (pl.col("endGlobalTid") == pl.col("globalTid"))).alias("_same_thread")
@@ -483,7 +253,9 @@ def _read(
         .filter(pl.col("family").is_not_null())
     )
     calls, members = group_collectives(
-        comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"), proj_ranges, pairs
+        comm.select("_uid", "_proc", "_gtid", "_ls", "_le", "start", "end", "family", "short_name"),
+        proj_ranges,
+        pairs,
     )
 
     # Ranks: processes that own GPU activity; CPU-only exports fall back to processes with API
@@ -505,7 +277,7 @@ def _read(
             .unique()
             .with_columns(pl.lit(None, dtype=pl.Int64).alias("device"))
         )
-    owners = owners.with_columns(_pid(pl.col("_proc")).alias("pid"))
+    owners = owners.with_columns(pid_of(pl.col("_proc")).alias("pid"))
     rank_of = assign_ranks(owners, path, rank, rank_map, _mpi_ranks(src, nv, strings), issues)
 
     no_launch = gpu.height - launched.height
@@ -586,7 +358,7 @@ def _assemble(
         null_s.alias("domain"),
         pl.col("deviceId").alias("device"),
         pl.col("streamId").alias("stream"),
-        _pid(pl.col("_proc")).alias("pid"),
+        pid_of(pl.col("_proc")).alias("pid"),
         pl.col("streamId").alias("tid"),
         "start",
         "end",
@@ -609,8 +381,8 @@ def _assemble(
         null_s.alias("domain"),
         null_i.alias("device"),
         null_i.alias("stream"),
-        _pid(pl.col("globalTid")).alias("pid"),
-        _tid(pl.col("globalTid")).alias("tid"),
+        pid_of(pl.col("globalTid")).alias("pid"),
+        tid_of(pl.col("globalTid")).alias("tid"),
         "start",
         "end",
         pl.col("correlationId").alias("correlation"),
@@ -629,8 +401,8 @@ def _assemble(
         "domain",
         null_i.alias("device"),
         null_i.alias("stream"),
-        _pid(pl.col("globalTid")).alias("pid"),
-        _tid(pl.col("globalTid")).alias("tid"),
+        pid_of(pl.col("globalTid")).alias("pid"),
+        tid_of(pl.col("globalTid")).alias("tid"),
         "start",
         "end",
         null_i.alias("correlation"),
@@ -638,7 +410,7 @@ def _assemble(
         null_i.alias("_op_uid"),
         null_i.alias("coll_id"),
         null_i.alias("bytes"),
-        _STEP.alias("seq"),
+        STEP.alias("seq"),
     )
     ann_ev = annotations.with_row_index("_uid", offset=n_before).select(
         pl.col("_uid").cast(i64),
@@ -649,7 +421,7 @@ def _assemble(
         "domain",
         "device",
         "stream",
-        _pid(pl.col("_proc")).alias("pid"),
+        pid_of(pl.col("_proc")).alias("pid"),
         pl.col("stream").alias("tid"),
         "start",
         "end",
@@ -658,7 +430,7 @@ def _assemble(
         pl.col("_range").alias("_op_uid"),
         null_i.alias("coll_id"),
         null_i.alias("bytes"),
-        _STEP.alias("seq"),
+        STEP.alias("seq"),
     )
     parts = [p.cast({"device": i64, "stream": i64, "tid": i64, "pid": i64}) for p in (gpu_ev, rt_ev, nv_ev, ann_ev)]
     ev = (

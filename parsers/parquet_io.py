@@ -21,16 +21,28 @@ treats its own ``OUT`` as the cache: an unchanged directory is not parsed again 
 ``OUT/manifest.json`` holds the same key. :func:`load_trace_dir` (used by analysis commands) keeps
 copies under ``$EP_TRACE_CACHE_DIR`` or ``~/.cache/ep-trace/<key>/``; any change to a file's size or
 mtime changes the key, and stale entries are simply never read again.
+
+Safety: every file is written to a temporary name and renamed into place, ``manifest.json`` is
+removed first and renamed in last, and :func:`ingest` holds an exclusive lock on ``OUT`` (``flock``
+on ``OUT/.ep-trace.lock``) for the whole read-or-write, so two ingests into one ``OUT`` never leave
+tables of two inputs side by side: the second waits (up to ``EP_TRACE_LOCK_TIMEOUT`` seconds,
+default 600) and then reuses the first one's tables or fails naming the lock. A cache entry that
+cannot be read back (a truncated or damaged Parquet file, a manifest that is not JSON) is rebuilt
+from the traces, never trusted; its tables are validated like any reader's
+(:mod:`ep_trace.parsers.validate`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +52,7 @@ import orjson
 import polars as pl
 
 from ep_trace import schema
+from ep_trace.errors import EpTraceError, OutputError
 from ep_trace.parsers.parquet_read import (
     _MANIFEST,
     _REPORT,
@@ -53,6 +66,7 @@ from ep_trace.parsers.parquet_read import (
 __all__ = [
     "TABLE_NAMES",
     "IngestResult",
+    "output_lock",
     "default_cache_dir",
     "ingest",
     "ingest_to",
@@ -67,6 +81,77 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _LAYOUT = "partitioned-v1"  # OUT/<table>/part-<i>.parquet
+_LOCK = ".ep-trace.lock"
+
+
+def _replace_into(path: Path, write: Callable[[Path], object]) -> None:
+    """Write through ``write(tmp)`` to a temporary sibling of ``path``, then rename it into place."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@contextlib.contextmanager
+def output_lock(out: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """Exclusive lock on an output directory for the duration of the block.
+
+    A second ep-trace process writing the same directory waits up to ``timeout_s`` (default
+    ``EP_TRACE_LOCK_TIMEOUT`` or 600 s), then fails.
+
+    Raises:
+        OutputError: the lock is still held after the wait, or the directory cannot be created.
+    """
+    import fcntl
+
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("EP_TRACE_LOCK_TIMEOUT", "600"))
+    lock = out / _LOCK
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"{out}: cannot create the output directory ({exc.strerror or exc}); choose another -o"
+        ) from None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fh = open(lock, "a+")  # noqa: SIM115 - held for the whole block
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); choose another -o") from None
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            fh.close()
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise OutputError(f"{out}: cannot lock ({exc.strerror}); choose another -o") from None
+            if time.monotonic() >= deadline:
+                raise OutputError(
+                    f"{out}: another ep-trace process is writing this directory (lock {lock} held for "
+                    f"{timeout_s:.0f} s); wait for it to finish or choose another -o"
+                ) from None
+            log.info("%s: waiting for another ep-trace process to finish writing", out)
+            time.sleep(0.2)
+            continue
+        # the holder before us unlinks the file on release: a lock on an unlinked inode is no lock
+        try:
+            same = os.fstat(fh.fileno()).st_ino == os.stat(lock).st_ino
+        except OSError:
+            same = False
+        if same:
+            break
+        fh.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()  # while still holding it: waiters re-check the inode (above)
+        fh.close()  # releases the lock
 
 
 def default_cache_dir() -> Path:
@@ -95,7 +180,7 @@ def write_parquet(
         (out / name).mkdir()
         if df.height:
             p = out / name / "part-000000.parquet"
-            df.write_parquet(p, compression="zstd", statistics=True)
+            _replace_into(p, lambda tmp, df=df: df.write_parquet(tmp, compression="zstd", statistics=True))
             written.append(p)
     man = dict(manifest or {})
     man.setdefault("tables", {n: tables.table(n).height for n in TABLE_NAMES})  # type: ignore[arg-type]
@@ -111,11 +196,22 @@ def _clear_tables(out: Path) -> None:
 
 def _finish(out: Path, issues: tuple[schema.LoadIssue, ...], manifest: dict[str, Any]) -> list[Path]:
     """Write ``load_report.json`` then ``manifest.json`` (last: the directory is complete)."""
-    rep = out / _REPORT
-    rep.write_bytes(orjson.dumps([asdict(i) for i in issues], option=orjson.OPT_INDENT_2))
-    manifest = {**manifest, "layout": _LAYOUT}
-    (out / _MANIFEST).write_bytes(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
-    return [rep, out / _MANIFEST]
+    report = orjson.dumps([asdict(i) for i in issues], option=orjson.OPT_INDENT_2)
+    _replace_into(out / _REPORT, lambda tmp: tmp.write_bytes(report))
+    blob = orjson.dumps({**manifest, "layout": _LAYOUT}, option=orjson.OPT_INDENT_2)
+    _replace_into(out / _MANIFEST, lambda tmp: tmp.write_bytes(blob))
+    return [out / _REPORT, out / _MANIFEST]
+
+
+def _read_cached(out: Path, key: str) -> schema.TraceTables | None:
+    """The tables of a cache entry holding ``key``; ``None`` when absent, stale or damaged (rebuilt)."""
+    if not _cached(out, key):
+        return None
+    try:
+        return read_parquet(out)
+    except EpTraceError as exc:
+        log.warning("%s: damaged cache, rebuilding it: %s", out, exc)
+        return None
 
 
 def _input_files(path: Path) -> list[Path]:
@@ -140,8 +236,18 @@ def input_key(path: str | Path, options: Mapping[str, Any] | None = None) -> tup
     p = Path(path)
     root = p.parent if p.is_file() else p
     entries = []
-    for f in _input_files(p):
-        st = f.stat()
+    try:
+        files = _input_files(p)
+    except OSError as exc:
+        from ep_trace.parsers.validate import os_error
+
+        raise os_error(exc.filename or p, exc, "cannot list") from None
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError as exc:  # a dangling link or a loop: read_trace_dir names it (or skips it)
+            entries.append({"path": os.path.relpath(f, root), "size": -1, "mtime_ns": exc.errno})
+            continue
         entries.append({"path": os.path.relpath(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     blob = orjson.dumps(
         {
@@ -161,8 +267,8 @@ def _cached(out: Path, key: str) -> bool:
         return False
     try:
         return orjson.loads(man.read_bytes()).get("input_key") == key and _has_tables(out)
-    except orjson.JSONDecodeError:
-        return False
+    except (orjson.JSONDecodeError, OSError, AttributeError):
+        return False  # a manifest that is not a JSON object is a damaged cache: rebuild
 
 
 @dataclass(frozen=True)
@@ -205,12 +311,40 @@ def ingest_to(
         TraceFormatError, BadInputError, RankConflictError: as ``read_trace_dir``; ``out_dir`` then
         has no manifest (incomplete) and is never reused.
     """
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"-o {out}: exists and is not a directory; pass a directory for the tables")
+    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    with output_lock(out):
+        try:
+            return _ingest_locked(
+                path, out, key, files, format, on_error, progress, rank_map, use_cache, jobs, executor
+            )
+        except OSError as exc:
+            raise OutputError(
+                f"-o {out}: cannot write the tables ({exc.strerror or exc}); free space or choose another -o"
+            ) from None
+
+
+def _ingest_locked(
+    path: str | Path,
+    out: Path,
+    key: str,
+    files: list[dict[str, Any]],
+    format: Literal["auto", "kineto", "nsys", "cupti"],
+    on_error: Literal["raise", "skip"],
+    progress: Callable[[str, int, int], None] | None,
+    rank_map: Mapping[object, int] | None,
+    use_cache: bool,
+    jobs: int,
+    executor: Executor | None,
+) -> IngestResult:
+    """:func:`ingest_to` under the output lock."""
     from ep_trace import __version__
     from ep_trace.parsers.dispatch import read_batches, splits_routing
 
-    out = Path(out_dir)
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
-    if use_cache and _cached(out, key):
+    if use_cache and _read_cached(out, key) is not None:
         log.info("%s: unchanged since the last ingest; reusing %s", path, out)
         man = orjson.loads((out / _MANIFEST).read_bytes())
         issues = tuple(schema.LoadIssue(**d) for d in orjson.loads((out / _REPORT).read_bytes()))
@@ -293,8 +427,9 @@ def load_trace_dir(
     key, _ = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
-    if _cached(entry, key):
-        return read_parquet(entry)
+    cached = _read_cached(entry, key)
+    if cached is not None:
+        return cached
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))

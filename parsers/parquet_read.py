@@ -61,7 +61,7 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
     for name in TABLE_NAMES:
         files = table_files(out, name)
         p = files[0] if len(files) == 1 else out / name
-        df = pl.concat([pl.read_parquet(f) for f in files], how="vertical") if files else schema.empty(name)  # type: ignore[arg-type]
+        df = pl.concat([_read_one(f) for f in files], how="vertical") if files else schema.empty(name)  # type: ignore[arg-type]
         # conform first: directories written before a layout change (e.g. kind as String) still read
         if set(df.columns) >= set(schema.SCHEMAS[name]):  # type: ignore[index]
             try:
@@ -75,5 +75,30 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
     issues: tuple[schema.LoadIssue, ...] = ()
     rep = out / _REPORT
     if rep.exists():
-        issues = tuple(schema.LoadIssue(**d) for d in orjson.loads(rep.read_bytes()))
-    return schema.TraceTables(**frames, load_report=issues)  # type: ignore[arg-type]
+        try:
+            issues = tuple(schema.LoadIssue(**d) for d in orjson.loads(rep.read_bytes()))
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            raise TraceFormatError(
+                rep, f"damaged load report ({exc})", "re-run ep-trace ingest into this directory (--no-cache)"
+            ) from None
+    tables = schema.TraceTables(**frames, load_report=issues)  # type: ignore[arg-type]
+    from ep_trace.parsers.validate import check_tables
+
+    check_tables(str(out), tables)  # a cache is an input like any other: same ranges as the readers
+    return tables
+
+
+def _read_one(p: Path) -> pl.DataFrame:
+    """One Parquet file; a truncated or damaged one is the one-line error naming it."""
+    try:
+        return pl.read_parquet(p)
+    except OSError as exc:
+        from ep_trace.parsers.validate import os_error
+
+        raise os_error(p, exc) from None
+    except Exception as exc:  # noqa: BLE001 - polars' errors on a truncated / damaged file
+        raise TraceFormatError(
+            p,
+            f"damaged Parquet file ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
+            "re-run ep-trace ingest into this directory (--no-cache)",
+        ) from None

@@ -33,6 +33,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import EpTraceError, TraceFormatError
+from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
 
 __all__ = [
     "BATCH_BYTES",
@@ -62,7 +63,32 @@ _TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix",
 
 
 def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
-    """Read one input with its format's reader (Nsight and CUPTI readers imported lazily)."""
+    """Read one input and validate its tables (:mod:`ep_trace.parsers.validate`).
+
+    The path is checked before any byte is read (a FIFO, a device, a directory where a file is
+    expected, a dangling link); any failure of the reader, an OS error or a decoder's own exception,
+    comes out as one :class:`~ep_trace.errors.TraceFormatError` line, so ``on_error='skip'`` can
+    leave the file out whatever the cause.
+
+    Raises:
+        TraceFormatError: the file cannot be read or fails validation.
+    """
+    from ep_trace.parsers import validate
+
+    validate.check_input_path(path, expect_dir=fmt == "nsys" and path.is_dir())
+    try:
+        tables, info = _read(path, fmt, rank_map)
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise validate.os_error(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
+        raise validate.unexpected_error(path, exc) from None
+    return validate.validate_file(path, tables), info
+
+
+def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
+    """The format's reader (Nsight and CUPTI readers imported lazily)."""
     rank = None
     if rank_map:
         for key in (path.name, str(path), path):
@@ -165,12 +191,45 @@ class BatchResult:
     rows: dict[str, int]
 
 
+def read_sidecar_checked(sp: Path, r: int) -> Sidecar:
+    """Read one sidecar, refusing non-files and turning OS / decoder failures into the one-line error."""
+    from ep_trace.parsers import validate
+
+    validate.check_input_path(sp)
+    try:
+        sc = read_sidecar(sp)
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise validate.os_error(sp, exc) from None
+    except Exception as exc:  # noqa: BLE001 - the one-line contract
+        raise validate.unexpected_error(sp, exc) from None
+    if sc.rank is not None and sc.rank != r:
+        raise TraceFormatError(
+            sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
+        )
+    return sc
+
+
+def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTables:
+    """:func:`merge_sidecar` after the identity check, with the merged rows range-checked (blamed on the sidecar)."""
+    from ep_trace.parsers import validate
+
+    validate.check_sidecar_identity(t, sc)
+    try:
+        out = merge_sidecar(t, sc)
+    except EpTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a field of the wrong type in some record
+        raise validate.unexpected_error(sc.path, exc) from None
+    validate.check_tables(sc.path, out)
+    return out
+
+
 def _read_file(
     path: Path, fmt: str, spec: BatchSpec
 ) -> tuple[list[schema.TraceTables], FileResult, list[tuple[int, schema.LoadIssue | None]]]:
     """One file: its per-rank tables with sidecars merged; sidecar errors returned (``skip``) or raised."""
-    from ep_trace.parsers.sidecar import merge_sidecar, read_sidecar
-
     tables, info = read_one(path, fmt, spec.rank_map)
     out: list[schema.TraceTables] = []
     sc_issues: list[tuple[int, schema.LoadIssue | None]] = []
@@ -179,16 +238,12 @@ def _read_file(
         sp = spec.sidecars.get(r)
         if sp is not None:
             try:
-                sc = read_sidecar(Path(sp))
-                if sc.rank is not None and sc.rank != r:
-                    raise TraceFormatError(
-                        sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
-                    )
-                t = merge_sidecar(t, sc)
+                t = _merge_sidecar_checked(t, read_sidecar_checked(Path(sp), r))
             except EpTraceError as exc:
                 if spec.on_error != "skip":
                     raise
-                sc_issues.append((r, schema.LoadIssue(str(sp), r, "error", f"sidecar skipped: {exc}")))
+                sc_issues.append((r, schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}")))
+                log.warning("left out %s: %s", sp, exc)
             else:
                 sc_issues.append((r, None))
         out.append(t)

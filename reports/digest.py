@@ -166,8 +166,11 @@ def verdict(analysis: Analysis) -> Verdict:
             detail += f" Next: {found[0].title} (saves {fmt_ns(found[0].est_saving_ns)} per step)."
         return Verdict(headline, detail, context, "medium")
     if not found:
+        no_comm = analysis.calls.height == 0 and analysis.tables.collectives.height == 0
+        lead = "No EP communication in the trace" if no_comm else "No EP bottleneck found"
+        where = _where_time_goes(analysis)
         return Verdict(
-            "No EP bottleneck found.",
+            f"{lead}: {where}." if where else f"{lead}.",
             "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
             context,
             "none",
@@ -180,6 +183,32 @@ def verdict(analysis: Analysis) -> Verdict:
         bound = int(wf.filter(pl.col("scenario") == "all")["saving_ns"][0])
         detail += f" Every fix at once (simulated bound): {fmt_ns(bound)} per step; the findings' savings overlap, do not add them."
     return Verdict(top.title, detail, context, top.severity)
+
+
+_PARTS = (
+    ("compute_ns", "compute"),
+    ("overlapped_comm_ns", "overlapped comm"),
+    ("exposed_comm_ns", "exposed comm"),
+    ("barrier_wait_ns", "barrier wait"),
+    ("host_stall_ns", "host stall"),
+    ("idle_ns", "idle"),
+)
+
+
+def _where_time_goes(analysis: Analysis) -> str:
+    """'rank R's step (P50 X) is 62% compute, 20% idle' for the slowest rank, from the time breakdown."""
+    bd = analysis.breakdown
+    rs = analysis.rank_summary
+    if bd is None or bd.is_empty() or rs.is_empty():
+        return ""
+    slow = rs.sort(["step_time_ns", "rank"], descending=[True, False]).row(0, named=True)
+    mine = bd.filter(pl.col("rank") == slow["rank"])
+    total = float(mine["step_time_ns"].sum())
+    if total <= 0:
+        return ""
+    shares = sorted(((float(mine[c].sum()) / total, label) for c, label in _PARTS), reverse=True)
+    top = ", ".join(f"{fmt_pct(x)} {label}" for x, label in shares[:2] if x >= 0.05)
+    return f"rank {slow['rank']}'s step (P50 {fmt_ns(slow['step_time_ns'])}) is {top}" if top else ""
 
 
 def rank_table(analysis: Analysis) -> pl.DataFrame:

@@ -24,3 +24,12 @@ def external_dir() -> Path:
 def samples_dir() -> Path:
     """The committed sample trace directories (``sample_traces/``)."""
     return SAMPLES
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--fuzz-long",
+        action="store_true",
+        default=False,
+        help="run the long fuzz campaign (>= 10,000 cases, about an hour on 2 cores; tests/robustness/fuzz.py)",
+    )

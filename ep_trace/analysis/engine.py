@@ -33,6 +33,18 @@ Progress = Callable[[str, int, int], None]
 _TOL_FLOOR_NS = 10_000  # 10 µs: below any collective's launch jitter, above µs rounding of old traces
 
 
+def _step_list(windows: pl.DataFrame, limit: int = 12) -> str:
+    """``'0-3'`` / ``'0, 2, 5'`` / ``'0, 1, ... 99 (100 steps)'``: the steps present, for an error line."""
+    steps = sorted(int(s) for s in windows["step"].unique())
+    if steps == list(range(steps[0], steps[-1] + 1)) and len(steps) > 2:
+        return f"{steps[0]}-{steps[-1]} (choose FIRST:LAST within them)"
+    if len(steps) > limit:
+        shown = ", ".join(map(str, steps[: limit - 1])) + f", ... {steps[-1]} ({len(steps)} steps)"
+    else:
+        shown = ", ".join(map(str, steps))
+    return f"{shown} (choose FIRST:LAST within them)"
+
+
 def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | None = None) -> Analysis:
     """Run every analysis over ``tables``.
 
@@ -57,8 +69,11 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     say("steps", 0, total)
     windows = step_windows(ev, config.steps)
     if windows.is_empty():
+        assert config.steps is not None  # the unfiltered windows are never empty for a non-empty trace
+        first, last = config.steps
         raise NothingToAnalyzeError(
-            f"--steps {config.steps}: no profiler step in that range; choose steps present in the trace"
+            f"--steps {first}:{last}: no profiler step in that range; the trace has steps "
+            f"{_step_list(step_windows(ev, None))}"
         )
     notes: list[str] = []
     if (windows["method"] == "whole_trace").any():

@@ -250,7 +250,7 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         Finding(
             "straggler_wait",
             severity(saving, step_ns),
-            f"Rank {rank} is late {why} (last at {row['times_last']} of {n_calls} calls); removing its lateness "
+            f"Rank {rank} is the straggler: late {why} (last at {row['times_last']} of {n_calls} calls); removing its lateness "
             f"saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,

@@ -142,7 +142,8 @@ def analyze_cmd(
       ep-trace analyze big_job/ --jobs 8   or   --engine ray --address auto
     """
     from ep_trace.analysis.config import AnalysisConfig
-    from ep_trace.cli.outputs import build_report
+    from ep_trace.cli import printable
+    from ep_trace.cli.outputs import build_report, for_display
     from ep_trace.reports.terminal import summary_renderables
 
     if stages is not None and not stages.is_file():
@@ -163,8 +164,8 @@ def analyze_cmd(
             executor=executor,
         )
     if not quiet:
-        for r in summary_renderables(analysis):
+        for r in summary_renderables(for_display(analysis, escape_controls=True)):
             console.print(r)
-    console.print(f"report: {out}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"report: {printable(str(out))}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
-        console.print(f"summary: {json_out}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"summary: {printable(str(json_out))}", markup=False, highlight=False, soft_wrap=True)

@@ -18,8 +18,20 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from ep_trace import __version__
+
+        console.print(f"ep-trace {__version__}", markup=False, highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the ep-trace version and exit."
+    ),
+) -> None:
     """ep-trace: per-stage, per-rank time of expert-parallel MoE layers, and why.
 
     Examples:

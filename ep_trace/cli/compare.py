@@ -39,11 +39,15 @@ def compare_cmd(
     from rich.table import Table
 
     from ep_trace.cli.analyze import check_format
-    from ep_trace.cli.outputs import write_json
+    from ep_trace.cli.outputs import check_writable, write_atomic, write_json
     from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, render_compare_html
     from ep_trace.reports.units import fmt_ns
 
     check_format(fmt)
+    if out is not None:
+        check_writable(out, "-o")
+    if json_out is not None:
+        check_writable(json_out, "--json")
     on_error = "skip" if keep_going else "raise"
     cmp = compare_runs(load_run(a, fmt, on_error), load_run(b, fmt, on_error))
     console.print(headline(cmp), markup=False, highlight=False, soft_wrap=True)
@@ -68,8 +72,7 @@ def compare_cmd(
             soft_wrap=True,
         )
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(render_compare_html(cmp), encoding="utf-8")
+        write_atomic(out, render_compare_html(cmp).encode("utf-8"))
         console.print(f"comparison: {out}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         write_json(comparison_to_dict(cmp), json_out)

@@ -50,6 +50,7 @@ def ingest_cmd(
       ep-trace ingest demo_traces -o demo_tables
       duckdb -c "select rank, count(*) from 'demo_tables/events.parquet' group by rank"
     """
+    from ep_trace.cli import printable
     from ep_trace.cli.analyze import engine_executor, progress_bar
     from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest_to
@@ -71,11 +72,12 @@ def ingest_cmd(
     how = "reused (inputs unchanged)" if res.from_cache else "written"
     rows = res.rows
     console.print(
-        f"{out}: {how}: {rows.get('ranks', 0)} ranks, {rows.get('events', 0)} events, "
+        f"{printable(str(out))}: {how}: {rows.get('ranks', 0)} ranks, {rows.get('events', 0)} events, "
         f"{rows.get('collectives', 0)} collectives, {rows.get('routing_matrix', 0)} routing-matrix rows",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
     for issue in res.load_report:
-        console.print(f"  {issue.level}: {issue.file}: {issue.message}", markup=False, highlight=False, soft_wrap=True)
+        line = printable(f"  {issue.level}: {issue.file}: {issue.message}")
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -1,30 +1,175 @@
-"""The files the commands write: the HTML report and the JSON summary (only the CLI writes files)."""
+"""The files the commands write: the HTML report and the JSON summary (only the CLI writes files).
+
+Every output is checked before any work (:func:`check_writable`: a directory, a missing or
+read-only parent fails in a second, not after a ten-minute analysis) and written atomically
+(:func:`write_atomic`: a temporary file in the same directory, ``fsync``, ``os.replace``), so an
+interrupted or failed run leaves either the previous file or the complete new one, never half.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
 import orjson
+import polars as pl
 
 from ep_trace.analysis import Analysis, AnalysisConfig
+from ep_trace.errors import OutputError
 
-__all__ = ["build_report", "write_json", "write_report"]
+__all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report"]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
-def write_json(obj: Any, path: str | Path) -> Path:
-    """Write ``obj`` as indented JSON (numpy values and non-string keys allowed); returns the path."""
+def check_writable(path: str | Path, option: str) -> Path:
+    """Fail now, naming ``option``, if ``path`` cannot be written as a file later.
+
+    The nearest existing ancestor directory (the write creates missing parents) is probed with a
+    temporary file, which is removed again; nothing is created.
+
+    Raises:
+        OutputError: ``path`` is a directory, its parent is not a directory, or not writable.
+    """
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(orjson.dumps(obj, option=_JSON_OPTIONS))
+    if p.is_dir():
+        raise OutputError(f"{option} {p}: is a directory; pass a file name, e.g. {p / 'report.html'}")
+    if p.exists() and not p.is_file():
+        raise OutputError(f"{option} {p}: not a regular file; pass a file name in a writable directory")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:  # the write creates missing parents
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"{option} {p}: {parent} is not a directory; choose a path in a writable directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError(
+            f"{option} {p}: cannot write in {parent} ({exc.strerror or exc}); choose a writable directory"
+        ) from None
     return p
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same directory and ``os.replace``.
+
+    Readers (and an interrupted run) see the old file or the whole new one, never a prefix.
+
+    Raises:
+        OutputError: the directory is not writable or the disk is full (the temporary file is removed).
+    """
+    p = Path(path)
+    tmp: str | None = None
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write ({exc.strerror or exc}); free space or choose another path") from None
+    finally:
+        if tmp is not None:  # failed or interrupted (KeyboardInterrupt) before the rename
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return p
+
+
+#: Longest string shown in the report / summary (characters); longer ones keep their head and tail
+#: around an ellipsis (the tail is kept: templated kernel names differ at the end). The Parquet
+#: tables (``ep-trace ingest``) keep the full names.
+DISPLAY_CHARS = 512
+
+
+def _shorten(text: str, limit: int = DISPLAY_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    head = (limit * 2) // 3
+    return f"{text[:head]}…{text[len(text) - (limit - head - 1) :]}"
+
+
+def _control_free(text: str) -> str:
+    from ep_trace.cli import printable
+
+    return printable(text)
+
+
+def _escape_expr(col: str) -> pl.Expr:
+    """Vectorised :func:`ep_trace.cli.printable` of one column (one literal replace per control)."""
+    e = pl.col(col)
+    for code in (*range(0x20), 0x7F, 0x9B):
+        e = e.str.replace_all(chr(code), f"\\x{code:02x}", literal=True)
+    return e.alias(col)
+
+
+def _shorten_frame(df: pl.DataFrame, limit: int, escape: bool) -> pl.DataFrame:
+    cols = [c for c, t in df.schema.items() if t == pl.Utf8]
+    if not cols or df.height == 0:
+        return df
+    longest = df.select(pl.max_horizontal([pl.col(c).str.len_bytes().max() for c in cols])).item()
+    if longest is not None and longest > limit:  # (bytes >= chars: otherwise nothing to shorten)
+        head = (limit * 2) // 3
+        tail = limit - head - 1
+        df = df.with_columns(
+            pl.when(pl.col(c).str.len_chars() > limit)
+            .then(pl.col(c).str.head(head) + "…" + pl.col(c).str.tail(tail))
+            .otherwise(pl.col(c))
+            .alias(c)
+            for c in cols
+        )
+    if escape:
+        controls = r"[\x00-\x1f\x7f\x9b]"
+        bad = [c for c in cols if df.select(pl.col(c).str.contains(controls).any()).item()]
+        if bad:
+            df = df.with_columns(_escape_expr(c) for c in bad)
+    return df
+
+
+def _shorten_value(v: Any, limit: int, escape: bool = False) -> Any:
+    if isinstance(v, str):
+        v = _shorten(v, limit)
+        return _control_free(v) if escape else v
+    if isinstance(v, pl.DataFrame):
+        return _shorten_frame(v, limit, escape)
+    if isinstance(v, dict):
+        return {_shorten_value(k, limit, escape): _shorten_value(x, limit, escape) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_shorten_value(x, limit, escape) for x in v)
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        changes = {f.name: _shorten_value(getattr(v, f.name), limit, escape) for f in dataclasses.fields(v) if f.init}
+        return dataclasses.replace(v, **changes)
+    return v
+
+
+def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS, escape_controls: bool = False) -> Analysis:
+    """A copy of ``analysis`` whose strings (host and kernel names, file names in the load report,
+    finding text) are at most ``limit`` characters, for the report and the summary: a 30 MB host
+    name made a 99 MB report. Numbers are untouched (the analysis grouped by the full names).
+
+    ``escape_controls`` (the terminal summary) also escapes control characters (``\\x1b``): a
+    trace string must not drive the terminal. HTML and JSON escape them by themselves.
+    """
+    return _shorten_value(analysis, limit, escape_controls)  # type: ignore[no-any-return]
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` as indented JSON (numpy values and non-string keys allowed), atomically."""
+    return write_atomic(path, orjson.dumps(obj, option=_JSON_OPTIONS))
 
 
 def write_report(
@@ -47,6 +192,7 @@ def write_report(
     """
     from ep_trace.reports.html import render_report
 
+    analysis = for_display(analysis)
     extra = []
     if with_hta:
         from ep_trace.reports.hta_section import hta_section
@@ -56,12 +202,11 @@ def write_report(
     page = render_report(
         analysis, title=title, sources=[str(d) for d in sources], extra_sections=extra, progress=progress
     )
-    out = Path(out_html)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    summary = orjson.dumps(analysis.summary(), option=_JSON_OPTIONS) if json_path is not None else None
+    out = write_atomic(out_html, page.encode("utf-8"))
     log.info("wrote %s (%d bytes)", out, len(page))
-    if json_path is not None:
-        write_json(analysis.summary(), json_path)
+    if json_path is not None and summary is not None:
+        write_atomic(json_path, summary)
     return out
 
 
@@ -81,6 +226,11 @@ def build_report(
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
+    check_writable(out_html, "-o")
+    if json_path is not None:
+        check_writable(json_path, "--json")
+        if Path(json_path).resolve() == Path(out_html).resolve():
+            raise OutputError(f"--json {json_path}: same file as -o; pass two different paths")
     analysis = load(dirs, config, format=fmt, on_error=on_error, progress=progress, jobs=jobs, executor=executor)
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
     return analysis

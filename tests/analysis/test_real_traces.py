@@ -125,13 +125,23 @@ def test_param_dlrm_known_answer(dlrm):
     assert a.clock.height == 1 and a.clock["offset_ns"][0] == 0
 
 
+def test_edge_cases_directory_is_two_jobs(external_dir):
+    """The two edge-case files were captured 693 days apart: one job's clock cannot hold both, so
+    reading them as one trace set is refused (issue 12: a rank on another clock made 19-year waits)."""
+    from ep_trace.errors import RankConflictError
+
+    with pytest.raises(RankConflictError, match=r"starts 692.9 days after .*distributed_info_not_found"):
+        read_trace_dir(external_dir / "kineto/edge_cases")
+
+
 @pytest.mark.parametrize(
     "sub",
     [
         "kineto/hta_torchrec_pair",
         "kineto/hta_nccl_metadata",
         "kineto/hta_torchrec16_rank0",
-        "kineto/edge_cases",
+        "kineto/edge_cases/distributed_info_not_found.json.gz",
+        "kineto/edge_cases/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
         "nsys/nsys_ai_2gpu/mfu_2gpu_before.sqlite",
         "nsys/pipit_saxpy",
         "nsys/flameox",

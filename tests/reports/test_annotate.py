@@ -22,7 +22,6 @@ import polars as pl
 import pytest
 
 import ep_trace
-from ep_trace.analysis.result import Analysis
 from ep_trace.cli.annotate import _Originals, original_files
 from ep_trace.parsers.kineto_original import read_original
 from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, write_annotated_traces
@@ -147,11 +146,6 @@ def test_nsight_input_gives_a_chrome_trace_with_the_same_tracks(external_dir, tm
     assert kernels
 
 
-@dataclasses.dataclass(frozen=True)
-class _WithCriticalPath(Analysis):
-    critical_path: pl.DataFrame | None = None
-
-
 def test_critical_path_and_finding_tracks(samples_dir, tmp_path):
     src = samples_dir / "skewed_straggler"
     a = ep_trace.load(src)
@@ -168,7 +162,7 @@ def test_critical_path_and_finding_tracks(samples_dir, tmp_path):
             "name": ["aten::mm", "gloo:all_to_all"],
         }
     )
-    b = _WithCriticalPath(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)}, critical_path=cp)
+    b = dataclasses.replace(a, critical_path=cp)
     write_annotated_traces(b, tmp_path, originals=_Originals(original_files(b.tables.ranks)))
     doc = _load_gz(tmp_path / "rank1.ep-annotated.json.gz")
     ours = [e for e in doc["traceEvents"] if e.get("pid") == ANALYSIS_PID and e["ph"] == "X"]

@@ -44,13 +44,8 @@ def a4():
     return make_fake_analysis()
 
 
-@dataclasses.dataclass(frozen=True)
-class _WithCP(Analysis):
-    critical_path: pl.DataFrame | None = None
-
-
-def _with_cp(a: Analysis, cp: pl.DataFrame) -> _WithCP:
-    return _WithCP(**{f.name: getattr(a, f.name) for f in dataclasses.fields(a)}, critical_path=cp)
+def _with_cp(a: Analysis, cp: pl.DataFrame) -> Analysis:
+    return dataclasses.replace(a, critical_path=cp)
 
 
 # ---- 1. breakdown, top kernels, critical path ------------------------------------------------
