@@ -290,16 +290,16 @@ def read_batches(
     try:
         for res in run_batches(specs, executor, in_flight=2 * workers, progress=progress, n_files=len(inputs)):
             for fr in res.files:
-                exc = fr.exception()
-                if exc is None:
+                err = fr.exception()
+                if err is None:
                     ranks_of.append((fr.ranks, fr.info))  # type: ignore[arg-type]
                     continue
                 if on_error != "skip":
-                    raise exc
+                    raise err
                 skipped.append(
-                    schema.LoadIssue(fr.path, rank_from_file_name(Path(fr.path).name), "error", f"skipped: {exc}")
+                    schema.LoadIssue(fr.path, rank_from_file_name(Path(fr.path).name), "error", f"skipped: {err}")
                 )
-                log.warning("skipped %s: %s", fr.path, exc)
+                log.warning("skipped %s: %s", fr.path, err)
             sc_errors.extend(res.sidecar_issues)
             used.update(res.sidecar_ranks)
             results.append(res)

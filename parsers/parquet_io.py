@@ -180,7 +180,11 @@ def write_parquet(
         (out / name).mkdir()
         if df.height:
             p = out / name / "part-000000.parquet"
-            _replace_into(p, lambda tmp, df=df: df.write_parquet(tmp, compression="zstd", statistics=True))
+
+            def write(tmp: Path, df: pl.DataFrame = df) -> None:
+                df.write_parquet(tmp, compression="zstd", statistics=True)
+
+            _replace_into(p, write)
             written.append(p)
     man = dict(manifest or {})
     man.setdefault("tables", {n: tables.table(n).height for n in TABLE_NAMES})  # type: ignore[arg-type]

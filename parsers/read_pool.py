@@ -158,11 +158,12 @@ class FileResult:
     info: object | None = None
     error: EpTraceError | None = None
     error_args: tuple[Any, ...] | None = None  # TraceFormatError(path, problem, fix, record)
+    error_cls: type[TraceFormatError] = TraceFormatError  # or a subclass with that constructor
 
     def exception(self) -> EpTraceError | None:
         """The file's error, rebuilt (TraceFormatError pickles through its formatted message only)."""
         if self.error_args is not None:
-            return TraceFormatError(*self.error_args)
+            return self.error_cls(*self.error_args)
         return self.error
 
 
@@ -267,7 +268,8 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
         try:
             tabs, res, scs = _read_file(Path(p), fmt, spec)
         except TraceFormatError as exc:
-            files.append(FileResult(p, error_args=(exc.path, exc.problem, exc.fix, exc.record)))
+            args = (exc.path, exc.problem, exc.fix, exc.record)
+            files.append(FileResult(p, error_args=args, error_cls=type(exc)))
         except EpTraceError as exc:
             files.append(FileResult(p, error=exc))
         else:
@@ -302,10 +304,14 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
 
 
 def _json_bytes(path: Path) -> int:
-    """Estimated decoded size of an input (drives batching only)."""
-    if path.is_dir():
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-    size = path.stat().st_size
+    """Estimated decoded size of an input (drives batching only; an unreadable path counts 0 and is
+    refused, naming it, by its reader's path check)."""
+    try:
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        size = path.stat().st_size
+    except OSError:
+        return 0
     return size * _GZ_RATIO if path.name.endswith(".gz") else size
 
 
