@@ -36,7 +36,7 @@ from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.trace_files import SIDECAR_VERSION
 
-__all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar"]
+__all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar", "read_workload"]
 
 _META_TO_RANKS = {
     "world_size": "world_size",
@@ -142,6 +142,31 @@ def read_sidecar(path: str | Path) -> Sidecar:
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
     return Sidecar(str(path), meta, routing, a2a, tuple(issues))
+
+
+def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
+    """The ``meta.workload`` object of the lowest-ranked sidecar in ``trace_dir`` (docs/sidecar.md), or None.
+
+    Only ``meta`` records are decoded (the first lines of the file); a directory without sidecars, or
+    sidecars without a ``workload`` key, gives None.
+    """
+    d = Path(trace_dir)
+    if not d.is_dir():
+        return None
+    files = sorted(d.glob("rank*.ep.jsonl"), key=lambda p: (len(p.name), p.name))
+    for f in files:
+        with open(f, "rb") as fh:
+            for line in fh:
+                try:
+                    rec = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    break
+                if not isinstance(rec, dict) or rec.get("type") != "meta":
+                    break
+                wl = rec.get("workload")
+                if isinstance(wl, dict):
+                    return wl
+    return None
 
 
 def _routing_counts(sc: Sidecar, rank: int) -> pl.DataFrame:

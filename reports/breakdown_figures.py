@@ -15,6 +15,7 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.palette import cause_color
+from ep_trace.reports.plot_layout import axis_px, legend_below
 from ep_trace.reports.rank_axis import aggregate, rank_axis
 
 __all__ = ["PART_LABELS", "time_breakdown", "breakdown_sentence", "top_table", "critical_path_of", "add_critical_path"]
@@ -91,11 +92,10 @@ def time_breakdown(analysis: Analysis) -> go.Figure | None:
     fig.update_layout(
         title={"text": "Where each rank's step goes (parts add up to the step)", "x": 0.01, "font": {"size": 15}},
         template="plotly_white",
-        height=380,
+        height=420,
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0},
     )
-    return fig
+    return legend_below(fig, axis_px(x))
 
 
 def top_table(frame: pl.DataFrame | None, analysis: Analysis, n: int = 15) -> pl.DataFrame:

@@ -19,6 +19,8 @@ import polars as pl
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.breakdown_figures import add_critical_path, critical_path_of
 from ep_trace.reports.palette import CAUSE_COLORS, DIVERGING, OTHER, SEQUENTIAL, STAGE_COLORS
+from ep_trace.reports.plot_layout import axis_px as _axis_px
+from ep_trace.reports.plot_layout import legend_below
 from ep_trace.reports.rank_axis import aggregate, rank_axis
 from ep_trace.stage_names import STAGES
 
@@ -137,17 +139,16 @@ def zero_based_heatmap(
     return fig
 
 
-def _layout(fig: go.Figure, title: str, height: int = 380, **kw: object) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 380, axis_px: int = 64, **kw: object) -> go.Figure:
     bottom = max(50, int(fig.layout.margin.b or 0))  # a heatmap's "vs mean" buttons sit under the plot
     fig.update_layout(
         title={"text": title, "x": 0.01, "font": {"size": 15}},
         template=_TEMPLATE,
         height=height,
         margin={"l": 60, "r": 20, "t": 50, "b": bottom},
-        legend={"orientation": "h", "y": -0.22, "yanchor": "top", "x": 0, "traceorder": "normal"},
         **kw,
     )
-    return fig
+    return legend_below(fig, axis_px)
 
 
 def _stage_order(names: list[str]) -> list[str]:
@@ -234,7 +235,8 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title_text="ms per step (P50 over steps)")
     fig.update_xaxes(title_text="rank, busy or window")
-    return _layout(fig, "Stage time per rank: busy vs window", height=420)
+    # two-level category axis (rank over busy / window), rotated on a phone: room for it
+    return _layout(fig, "Stage time per rank: busy vs window", height=420, axis_px=130)
 
 
 @dataclass(frozen=True)
@@ -404,11 +406,7 @@ def step_timeline(
     title = f"Timeline of step {sel.step}" if sel.step is not None else "Timeline"
     if sel.sampled:
         title += f" ({len(sel.ranks)} of {sel.n_ranks_total} ranks)"
-    fig = _layout(fig, title, height=height, hovermode="closest")
-    # legend under the plot, below the axis title: never under the toolbar
-    return fig.update_layout(
-        legend={"orientation": "h", "y": -60 / max(height - 100, 1), "yanchor": "top", "x": 0}, margin={"b": 90}
-    )
+    return _layout(fig, title, height=height, hovermode="closest")
 
 
 def _binned_matrix(
@@ -629,7 +627,7 @@ def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
     fig.update_layout(barmode="stack")
     fig.update_xaxes(type="category", title_text=xtitle)
     fig.update_yaxes(title_text="ms per step")
-    return _layout(fig, "Communication per rank: overlapped vs exposed", height=340)
+    return _layout(fig, "Communication per rank: overlapped vs exposed", height=380, axis_px=_axis_px(x))
 
 
 def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
@@ -706,7 +704,7 @@ def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
     fig.update_layout(barmode="stack")
     fig.update_xaxes(type="category", title_text=xtitle)
     fig.update_yaxes(title_text="ms per step")
-    return _layout(fig, "Collective time per rank: barrier wait vs transfer", height=340)
+    return _layout(fig, "Collective time per rank: barrier wait vs transfer", height=380, axis_px=_axis_px(x))
 
 
 def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | None:

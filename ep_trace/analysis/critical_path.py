@@ -55,7 +55,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     rank = n["rank"].to_numpy()
     step = n["step"].to_numpy()
     s = n["start_ns"].to_numpy()
-    a = n["arrival_ns"].to_numpy()
+    a = n["arrival_ns"].to_numpy() + n["slack_ns"].to_numpy()
     e = n["end_ns"].to_numpy()
     pred = n["pred"].to_numpy()
     peer = n["peer"].to_numpy()

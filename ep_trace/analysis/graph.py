@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from ep_trace.analysis.intervals import range_join, subtract, union
+from ep_trace.analysis.intervals import range_join, union
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
@@ -56,6 +56,7 @@ _NODE_SCHEMA: dict[str, PolarsDataType] = {
     "transfer_ns": pl.Int64,
     "full": pl.Boolean,
     "waited_for": pl.Int32,
+    "slack_ns": pl.Int64,
 }
 _COLS: dict[str, PolarsDataType] = {k: v for k, v in _NODE_SCHEMA.items() if k != "node"}
 
@@ -70,7 +71,8 @@ class StepGraph:
             clock; the step end for 'end' nodes), ``arrival_ns`` (a_r of a call), ``transfer_ns``
             (wait-free transfer of a call; the measured length of a local node; 0 for 'end'),
             ``full`` (a_r is the call's last start, so every rank of the call is a dependency),
-            ``waited_for`` (the rank that arrived at a_r), ``pred`` (same-rank predecessor node,
+            ``waited_for`` (the rank that arrived at a_r), ``slack_ns`` (<= 0: the rank ended that
+            long before a_r, within the clock tolerance; its replayed arrival is a_r + slack), ``pred`` (same-rank predecessor node,
             -1 = the step start), ``peer`` (node of ``waited_for`` in the same call, -1 if none),
             ``gap_ns`` (lead gap), ``group`` (nodes joined by one call share it).
         starts: ``rank, step, start_ns, end_ns`` (aligned step windows; ``rs`` = row index).
@@ -89,6 +91,10 @@ def _call_nodes(calls: pl.DataFrame, call_ranks: pl.DataFrame) -> pl.DataFrame:
     info = calls.select("match_id", "collective", "direction", "layer", "valid", pl.col("arrival_ns").alias("_ga"))
     cr = call_ranks.filter(pl.col("step").is_not_null()).join(info, on="match_id", how="inner")
     sync = pl.col("valid")
+    # a rank that ended before the last arrival (within the clock tolerance the call was accepted
+    # with: the aligned clocks are off by that much) left that much "early": kept as a negative
+    # slack on its arrival so that the replay reproduces it instead of pushing the rank late
+    slack = (pl.col("end_ns") - pl.col("arrival_ns")).clip(upper_bound=0)
     return cr.select(
         "rank",
         "step",
@@ -102,11 +108,12 @@ def _call_nodes(calls: pl.DataFrame, call_ranks: pl.DataFrame) -> pl.DataFrame:
         pl.max_horizontal("end_ns", pl.col("start_ns") + 1).alias("end_ns"),
         pl.when(sync).then(pl.col("arrival_ns")).otherwise(pl.col("start_ns")).alias("arrival_ns"),
         pl.when(sync)
-        .then((pl.col("end_ns") - pl.max_horizontal("start_ns", "arrival_ns")).clip(0))
+        .then((pl.col("end_ns") - pl.max_horizontal("start_ns", pl.col("arrival_ns") + slack)).clip(0))
         .otherwise(pl.max_horizontal(pl.col("end_ns") - pl.col("start_ns"), pl.lit(1)))
         .alias("transfer_ns"),
         (sync & (pl.col("arrival_ns") >= pl.col("_ga"))).alias("full"),
         pl.when(sync).then(pl.col("waited_for")).otherwise(pl.col("rank")).alias("waited_for"),
+        pl.when(sync).then(slack).otherwise(0).alias("slack_ns"),
     )
 
 
@@ -168,6 +175,7 @@ def build_graph(
                 pl.max_horizontal(e - s, pl.lit(1)).alias("transfer_ns"),
                 pl.lit(False).alias("full"),
                 pl.col("rank").cast(pl.Int32).alias("waited_for"),
+                pl.lit(0, pl.Int64).alias("slack_ns"),
             )
         )
     comm = (
@@ -191,6 +199,7 @@ def build_graph(
         pl.lit(0, pl.Int64).alias("transfer_ns"),
         pl.lit(False).alias("full"),
         pl.col("rank").alias("waited_for"),
+        pl.lit(0, pl.Int64).alias("slack_ns"),
     )
     nodes = (
         pl.concat([comm.select(list(_COLS)), ends.cast(pl.Schema(_COLS))])
@@ -279,12 +288,31 @@ def _work(
             pl.min_horizontal("g_e", "i_e").alias("end_ns"),
         ).filter(pl.col("end_ns") > pl.col("start_ns"))
 
-    c = clip_to_gaps(comp)
-    h = subtract(clip_to_gaps(stl), c, ["node", "rank"]) if stl.height else c.head(0)
-    busy = pl.concat([c, h.select(c.columns)])
-    idle = subtract(
-        g.select("node", "rank", pl.col("g_s").alias("start_ns"), pl.col("g_e").alias("end_ns")), busy, ["node", "rank"]
-    )
+    spans = g.select("node", "rank", pl.col("g_s").alias("start_ns"), pl.col("g_e").alias("end_ns"))
+    c = clip_to_gaps(comp)  # disjoint within a node: the rank's compute union, clipped
+    if stl.height:
+        # stall = blocking call with no compute under it: the stall intervals within the compute holes
+        free = _holes(spans, c, "node")
+        j = range_join(
+            clip_to_gaps(stl),
+            free.rename({"start_ns": "f_s", "end_ns": "f_e"}).drop("rank"),
+            ("start_ns", "end_ns"),
+            ("f_s", "f_e"),
+            by=("node",),
+        )
+        h = union(
+            j.select(
+                "node",
+                "rank",
+                pl.max_horizontal("start_ns", "f_s").alias("start_ns"),
+                pl.min_horizontal("end_ns", "f_e").alias("end_ns"),
+            ).filter(pl.col("end_ns") > pl.col("start_ns")),
+            ["node", "rank"],
+        )
+    else:
+        h = c.head(0)
+    busy = union(pl.concat([c, h.select(c.columns)]), ["node", "rank"])
+    idle = _holes(spans, busy, "node")
     pieces = pl.concat(
         [
             c.with_columns(pl.lit("compute").alias("cause")),
@@ -323,10 +351,10 @@ def _work(
             .filter(pl.col("end_ns") > pl.col("start_ns"))
             .drop("_pe")
         )
-        rest = subtract(
+        rest = _holes(
             pieces.select("pid", "rank", "start_ns", "end_ns"),
             staged.select("pid", "rank", "start_ns", "end_ns"),
-            ["pid", "rank"],
+            "pid",
         ).join(pieces.select("pid", "node", "cause"), on="pid")
         out = pl.concat(
             [
@@ -354,6 +382,27 @@ def _work(
         )
     out = out.join(nodes.select("node", "step"), on="node")
     return out.select(list(schema)).cast(pl.Schema(schema)).sort("node", "start_ns")
+
+
+def _holes(spans: pl.DataFrame, pieces: pl.DataFrame, key: str) -> pl.DataFrame:
+    """Parts of each span (one row per ``key``) not covered by its pieces (disjoint, inside the span).
+
+    One sort and a shift per key instead of a general interval difference (``intervals.subtract``
+    over millions of one-interval groups costs seconds): the holes are the spaces between consecutive
+    pieces, before the first and after the last.
+    """
+    p = pieces.select(key, "start_ns", "end_ns").sort(key, "start_ns")
+    sp = spans.select(key, "rank", pl.col("start_ns").alias("_s"), pl.col("end_ns").alias("_e"))
+    inner = (
+        p.with_columns(pl.col("end_ns").shift(1).over(key).alias("_pe"))
+        .join(sp, on=key)
+        .select(key, "rank", pl.coalesce("_pe", "_s").alias("start_ns"), pl.col("start_ns").alias("end_ns"))
+    )
+    last = p.group_by(key).agg(pl.col("end_ns").max().alias("_le"))
+    tail = sp.join(last, on=key, how="left").select(
+        key, "rank", pl.coalesce("_le", "_s").alias("start_ns"), pl.col("_e").alias("end_ns")
+    )
+    return pl.concat([inner, tail]).filter(pl.col("end_ns") > pl.col("start_ns")).sort(key, "start_ns")
 
 
 def level_order(nodes: pl.DataFrame) -> np.ndarray:

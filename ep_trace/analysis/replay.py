@@ -10,9 +10,9 @@ vectorised numpy step, so the loop runs once per collective *position*, not per 
   else the peer it waited for); it ends at ``sync + transfer``;
 * a local node ends at ``s + measured length``; the step end is ``end(pred) + gap``.
 
-With the measured gaps and transfers the replay reproduces the measured timeline (exactly, but for
-calls that ended before their last arrival within the clock tolerance: their transfer is clipped to
-0); :func:`replay_error` reports it per rank and step. With ``overlap=True`` a transfer runs
+With the measured gaps and transfers the replay reproduces the measured timeline exactly (a rank
+that ended a call before its last arrival, within the clock tolerance, keeps that as a negative
+slack on its arrival); :func:`replay_error` reports the error per rank and step. With ``overlap=True`` a transfer runs
 behind the work that follows it: the next node starts at ``max(sync + gap, end)`` (the
 ``full_overlap`` what-if).
 """
@@ -43,6 +43,7 @@ class Prepared:
     step_start: np.ndarray
     gap: np.ndarray
     transfer: np.ndarray
+    slack: np.ndarray
     levels: list[np.ndarray]
     end_nodes: np.ndarray
     t0: int  # times are relative to it: float64 keeps ns exact only below 2**53 (epoch ns are ~2**60)
@@ -87,6 +88,7 @@ def prepare(g: StepGraph) -> Prepared:
         step_start=(g.starts["start_ns"].to_numpy() - t0).astype(np.float64),
         gap=n["gap_ns"].to_numpy().astype(np.float64),
         transfer=n["transfer_ns"].to_numpy().astype(np.float64),
+        slack=n["slack_ns"].to_numpy().astype(np.float64),
         levels=levels,
         end_nodes=end_nodes,
         t0=t0,
@@ -127,7 +129,7 @@ def replay(
         grp = p.group[idx]
         np.maximum.at(gmax, grp, st)
         pe = p.peer[idx]
-        arr = np.where(p.full[idx], gmax[grp], np.where(pe >= 0, s[np.maximum(pe, 0)], st))
+        arr = np.where(p.full[idx], gmax[grp], np.where(pe >= 0, s[np.maximum(pe, 0)], st)) + p.slack[idx]
         arr = np.where(p.sync[idx], np.maximum(arr, st), st)
         a[idx] = arr
         e[idx] = arr + tr[idx]

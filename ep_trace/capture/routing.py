@@ -130,6 +130,7 @@ def record_a2a(
     group_ranks: Sequence[int] | None = None,
     call: int | None = None,
     phase: str = "fwd",
+    link_delay_ns: int | None = None,
 ) -> None:
     """Record one all-to-all(v) call of this rank with its full split lists.
 
@@ -146,6 +147,8 @@ def record_a2a(
         call: Ordinal from :func:`reserve_a2a_call` taken when an async call was *issued*; default:
             the next ordinal now (right for synchronous calls recorded right after they return).
         phase: ``"fwd"``, or ``"bwd"`` for the transposed all-to-all of the backward pass.
+        link_delay_ns: The injected link delay this call really waited (``ep-trace demo
+            --link-latency-ms``), when there is one: the known answer a sweep's α is checked against.
 
     Raises:
         ConfigError: unknown direction, or split lists whose length differs from the group size.
@@ -179,4 +182,5 @@ def record_a2a(
         group_ranks=ranks,
         start_ns=int(start_ns),
         end_ns=int(end_ns),
+        **({} if link_delay_ns is None else {"link_delay_ns": int(link_delay_ns)}),
     )

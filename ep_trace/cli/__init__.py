@@ -20,7 +20,7 @@ def _register() -> None:
     # Importing a command module registers its commands on `app`.
     from importlib import import_module
 
-    for mod in ("demo", "ingest", "analyze", "compare", "annotate"):
+    for mod in ("demo", "ingest", "analyze", "compare", "annotate", "sweep"):
         try:
             import_module(f"ep_trace.cli.{mod}")
         except ModuleNotFoundError as exc:  # a command module not written yet

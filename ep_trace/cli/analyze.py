@@ -6,14 +6,17 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional, cast
+from typing import TYPE_CHECKING, Literal, Optional, cast
 
 import typer
 
 from ep_trace.cli.app import app, console, err_console
 from ep_trace.errors import ConfigError
 
-__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "engine_executor"]
+if TYPE_CHECKING:
+    from ep_trace.analysis import Analysis
+
+__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "write_run_record", "engine_executor"]
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -126,6 +129,9 @@ def analyze_cmd(
         None, "--address", help="Ray cluster address for --engine ray (default: RAY_ADDRESS or a new local Ray)."
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
+    record: Optional[Path] = typer.Option(
+        None, "--record", help="Also write the run record (docs/run_record.md) as YAML here."
+    ),
 ) -> None:
     """Analyze EP MoE traces and write a self-contained HTML report.
 
@@ -150,6 +156,10 @@ def analyze_cmd(
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
     fmt = check_format(fmt)
+    if record is not None:
+        from ep_trace.cli.outputs import check_writable
+
+        check_writable(record, "--record")
     with progress_bar() as progress, engine_executor(engine, jobs, address) as executor:
         analysis = build_report(
             dirs,
@@ -169,3 +179,17 @@ def analyze_cmd(
     console.print(f"report: {printable(str(out))}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         console.print(f"summary: {printable(str(json_out))}", markup=False, highlight=False, soft_wrap=True)
+    if record is not None:
+        write_run_record(for_display(analysis), dirs, record)
+        console.print(f"run record: {printable(str(record))}", markup=False, highlight=False, soft_wrap=True)
+
+
+def write_run_record(analysis: Analysis, dirs: list[Path], path: Path) -> None:
+    """Write the run record of ``analysis`` (workload knobs from the first directory's sidecar)."""
+    from ep_trace.analysis.run_record import run_record
+    from ep_trace.cli.outputs import write_yaml
+    from ep_trace.parsers.sidecar import read_workload
+
+    workload = next((w for w in (read_workload(d) for d in dirs) if w is not None), None)
+    label = ", ".join(d.name or str(d) for d in dirs)
+    write_yaml(run_record(analysis, label, [str(d) for d in dirs], workload), path)

@@ -23,7 +23,7 @@ import polars as pl
 from ep_trace.analysis import Analysis, AnalysisConfig
 from ep_trace.errors import OutputError
 
-__all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report"]
+__all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report", "write_yaml"]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
@@ -170,6 +170,14 @@ def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS, escape_controls:
 def write_json(obj: Any, path: str | Path) -> Path:
     """Write ``obj`` as indented JSON (numpy values and non-string keys allowed), atomically."""
     return write_atomic(path, orjson.dumps(obj, option=_JSON_OPTIONS))
+
+
+def write_yaml(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` (plain dicts / lists / scalars) as block-style YAML in key order, atomically."""
+    import yaml
+
+    text = yaml.safe_dump(obj, sort_keys=False, allow_unicode=True, width=120)
+    return write_atomic(path, text.encode("utf-8"))
 
 
 def write_report(

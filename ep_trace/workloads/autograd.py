@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ep_trace.capture.routing import record_a2a
 from ep_trace.capture.stages import stage
 
-__all__ = ["a2a", "bwd_region", "BwdRange"]
+__all__ = ["a2a", "bwd_region", "BwdRange", "link_delay"]
 
 
 def a2a(
@@ -33,6 +33,7 @@ def a2a(
     ranks: list[int],
     layer: int,
     direction: str,
+    link_latency_ms: float = 0.0,
 ) -> torch.Tensor:
     """Synchronous ``all_to_all_single`` of rows, differentiable, recorded in both directions.
 
@@ -44,12 +45,33 @@ def a2a(
         ranks: Global ranks of the group, group-local order (sidecar).
         layer: Layer index (sidecar, backward stage range).
         direction: ``dispatch`` or ``combine`` (also the stage name of the backward range).
+        link_latency_ms: Fixed delay before the call, forward and backward (:func:`link_delay`).
     """
     if torch.is_grad_enabled() and inp.requires_grad:
-        return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction)
+        return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction, link_latency_ms)
     # No autograd node when no gradient flows: Function.apply records a cpu_op range named after the
     # class around the collective, which trace analysis could mistake for compute.
-    return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction)
+    return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction, link_latency_ms)
+
+
+def link_delay(ms: float) -> int | None:
+    """A fixed latency added to one all-to-all: the stand-in for a cross-node hop (``--link-latency-ms``).
+
+    A sleep on the calling thread just before the collective, inside its dispatch / combine range:
+    the stage and the step get exactly ``ms`` longer per call whatever the message size, as they would
+    with a fixed per-message network latency. gloo gives no hook inside the transfer, so the trace
+    shows the delay as host time of the stage range outside any op (not as collective time); sweep
+    fits read stage time, which includes it (docs/sweep.md).
+
+    Returns:
+        The delay really waited, ns (a sleep ends late on a loaded machine: the OS wakes the thread
+        when a core is free), or None without a delay; recorded as ``link_delay_ns`` in the sidecar.
+    """
+    if ms <= 0:
+        return None
+    t0 = time.perf_counter_ns()
+    time.sleep(ms / 1000.0)
+    return time.perf_counter_ns() - t0
 
 
 class _NoCtx:
@@ -73,8 +95,10 @@ class _A2A(torch.autograd.Function):
         ranks: list[int],
         layer: int,
         direction: str,
+        link_latency_ms: float = 0.0,
     ) -> torch.Tensor:  # noqa: E501
         out = inp.new_empty(sum(out_splits), inp.shape[1])
+        waited = link_delay(link_latency_ms)
         t0 = time.time_ns()
         _run(out, inp.contiguous(), out_splits, in_splits, group)
         rb = inp.shape[1] * inp.element_size()
@@ -87,15 +111,17 @@ class _A2A(torch.autograd.Function):
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
+            link_delay_ns=waited,
         )
-        ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb)
+        ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb, link_latency_ms)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        out_splits, in_splits, group, ranks, layer, direction, rb = ctx.args
+        out_splits, in_splits, group, ranks, layer, direction, rb, delay_ms = ctx.args
         with stage(direction, layer, phase="bwd"):
             g = grad.new_empty(sum(in_splits), grad.shape[1])
+            waited = link_delay(delay_ms)
             t0 = time.time_ns()
             _run(g, grad.contiguous(), in_splits, out_splits, group)
             record_a2a(
@@ -108,8 +134,9 @@ class _A2A(torch.autograd.Function):
                 start_ns=t0,
                 end_ns=time.time_ns(),
                 phase="bwd",
+                link_delay_ns=waited,
             )
-        return g, None, None, None, None, None, None
+        return g, None, None, None, None, None, None, None
 
 
 class BwdRange:

@@ -56,6 +56,9 @@ class DemoConfig:
         backend: ``gloo`` (CPU tensors) or ``nccl`` (one CUDA device per rank, ``cuda:<rank>``).
         backward: Also run the backward pass of each step (loss = mean of squared activations):
             transposed all-to-alls and ``phase="bwd"`` stage ranges. Needs ``chunks == 1``.
+        link_latency_ms: Fixed delay added to every all-to-all (count exchange, dispatch, combine;
+            forward and backward), a stand-in for a cross-node hop whose size is known, so that a
+            sweep's fitted per-call α can be checked against it. Needs ``chunks == 1``.
     """
 
     ranks: int = 4
@@ -71,6 +74,7 @@ class DemoConfig:
     seed: int = 0
     backend: str = "gloo"
     backward: bool = False
+    link_latency_ms: float = 0.0
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
 
@@ -92,6 +96,14 @@ class DemoConfig:
             raise ConfigError(
                 f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks {self.chunks}"
             )
+        lat = self.link_latency_ms
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
+            raise ConfigError(f"--link-latency-ms: must be a finite number of ms >= 0, got {lat!r}")
+        if lat > 0 and self.chunks > 1:
+            raise ConfigError(
+                f"--link-latency-ms: needs --chunks 1 (a host-side delay would stall the pipelined GEMMs too), "
+                f"got --chunks {self.chunks}"
+            )
         if self.top_k > self.experts:
             raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
         if self.experts % self.ranks:
@@ -110,6 +122,24 @@ class DemoConfig:
     def placement(self) -> list[list[int]]:
         """``placement[e]`` = ranks holding expert e (contiguous blocks, no replicas)."""
         return [[e // self.experts_per_rank] for e in range(self.experts)]
+
+    def workload_meta(self) -> dict[str, Any]:
+        """The ``workload`` object of the sidecar ``meta`` record (docs/sidecar.md): the demo's knobs."""
+        return {
+            "name": "ep_trace.workloads.demo",
+            "tokens": self.tokens,
+            "layers": self.layers,
+            "steps": self.steps,
+            "chunks": self.chunks,
+            "skew": str(self.skew_spec),
+            "straggler": None
+            if self.straggler_spec is None
+            else f"{self.straggler_spec.rank}:{self.straggler_spec.ms:g}",
+            "link_latency_ms": float(self.link_latency_ms),
+            "backward": self.backward,
+            "seed": self.seed,
+            "phase": "training" if self.backward else "forward",
+        }
 
 
 def _seed(*parts: int) -> int:
@@ -176,8 +206,9 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
                 layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks
             )
         y = ep_moe_forward(
-            h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms
-        )
+            h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms,
+            link_latency_ms=cfg.link_latency_ms,
+        )  # fmt: skip
         h = h + y
     if cfg.backward:
         (h * h).mean().backward()  # gradients are dropped: the demo measures, it does not train
@@ -233,6 +264,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "hidden_size": cfg.hidden,
             "dtype": "float32",
             "device": str(dev),
+            "workload": cfg.workload_meta(),
         }
         tracer = Tracer(out_dir, job_id=job_id, meta=meta)
         with _quiet_stderr_fd():

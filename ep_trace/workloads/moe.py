@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ep_trace.capture.routing import record_a2a, reserve_a2a_call
 from ep_trace.capture.stages import stage
-from ep_trace.workloads.autograd import a2a, bwd_region
+from ep_trace.workloads.autograd import a2a, bwd_region, link_delay
 
 __all__ = [
     "MoEWeights",
@@ -170,6 +170,7 @@ def ep_moe_forward(
     group: Any = None,
     chunks: int = 1,
     straggle_ms: float = 0.0,
+    link_latency_ms: float = 0.0,
     debug: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, EpDebug]:
     """Expert-parallel forward of one MoE layer on this rank (route already done).
@@ -184,6 +185,9 @@ def ep_moe_forward(
         group: Process group (``None``: the default group).
         chunks: Pipeline chunks for dispatch / expert / combine (1: no pipelining).
         straggle_ms: Delay (sleep) inside the expert stage, ms per layer (split over chunks).
+        link_latency_ms: Fixed delay before every all-to-all (count exchange, dispatch, combine), the
+            stand-in for a cross-node hop (:func:`ep_trace.workloads.autograd.link_delay`); needs
+            ``chunks=1`` (in the pipelined path a host sleep would also stall the GEMMs it should overlap).
         debug: Also return :class:`EpDebug` (costs one extra all-to-all of tags, not recorded).
 
     Autograd: with ``chunks=1`` the layer is differentiable (tokens, gate weights, expert weights);
@@ -200,6 +204,8 @@ def ep_moe_forward(
     grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad or w.w1.requires_grad)
     if grad and chunks > 1:
         raise ValueError("ep_moe_forward: the chunked pipeline is forward-only; use chunks=1 with autograd")
+    if link_latency_ms > 0 and chunks > 1:
+        raise ValueError("ep_moe_forward: link_latency_ms needs chunks=1")
     p_in, p_out = bwd_region("permute", layer)
     with stage("permute", layer):
         flat = topk_ids.reshape(-1)
@@ -208,6 +214,7 @@ def ep_moe_forward(
         send_x = p_out(p_in(x).index_select(0, order // k))
     with stage("dispatch", layer):
         recv_counts = torch.empty_like(counts)
+        waited = link_delay(link_latency_ms)
         t0 = time.time_ns()
         _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
         record_a2a(
@@ -219,6 +226,7 @@ def ep_moe_forward(
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
+            link_delay_ns=waited,
         )
         rc = recv_counts.view(W, L)
         # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H
@@ -227,14 +235,20 @@ def ep_moe_forward(
         recv_splits = rc.sum(1).tolist()
         local_eid = torch.repeat_interleave(torch.arange(L, device=x.device).repeat(W), rc.reshape(-1))
         if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
-            recv_x = a2a(send_x, recv_splits, send_splits, group=group, ranks=ranks, layer=layer, direction="dispatch")
+            recv_x = a2a(
+                send_x, recv_splits, send_splits, group=group, ranks=ranks, layer=layer, direction="dispatch",
+                link_latency_ms=link_latency_ms,
+            )  # fmt: skip
     if chunks <= 1:
         e_in, e_out = bwd_region("expert", layer)
         with stage("expert", layer):
             out = e_out(_grouped_experts(e_in(recv_x), local_eid, w))
             _straggle(straggle_ms)
         with stage("combine", layer):
-            back = a2a(out, send_splits, recv_splits, group=group, ranks=ranks, layer=layer, direction="combine")
+            back = a2a(
+                out, send_splits, recv_splits, group=group, ranks=ranks, layer=layer, direction="combine",
+                link_latency_ms=link_latency_ms,
+            )  # fmt: skip
     else:
         back = _pipelined(x, send_x, local_eid, w, send_splits, recv_splits, ranks, group, layer, chunks, straggle_ms)
     u_in, u_out = bwd_region("unpermute", layer)

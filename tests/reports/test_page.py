@@ -160,3 +160,16 @@ def test_page_ships_the_cartesian_partial_bundle_and_every_trace_type_is_in_it(a
         for t in f.to_dict()["data"]
     }
     assert used and used <= CARTESIAN_TRACES, used
+
+
+def test_readme_shows_the_committed_report_screenshot():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    png = root / "docs" / "report.png"
+    assert "![report](docs/report.png)" in (root / "README.md").read_text()
+    # a real 1440 x 900 capture of the demo report (tests/reports/test_browser.py with
+    # EP_TRACE_UPDATE_SCREENSHOT=1 refreshes it), not a placeholder
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(head[16:20], "big") == 1440
+    assert png.stat().st_size > 50_000
