@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from concurrent.futures import Executor
+
     from ep_trace.analysis import Analysis, AnalysisConfig, analyze
     from ep_trace.capture import Tracer, record_a2a, record_routing, stage
     from ep_trace.errors import EpTraceError
@@ -78,6 +80,7 @@ def load(
     progress: Callable[[str, int, int], None] | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> Analysis:
     """Read the trace directories (or files) of one job and analyze them: ingest, then analysis.
 
@@ -88,7 +91,12 @@ def load(
         on_error: ``'skip'`` keeps going past unreadable ranks (named in the load report).
         progress: Optional callback ``progress(stage, done, total)``.
         rank_map: ``{file name | path: rank}`` overriding the rank found in each file.
-        jobs: Rank files read at once, each in its own worker process.
+        jobs: Worker processes at most for reading the rank files (fewer when the files are too
+            few or small to repay a worker's start-up; see ``ep_trace.parsers.engines``).
+        executor: Read the rank files on this ``concurrent.futures.Executor`` instead (e.g.
+            ``ep_trace.parsers.engines.RayExecutor()`` or a Dask ``Client.get_executor()``); the
+            cross-rank analysis runs here. An ``ep-trace ingest`` output directory in ``paths`` is
+            read back without parsing.
 
     Returns:
         The frozen :class:`Analysis` (all times int64 ns).
@@ -102,7 +110,7 @@ def load(
     from ep_trace.parsers import read_trace_dirs
 
     dirs = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs)
+    tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs, executor)
     if tables.events.height == 0:
         names = ", ".join(map(str, dirs))
         raise NothingToAnalyzeError(

@@ -16,6 +16,7 @@ present); the analysis trusts its inputs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -235,6 +236,11 @@ TableName = Literal["ranks", "events", "collectives", "stages", "routing_counts"
 
 def empty(table: TableName) -> pl.DataFrame:
     """An empty frame with the table's schema."""
+    return _empty(table).clone()  # building one costs ~1 ms (nested dtypes); readers ask per file
+
+
+@functools.cache
+def _empty(table: str) -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMAS[table])
 
 

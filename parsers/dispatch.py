@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,13 +42,30 @@ from ep_trace.errors import (
     TraceFormatError,
 )
 from ep_trace.parsers import validate
-from ep_trace.parsers.kernel_collectives import with_kernel_collectives
+from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
-from ep_trace.parsers.read_pool import read_files
-from ep_trace.parsers.routing_splits import routing_from_splits
-from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
+from ep_trace.parsers.parquet_read import is_ingest_dir, read_parquet
+from ep_trace.parsers.read_pool import (
+    BatchResult,
+    BatchSpec,
+    estimated_cpu_s,
+    plan_batches,
+    read_sidecar_checked,
+    run_batches,
+)
 
-__all__ = ["Format", "FORMATS", "check_format", "detect_format", "discover", "read_trace_dir", "merge_tables"]
+__all__ = [
+    "Format",
+    "FORMATS",
+    "ReadRun",
+    "check_format",
+    "detect_format",
+    "discover",
+    "merge_tables",
+    "read_batches",
+    "read_trace_dir",
+    "splits_routing",
+]
 
 log = logging.getLogger(__name__)
 
@@ -178,28 +196,9 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
 _NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
 
 
-def _split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
-    ranks = t.ranks["rank"].to_list()
-    if len(ranks) == 1:
-        return [t]
-    out = []
-    for i, r in enumerate(ranks):
-        sel = {name: t.table(name).filter(pl.col("rank") == r) for name in ("events", "collectives", "routing_counts")}
-        out.append(
-            schema.TraceTables(
-                ranks=t.ranks.slice(i, 1),
-                events=sel["events"],
-                collectives=sel["collectives"],
-                routing_counts=sel["routing_counts"],
-                load_report=t.load_report if i == 0 else (),
-            )
-        )
-    return out
-
-
-def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
-    """Reject duplicate ranks and mixed jobs, naming the files (every group of them)."""
-    ranks = pl.concat([t.ranks for t, _ in parts], how="diagonal_relaxed")
+def _check_job(parts: list[tuple[pl.DataFrame, object | None]]) -> None:
+    """Reject duplicate ranks and mixed jobs, naming the files (``parts``: each file's ranks rows and info)."""
+    ranks = pl.concat([t for t, _ in parts], how="diagonal_relaxed")
     # a rank no evidence gave (nsys 'assumed', Kineto 'default'): never several files at rank 0
     assumed = ranks.filter(pl.col("rank_source").is_in(["assumed", "default"]))
     if assumed.height > 1:
@@ -217,7 +216,7 @@ def _check_job(parts: list[tuple[schema.TraceTables, object | None]]) -> None:
         )
     seen: dict[int, str] = {}
     for t, _ in parts:
-        for r, f in t.ranks.select("rank", "source_file").iter_rows():
+        for r, f in t.select("rank", "source_file").iter_rows():
             if r in seen:
                 da, db = Path(seen[r]).parent, Path(f).parent
                 where = (
@@ -267,35 +266,125 @@ def merge_tables(
     return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
 
 
-def _read_sidecar_checked(sp: Path, r: int) -> Sidecar:
-    """Read one sidecar, refusing non-files and turning OS / decoder failures into the one-line error."""
-    validate.check_input_path(sp)
+@dataclass
+class ReadRun:
+    """What :func:`read_batches` gathered: the batch results (tables when read in memory), the
+    load-report issues in the order the serial reader gives them, and the ranks rows of every rank."""
+
+    results: list[BatchResult]
+    issues: tuple[schema.LoadIssue, ...]
+    ranks: pl.DataFrame
+
+
+def read_batches(
+    path: str | Path,
+    format: Format = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Progress | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
+    executor: Executor | None = None,
+    out_dir: str | Path | None = None,
+) -> ReadRun:
+    """Decode every input of ``path`` in batches (:mod:`ep_trace.parsers.read_pool`) and check the job.
+
+    ``out_dir`` given: each batch writes its Parquet partitions there and no tables come back.
+    ``executor`` None and ``jobs > 1``: a local process pool of the size the work pays for
+    (:func:`ep_trace.parsers.engines.choose_workers`).
+
+    Raises:
+        TraceFormatError, BadInputError, RankConflictError: as :func:`read_trace_dir`.
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():  # a FIFO or a device given as the path: refused, never opened
+        validate.check_input_path(p)
     try:
-        sc = read_sidecar(sp)
-    except EpTraceError:
-        raise
-    except OSError as exc:
-        raise validate.os_error(sp, exc) from None
-    except Exception as exc:  # noqa: BLE001 - the one-line contract
-        raise validate.unexpected_error(sp, exc) from None
-    if sc.rank is not None and sc.rank != r:
-        raise TraceFormatError(
-            sp, f"meta.rank is {sc.rank} but the file name says rank {r}", "rename the file or re-capture"
+        inputs, sidecar_paths = discover(path, format)
+    except OSError as exc:  # a directory without read permission, an I/O error while listing it
+        raise validate.os_error(exc.filename or path, exc, "cannot list") from None
+    own: Executor | None = None
+    if executor is None and jobs > 1:
+        workers = choose_workers(jobs, estimated_cpu_s(inputs), len(inputs))
+        if workers > 1:
+            own = executor = local_executor(workers)
+        log.info("%s: %d files, %d worker process(es)", path, len(inputs), workers)
+        batches = plan_batches(inputs, workers)
+    else:
+        workers = getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1
+        batches = plan_batches(inputs, workers if executor is not None else 1)
+    specs = [
+        BatchSpec(
+            index=i,
+            files=tuple((str(inputs[j][0]), inputs[j][1]) for j in b),
+            rank_map=dict(rank_map) if rank_map else None,
+            sidecars={r: str(p) for r, p in sidecar_paths.items()},
+            on_error=on_error,
+            out_dir=None if out_dir is None else str(out_dir),
         )
-    return sc
-
-
-def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTables:
-    """:func:`merge_sidecar` after the identity check, with the merged rows range-checked (blamed on the sidecar)."""
-    validate.check_sidecar_identity(t, sc)
+        for i, b in enumerate(batches)
+    ]
+    named = p.is_file()
+    results: list[BatchResult] = []
+    not_traces: list[schema.LoadIssue] = []
+    skipped: list[schema.LoadIssue] = []
+    sc_errors: list[schema.LoadIssue] = []
+    ranks_of: list[tuple[pl.DataFrame, object | None]] = []
+    used: set[int] = set()
     try:
-        out = merge_sidecar(t, sc)
-    except EpTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a field of the wrong type in some record
-        raise validate.unexpected_error(sc.path, exc) from None
-    validate.check_tables(sc.path, out)
-    return out
+        for res in run_batches(specs, executor, in_flight=2 * workers, progress=progress, n_files=len(inputs)):
+            for fr in res.files:
+                err = fr.exception()
+                if err is None:
+                    ranks_of.append((fr.ranks, fr.info))  # type: ignore[arg-type]
+                    continue
+                if not named and isinstance(err, TraceFormatError) and str(err.problem).startswith(_NOT_A_TRACE):
+                    not_traces.append(
+                        schema.LoadIssue(fr.path, None, "warning", f"skipped, not a trace file: {err.problem}")
+                    )
+                    log.warning("skipped %s: not a trace file", fr.path)
+                    continue
+                if on_error != "skip":
+                    raise err
+                skipped.append(
+                    schema.LoadIssue(fr.path, rank_from_file_name(Path(fr.path).name), "error", f"skipped: {err}")
+                )
+                log.warning("skipped %s: %s", fr.path, err)
+            sc_errors.extend(res.sidecar_issues)
+            used.update(res.sidecar_ranks)
+            results.append(res)
+    finally:
+        if own is not None:
+            own.shutdown(wait=True, cancel_futures=True)
+    warnings = []
+    for r, sp in sidecar_paths.items():
+        if r in used:
+            continue
+        try:  # read anyway: a broken sidecar is reported as before, even without its trace file
+            read_sidecar_checked(sp, r)
+        except EpTraceError as exc:
+            if on_error != "skip":
+                raise
+            sc_errors.append(schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}"))
+            log.warning("left out %s: %s", sp, exc)
+            continue
+        warnings.append(schema.LoadIssue(str(sp), r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
+    issues = [i for res in results for i in res.issues] + not_traces + skipped + sc_errors + warnings
+    if not ranks_of:  # every file was skipped (on_error="skip"): nothing true can be said
+        first = skipped[0].message.removeprefix("skipped: ") if skipped else "no readable trace"
+        raise BadInputError(f"{path}: no readable trace file ({len(skipped)} skipped); the first: {first}")
+    _check_job(ranks_of)
+    validate.check_job_clocks(pl.concat([r for r, _ in ranks_of]))
+    return ReadRun(results, tuple(issues), pl.concat([r for r, _ in ranks_of]))
+
+
+def splits_routing(parts: list[pl.DataFrame | None]) -> pl.DataFrame:
+    """The routing matrix derived from all_to_allv splits, from per-batch pieces: the same rows, in
+    the same order (by source rank, then call time), as one derivation over all ranks."""
+    got = [p for p in parts if p is not None and p.height]
+    if not got:
+        return schema.empty("routing_matrix")
+    rm = pl.concat(got).sort("src", maintain_order=True)
+    return schema.validate("routing_matrix", schema.conform("routing_matrix", rm), "<splits>")
 
 
 def read_trace_dir(
@@ -305,8 +394,12 @@ def read_trace_dir(
     progress: Progress | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """Read every trace file of a directory (or one file) into one set of canonical tables.
+
+    An ``ep-trace ingest`` output directory (``manifest.json`` + Parquet tables) is read back as it
+    is (:func:`ep_trace.parsers.parquet_io.read_parquet`; the other options do not apply).
 
     Args:
         path: A trace directory or a single trace file (its directory's sidecars are used).
@@ -316,8 +409,11 @@ def read_trace_dir(
         progress: Optional ``progress(stage, done, total)``; stage ``read`` counts files.
         rank_map: ``{file name | path: rank}`` overriding the rank found in each file (nsys: also
             ``{pid: rank}``).
-        jobs: Files read at once, each in its own worker process (1 = one after another here;
-            memory grows with ``jobs``), see :mod:`ep_trace.parsers.read_pool`.
+        jobs: Worker processes at most (1 = here, one file after another); fewer are started when
+            the files are too few or small to repay a worker's start-up (never slower than 1).
+        executor: Run the batches there instead (``concurrent.futures.Executor``: a
+            :class:`~ep_trace.parsers.engines.RayExecutor`, a Dask ``Client.get_executor()`` ...);
+            ``jobs`` is then ignored.
 
     Returns:
         Validated :class:`~ep_trace.schema.TraceTables` of all ranks.
@@ -326,66 +422,13 @@ def read_trace_dir(
         TraceFormatError: a bad file (``on_error='raise'``), or nothing readable.
         RankConflictError: duplicate ranks or files of different jobs.
     """
-    p = Path(path)
-    if p.exists() and not p.is_dir():  # a FIFO or a device given as the path: refused, never opened
-        validate.check_input_path(p)
-    try:
-        inputs, sidecar_paths = discover(path, format)
-    except OSError as exc:  # a directory without read permission, an I/O error while listing it
-        raise validate.os_error(exc.filename or path, exc, "cannot list") from None
-    named = Path(path).is_file()
-    issues: list[schema.LoadIssue] = []
-    parts: list[tuple[schema.TraceTables, object | None]] = []
-    for f, res in read_files(inputs, rank_map, jobs, progress):
-        if not isinstance(res, EpTraceError):
-            parts.append(res)
-            continue
-        if not named and isinstance(res, TraceFormatError) and str(res.problem).startswith(_NOT_A_TRACE):
-            issues.append(schema.LoadIssue(str(f), None, "warning", f"skipped, not a trace file: {res.problem}"))
-            log.warning("skipped %s: not a trace file", f)
-            continue
-        if on_error != "skip":
-            raise res
-        issues.append(schema.LoadIssue(str(f), rank_from_file_name(f.name), "error", f"skipped: {res}"))
-        log.warning("skipped %s: %s", f, res)
-    per_rank = [(t, info) for tables, info in parts for t in _split_by_rank(tables)]
-    sidecars: dict[int, Sidecar] = {}
-    for r, sp in sidecar_paths.items():
-        try:
-            sidecars[r] = _read_sidecar_checked(sp, r)
-        except EpTraceError as exc:
-            if on_error != "skip":
-                raise
-            issues.append(schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}"))
-            log.warning("left out %s: %s", sp, exc)
-    merged = []
-    for t, info in per_rank:
-        r = int(t.ranks["rank"][0])
-        sc = sidecars.pop(r, None)
-        if sc is not None:
-            try:
-                t = _merge_sidecar_checked(t, sc)
-            except EpTraceError as exc:
-                if on_error != "skip":
-                    raise
-                issues.append(schema.LoadIssue(sc.path, r, "error", f"sidecar left out: {exc}"))
-                log.warning("left out %s: %s", sc.path, exc)
-        merged.append((t, info))
-    for r, sc in sidecars.items():
-        issues.append(schema.LoadIssue(sc.path, r, "warning", f"sidecar of rank {r} has no trace file; ignored"))
-    if not merged:  # every file was skipped (on_error="skip"): nothing true can be said
-        first = issues[0].message.removeprefix("skipped: ") if issues else "no readable trace"
-        raise BadInputError(f"{path}: no readable trace file ({len(issues)} skipped); the first: {first}")
-    _check_job(merged)
-    validate.check_job_clocks(pl.concat([t.ranks for t, _ in merged]))
-    out = with_kernel_collectives(merge_tables([t for t, _ in merged], tuple(issues)))
+    if is_ingest_dir(path):
+        return read_parquet(path)
+    run = read_batches(path, format, on_error, progress, rank_map, jobs, executor)
+    parts = [r.tables for r in run.results if r.tables is not None]
+    out = merge_tables(parts, run.issues)
     if out.routing_matrix.height == 0:
-        out = replace(
-            out,
-            routing_matrix=schema.validate(
-                "routing_matrix", routing_from_splits(out.collectives, out.events), "<splits>"
-            ),
-        )
+        out = replace(out, routing_matrix=splits_routing([r.splits_routing for r in run.results]))
     return out
 
 
@@ -396,6 +439,7 @@ def read_trace_dirs(
     progress: Progress | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """Read several trace directories (or files) of one job, e.g. one directory per node.
 
@@ -406,7 +450,7 @@ def read_trace_dirs(
         TraceFormatError: as :func:`read_trace_dir`.
     """
     dirs = [Path(p) for p in paths]
-    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs) for p in dirs]
+    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs, executor) for p in dirs]
     if len(parts) == 1:
         return parts[0]
     seen: dict[int, Path] = {}

@@ -2,10 +2,18 @@
 
 Layout of an ingest output directory (readable by polars, pandas, DuckDB)::
 
-    OUT/ranks.parquet  events.parquet  collectives.parquet  routing_counts.parquet
-        routing_matrix.parquet  placement.parquet  stages.parquet   (rank is a column)
+    OUT/<table>/part-<i>.parquet   -- table = ranks, events, collectives, routing_counts,
+                                      routing_matrix, placement, stages; rank is a column
         load_report.json   -- list of {file, rank, level, message}
-        manifest.json      -- ep-trace version, input key, inputs; written last (= complete)
+        manifest.json      -- ep-trace version, input key, inputs, layout; written last (= complete)
+
+``ep-trace ingest`` streams: rank files are decoded in batches of consecutive files
+(:mod:`ep_trace.parsers.read_pool`), each batch writes one partition ``part-<i>.parquet`` per
+table as soon as it is decoded (so ingest never holds more than the batches in flight), and
+``part-<i>`` holds the ranks of batch ``i`` (one big rank file = one batch). Read a table with
+``pl.scan_parquet("OUT/events/*.parquet")`` or DuckDB ``from 'OUT/events/*.parquet'``; an
+empty table has no part file. Directories written before partitioning (``OUT/<table>.parquet``)
+still read. :func:`write_parquet` (a set already in memory) writes one part per table.
 
 Cache: the *input key* is a SHA-256 over the ep-trace version, the schema version, the reader options and
 ``(relative path, size, mtime_ns)`` of every input file (traces and sidecars). ``ep-trace ingest``
@@ -35,7 +43,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict
+from concurrent.futures import Executor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,32 +52,35 @@ import orjson
 import polars as pl
 
 from ep_trace import schema
-from ep_trace.errors import EpTraceError, OutputError, TraceFormatError
+from ep_trace.errors import EpTraceError, OutputError
+from ep_trace.parsers.parquet_read import (
+    _MANIFEST,
+    _REPORT,
+    TABLE_NAMES,
+    _has_tables,
+    is_ingest_dir,
+    read_parquet,
+    table_files,
+)
 
 __all__ = [
     "TABLE_NAMES",
+    "IngestResult",
     "output_lock",
-    "write_parquet",
-    "read_parquet",
-    "input_key",
-    "ingest",
-    "load_trace_dir",
     "default_cache_dir",
+    "ingest",
+    "ingest_to",
+    "input_key",
+    "is_ingest_dir",
+    "load_trace_dir",
+    "read_parquet",
+    "table_files",
+    "write_parquet",
 ]
 
 log = logging.getLogger(__name__)
 
-TABLE_NAMES: tuple[str, ...] = (
-    "ranks",
-    "events",
-    "collectives",
-    "routing_counts",
-    "routing_matrix",
-    "placement",
-    "stages",
-)
-_MANIFEST = "manifest.json"
-_REPORT = "load_report.json"
+_LAYOUT = "partitioned-v1"  # OUT/<table>/part-<i>.parquet
 _LOCK = ".ep-trace.lock"
 
 
@@ -161,73 +173,38 @@ def write_parquet(
     stale = out / _MANIFEST
     if stale.exists():
         stale.unlink()  # the directory is incomplete until the new manifest lands
+    _clear_tables(out)
     written = []
     for name in TABLE_NAMES:
-        p = out / f"{name}.parquet"
         df = tables.table(name)  # type: ignore[arg-type]
+        (out / name).mkdir()
+        if df.height:
+            p = out / name / "part-000000.parquet"
 
-        def write(tmp: Path, df: pl.DataFrame = df) -> None:
-            df.write_parquet(tmp, compression="zstd", statistics=True)
+            def write(tmp: Path, df: pl.DataFrame = df) -> None:
+                df.write_parquet(tmp, compression="zstd", statistics=True)
 
-        _replace_into(p, write)
-        written.append(p)
-    rep = out / _REPORT
-    report = orjson.dumps([asdict(i) for i in tables.load_report], option=orjson.OPT_INDENT_2)
-    _replace_into(rep, lambda tmp: tmp.write_bytes(report))
-    written.append(rep)
+            _replace_into(p, write)
+            written.append(p)
     man = dict(manifest or {})
     man.setdefault("tables", {n: tables.table(n).height for n in TABLE_NAMES})  # type: ignore[arg-type]
-    blob = orjson.dumps(man, option=orjson.OPT_INDENT_2)
-    _replace_into(out / _MANIFEST, lambda tmp: tmp.write_bytes(blob))  # last: the directory is complete
-    written.append(out / _MANIFEST)
-    return written
+    return written + _finish(out, tables.load_report, man)
 
 
-def read_parquet(out_dir: str | Path) -> schema.TraceTables:
-    """Read a directory written by :func:`write_parquet` back into validated tables.
+def _clear_tables(out: Path) -> None:
+    """Remove the table files of an earlier run (both layouts) from ``out``."""
+    for name in (*TABLE_NAMES, "_splits"):
+        shutil.rmtree(out / name, ignore_errors=True)
+        (out / f"{name}.parquet").unlink(missing_ok=True)
 
-    Raises:
-        TraceFormatError: a table file is missing or does not match the canonical schema.
-    """
-    out = Path(out_dir)
-    frames = {}
-    for name in TABLE_NAMES:
-        p = out / f"{name}.parquet"
-        if not p.exists():
-            raise TraceFormatError(p, "missing table file", "re-run ep-trace ingest into this directory")
-        try:
-            df = pl.read_parquet(p)
-        except OSError as exc:
-            from ep_trace.parsers.validate import os_error
 
-            raise os_error(p, exc) from None
-        except Exception as exc:  # noqa: BLE001 - polars' errors on a truncated / damaged file
-            raise TraceFormatError(
-                p,
-                f"damaged Parquet file ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})",
-                "re-run ep-trace ingest into this directory (--no-cache)",
-            ) from None
-        # conform first: directories written before a layout change (e.g. kind as String) still read
-        if set(df.columns) >= set(schema.SCHEMAS[name]):  # type: ignore[index]
-            try:
-                df = schema.conform(name, df)  # type: ignore[arg-type]
-            except pl.exceptions.PolarsError:
-                pass  # validate names the mismatch
-        frames[name] = schema.validate(name, df, str(p))  # type: ignore[arg-type]
-    issues: tuple[schema.LoadIssue, ...] = ()
-    rep = out / _REPORT
-    if rep.exists():
-        try:
-            issues = tuple(schema.LoadIssue(**d) for d in orjson.loads(rep.read_bytes()))
-        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
-            raise TraceFormatError(
-                rep, f"damaged load report ({exc})", "re-run ep-trace ingest into this directory (--no-cache)"
-            ) from None
-    tables = schema.TraceTables(**frames, load_report=issues)  # type: ignore[arg-type]
-    from ep_trace.parsers.validate import check_tables
-
-    check_tables(str(out), tables)  # a cache is an input like any other: same ranges as the readers
-    return tables
+def _finish(out: Path, issues: tuple[schema.LoadIssue, ...], manifest: dict[str, Any]) -> list[Path]:
+    """Write ``load_report.json`` then ``manifest.json`` (last: the directory is complete)."""
+    report = orjson.dumps([asdict(i) for i in issues], option=orjson.OPT_INDENT_2)
+    _replace_into(out / _REPORT, lambda tmp: tmp.write_bytes(report))
+    blob = orjson.dumps({**manifest, "layout": _LAYOUT}, option=orjson.OPT_INDENT_2)
+    _replace_into(out / _MANIFEST, lambda tmp: tmp.write_bytes(blob))
+    return [out / _REPORT, out / _MANIFEST]
 
 
 def _read_cached(out: Path, key: str) -> schema.TraceTables | None:
@@ -293,11 +270,107 @@ def _cached(out: Path, key: str) -> bool:
     if not man.exists():
         return False
     try:
-        return orjson.loads(man.read_bytes()).get("input_key") == key and all(
-            (out / f"{n}.parquet").exists() for n in TABLE_NAMES
-        )
+        return orjson.loads(man.read_bytes()).get("input_key") == key and _has_tables(out)
     except (orjson.JSONDecodeError, OSError, AttributeError):
         return False  # a manifest that is not a JSON object is a damaged cache: rebuild
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What :func:`ingest_to` did.
+
+    Attributes:
+        out_dir: The ingest directory.
+        from_cache: True when ``out_dir`` already held the tables of the unchanged inputs.
+        rows: Rows per table.
+        load_report: The load report (skipped ranks, warnings).
+    """
+
+    out_dir: Path
+    from_cache: bool
+    rows: dict[str, int]
+    load_report: tuple[schema.LoadIssue, ...]
+
+
+def ingest_to(
+    path: str | Path,
+    out_dir: str | Path,
+    *,
+    format: Literal["auto", "kineto", "nsys", "cupti"] = "auto",
+    on_error: Literal["raise", "skip"] = "raise",
+    progress: Callable[[str, int, int], None] | None = None,
+    rank_map: Mapping[object, int] | None = None,
+    use_cache: bool = True,
+    jobs: int = 1,
+    executor: Executor | None = None,
+) -> IngestResult:
+    """Stream a trace directory into ``out_dir`` (partitioned Parquet), unless it already holds it.
+
+    Rank files are decoded in batches, each written as one partition per table as soon as it is
+    decoded (here, in ``jobs`` local processes, or on ``executor``: then ``out_dir`` must be
+    writable by every worker); only the ranks rows and the load report are gathered here, so
+    memory does not grow with the number of ranks. Nothing is returned but counts.
+
+    Raises:
+        TraceFormatError, BadInputError, RankConflictError: as ``read_trace_dir``; ``out_dir`` then
+        has no manifest (incomplete) and is never reused.
+    """
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"-o {out}: exists and is not a directory; pass a directory for the tables")
+    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    with output_lock(out):
+        try:
+            return _ingest_locked(
+                path, out, key, files, format, on_error, progress, rank_map, use_cache, jobs, executor
+            )
+        except OSError as exc:
+            raise OutputError(
+                f"-o {out}: cannot write the tables ({exc.strerror or exc}); free space or choose another -o"
+            ) from None
+
+
+def _ingest_locked(
+    path: str | Path,
+    out: Path,
+    key: str,
+    files: list[dict[str, Any]],
+    format: Literal["auto", "kineto", "nsys", "cupti"],
+    on_error: Literal["raise", "skip"],
+    progress: Callable[[str, int, int], None] | None,
+    rank_map: Mapping[object, int] | None,
+    use_cache: bool,
+    jobs: int,
+    executor: Executor | None,
+) -> IngestResult:
+    """:func:`ingest_to` under the output lock."""
+    from ep_trace import __version__
+    from ep_trace.parsers.dispatch import read_batches, splits_routing
+
+    if use_cache and _read_cached(out, key) is not None:
+        log.info("%s: unchanged since the last ingest; reusing %s", path, out)
+        man = orjson.loads((out / _MANIFEST).read_bytes())
+        issues = tuple(schema.LoadIssue(**d) for d in orjson.loads((out / _REPORT).read_bytes()))
+        return IngestResult(out, True, dict(man.get("tables") or {}), issues)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / _MANIFEST).unlink(missing_ok=True)  # the directory is incomplete until the new manifest lands
+    _clear_tables(out)
+    for name in TABLE_NAMES:
+        (out / name).mkdir(exist_ok=True)
+    run = read_batches(path, format, on_error, progress, rank_map, jobs, executor, out_dir=out)
+    rows = {n: sum(r.rows.get(n, 0) for r in run.results) for n in TABLE_NAMES}
+    if rows["routing_matrix"] == 0:  # no sidecar anywhere: the routing the all_to_allv splits give
+        parts = [pl.read_parquet(f) for f in sorted((out / "_splits").glob("part-*.parquet"))]
+        rm = splits_routing(parts)  # type: ignore[arg-type]
+        if rm.height:
+            rm.write_parquet(out / "routing_matrix" / "part-000000.parquet", compression="zstd", statistics=True)
+        rows["routing_matrix"] = rm.height
+    shutil.rmtree(out / "_splits", ignore_errors=True)
+    # ranks: the rows the batches gathered (placement is deduplicated when read)
+    man = {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files, "tables": rows}
+    _finish(out, run.issues, man)
+    return IngestResult(out, False, rows, run.issues)
 
 
 def ingest(
@@ -310,34 +383,25 @@ def ingest(
     rank_map: Mapping[object, int] | None = None,
     use_cache: bool = True,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> tuple[schema.TraceTables, bool]:
-    """Read a trace directory and write its tables to ``out_dir``, unless ``out_dir`` already holds them.
+    """:func:`ingest_to`, then the tables read back from ``out_dir``.
 
     Returns:
         ``(tables, from_cache)``.
     """
-    from ep_trace import __version__
-    from ep_trace.parsers.dispatch import read_trace_dir
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"-o {out}: exists and is not a directory; pass a directory for the tables")
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
-    with output_lock(out):
-        cached = _read_cached(out, key) if use_cache else None
-        if cached is not None:
-            log.info("%s: unchanged since the last ingest; reusing %s", path, out)
-            return cached, True
-        tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
-        try:
-            write_parquet(
-                tables, out, {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files}
-            )
-        except OSError as exc:
-            raise OutputError(
-                f"-o {out}: cannot write the tables ({exc.strerror or exc}); free space or choose another -o"
-            ) from None
-    return tables, False
+    res = ingest_to(
+        path,
+        out_dir,
+        format=format,
+        on_error=on_error,
+        progress=progress,
+        rank_map=rank_map,
+        use_cache=use_cache,
+        jobs=jobs,
+        executor=executor,
+    )
+    return read_parquet(res.out_dir), res.from_cache
 
 
 def load_trace_dir(
@@ -350,33 +414,48 @@ def load_trace_dir(
     progress: Callable[[str, int, int], None] | None = None,
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
+    executor: Executor | None = None,
 ) -> schema.TraceTables:
     """:func:`~ep_trace.parsers.dispatch.read_trace_dir` with a Parquet cache in ``cache_dir/<key>/``.
 
     Args:
-        path: Trace directory or file.
+        path: Trace directory or file (an ingest output directory is read as it is).
         cache_dir: Cache root; default :func:`default_cache_dir`.
         use_cache: False = always parse (and do not write the cache).
-        format, on_error, progress, rank_map, jobs: As for ``read_trace_dir``.
+        format, on_error, progress, rank_map, jobs, executor: As for ``read_trace_dir``.
     """
     from ep_trace.parsers.dispatch import read_trace_dir
 
-    if not use_cache:
-        return read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    if not use_cache or is_ingest_dir(path):
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    key, _ = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
     cached = _read_cached(entry, key)
     if cached is not None:
         return cached
-    tables = read_trace_dir(path, format=format, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
-        write_parquet(tables, tmp, {"input_key": key, "source": str(path), "inputs": files})
+    except OSError as exc:  # a read-only home must not break analysis
+        log.warning("could not write the ingest cache under %s: %s", root, exc)
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    try:
+        ingest_to(
+            path,
+            tmp,
+            format=format,
+            on_error=on_error,
+            progress=progress,
+            rank_map=rank_map,
+            use_cache=False,
+            jobs=jobs,
+            executor=executor,
+        )
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
-    except OSError as exc:  # a read-only home must not break analysis
-        log.warning("could not write the ingest cache under %s: %s", root, exc)
-    return tables
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return read_parquet(entry)

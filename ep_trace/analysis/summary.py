@@ -43,7 +43,8 @@ def _spread(steps: pl.DataFrame) -> float | None:
     """Std over steps of the slowest rank's step time (the run's own noise; ``ep-trace compare``)."""
     if steps.is_empty():
         return None
-    per = steps.group_by("step").agg(pl.col("step_time_ns").max())
+    # sorted: group_by's row order varies run to run, and the float sum of std with it (last bits)
+    per = steps.group_by("step").agg(pl.col("step_time_ns").max()).sort("step")
     return float(per["step_time_ns"].cast(pl.Float64).std() or 0.0) if per.height > 1 else None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Optional, cast
@@ -15,7 +16,7 @@ from ep_trace.errors import ConfigError
 if TYPE_CHECKING:
     from ep_trace.analysis import Analysis
 
-__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "write_run_record"]
+__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "write_run_record", "engine_executor"]
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -74,6 +75,25 @@ def progress_bar(enabled: bool = True) -> Iterator[Callable[[str, int, int], Non
         yield update
 
 
+@contextmanager
+def engine_executor(engine: str, jobs: int, address: str | None) -> Iterator[Executor | None]:
+    """The executor of ``--engine`` / ``--jobs`` / ``--address`` (None: local), shut down on exit.
+
+    Raises:
+        ConfigError: naming the option (``--jobs`` < 1, unknown engine, Ray not installed).
+    """
+    from ep_trace.parsers.engines import make_executor
+
+    if jobs < 1:
+        raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
+    executor = make_executor(engine, jobs, address)
+    try:
+        yield executor
+    finally:
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
 @app.command("analyze")
 def analyze_cmd(
     dirs: list[Path] = typer.Argument(
@@ -103,6 +123,16 @@ def analyze_cmd(
         "--rank-map",
         help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
     ),
+    jobs: int = typer.Option(
+        1,
+        "-j",
+        "--jobs",
+        help="Worker processes at most for reading rank files (fewer when the files are too small to repay one).",
+    ),
+    engine: str = typer.Option("local", "--engine", help="Where rank files are decoded: local or ray (docs/scale.md)."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster address for --engine ray (default: RAY_ADDRESS or a new local Ray)."
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
     record: Optional[Path] = typer.Option(
         None, "--record", help="Also write the run record (docs/run_record.md) as YAML here."
@@ -119,6 +149,10 @@ def analyze_cmd(
       ep-trace analyze run.sqlite --format nsys -o nsys_report.html
 
       ep-trace analyze nsys_job/ --rank-map 0=nsys_job/report_a_3000.sqlite --rank-map 1=nsys_job/report_b_3010.sqlite
+
+      ep-trace analyze tables/   (an ep-trace ingest output directory: no parsing)
+
+      ep-trace analyze big_job/ --jobs 8   or   --engine ray --address auto
     """
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
@@ -129,21 +163,24 @@ def analyze_cmd(
     if stages is not None and not stages.is_file():
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
+    fmt = check_format(fmt)
     if record is not None:
         from ep_trace.cli.outputs import check_writable
 
         check_writable(record, "--record")
-    with progress_bar() as progress:
+    with progress_bar() as progress, engine_executor(engine, jobs, address) as executor:
         analysis = build_report(
             dirs,
             out,
             json_path=json_out,
             config=config,
-            fmt=check_format(fmt),  # type: ignore[arg-type]
+            fmt=fmt,  # type: ignore[arg-type]
             on_error="skip" if keep_going else "raise",
             progress=progress,
             with_hta=with_hta,
             rank_map=parse_rank_map(rank_map),
+            jobs=jobs,
+            executor=executor,
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

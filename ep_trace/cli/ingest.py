@@ -12,7 +12,6 @@ from typing import Optional
 import typer
 
 from ep_trace.cli.app import app, console
-from ep_trace.errors import ConfigError
 
 __all__ = ["ingest_cmd"]
 
@@ -34,7 +33,14 @@ def ingest_cmd(
         False, "--no-cache", help="Parse again even if OUT holds the tables of the unchanged inputs."
     ),
     jobs: int = typer.Option(
-        1, "-j", "--jobs", help="Rank files read at once, one worker process each (memory grows with it)."
+        1,
+        "-j",
+        "--jobs",
+        help="Worker processes at most for reading rank files (fewer when the files are too small to repay one).",
+    ),
+    engine: str = typer.Option("local", "--engine", help="Where rank files are decoded: local or ray (docs/scale.md)."),
+    address: Optional[str] = typer.Option(
+        None, "--address", help="Ray cluster address for --engine ray (default: RAY_ADDRESS or a new local Ray)."
     ),
     rank_map: Optional[list[str]] = typer.Option(
         None,
@@ -50,35 +56,35 @@ def ingest_cmd(
       duckdb -c "select rank, count(*) from 'demo_tables/events.parquet' group by rank"
     """
     from ep_trace.cli import printable
-    from ep_trace.cli.analyze import progress_bar
+    from ep_trace.cli.analyze import engine_executor, progress_bar
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.parsers.dispatch import check_format
-    from ep_trace.parsers.parquet_io import ingest
+    from ep_trace.parsers.parquet_io import ingest_to
 
     check_format(fmt)
-    if jobs < 1:
-        raise ConfigError(f"--jobs: must be >= 1, got {jobs}")
-    with progress_bar(not quiet) as progress:
-        tables, cached = ingest(
+    with progress_bar(not quiet) as progress, engine_executor(engine, jobs, address) as executor:
+        res = ingest_to(
             trace_dir,
             out,
-            format=fmt,
-            on_error="skip" if keep_going else "raise",  # type: ignore[arg-type]
+            format=fmt,  # type: ignore[arg-type]
+            on_error="skip" if keep_going else "raise",
             progress=progress,
             use_cache=not no_cache,
             jobs=jobs,
             rank_map=parse_rank_map(rank_map),
+            executor=executor,
         )
     if quiet:
         return
-    how = "reused (inputs unchanged)" if cached else "written"
+    how = "reused (inputs unchanged)" if res.from_cache else "written"
+    rows = res.rows
     console.print(
-        f"{printable(str(out))}: {how}: {tables.ranks.height} ranks, {tables.events.height} events, "
-        f"{tables.collectives.height} collectives, {tables.routing_matrix.height} routing-matrix rows",
+        f"{printable(str(out))}: {how}: {rows.get('ranks', 0)} ranks, {rows.get('events', 0)} events, "
+        f"{rows.get('collectives', 0)} collectives, {rows.get('routing_matrix', 0)} routing-matrix rows",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
-    for issue in tables.load_report:
+    for issue in res.load_report:
         line = printable(f"  {issue.level}: {issue.file}: {issue.message}")
         console.print(line, markup=False, highlight=False, soft_wrap=True)

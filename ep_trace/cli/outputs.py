@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -227,6 +228,8 @@ def build_report(
     progress: Progress | None = None,
     with_hta: bool = False,
     rank_map: Mapping[object, int] | None = None,
+    jobs: int = 1,
+    executor: Executor | None = None,
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis."""
     from ep_trace import load
@@ -237,6 +240,8 @@ def build_report(
         check_writable(json_path, "--json")
         if Path(json_path).resolve() == Path(out_html).resolve():
             raise OutputError(f"--json {json_path}: same file as -o; pass two different paths")
-    analysis = load(dirs, config, format=fmt, on_error=on_error, progress=progress, rank_map=rank_map)
+    analysis = load(
+        dirs, config, format=fmt, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs, executor=executor
+    )
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
     return analysis

@@ -224,45 +224,50 @@ def test_parquet_round_trip_and_ingest_cache(balanced, tmp_path, monkeypatch):
     shutil.copytree(balanced, src)
     out = tmp_path / "out"
     t, cached = ingest(src, out)
+    tables = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
     assert not cached and sorted(p.name for p in out.iterdir()) == sorted(
-        [
-            f"{n}.parquet"
-            for n in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
-        ]
-        + ["load_report.json", "manifest.json"]
+        [*tables, "load_report.json", "manifest.json"]
     )
+    # one partition per batch of rank files (the 4 small demo ranks are one batch); empty tables have none
+    assert [p.name for p in (out / "events").iterdir()] == ["part-000000.parquet"]
+    assert not any((out / "stages").iterdir())
     back = read_parquet(out)
     for name in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement"):
         assert back.table(name).equals(t.table(name)), name
     import duckdb
     import pandas as pd
 
-    assert duckdb.sql(f"select count(*) from '{out}/events.parquet'").fetchall()[0][0] == t.events.height
+    assert duckdb.sql(f"select count(*) from '{out}/events/*.parquet'").fetchall()[0][0] == t.events.height
     assert (
-        pd.read_parquet(out / "collectives.parquet")["in_splits"].dropna().map(len).sum()
+        pd.read_parquet(out / "collectives")["in_splits"].dropna().map(len).sum()
         == t.collectives["in_splits"].list.len().sum()
     )
     # kind is a polars Enum (dictionary-encoded in Parquet): other readers see plain text values
     n_ops = t.events.filter(pl.col("kind") == "cpu_op").height
     assert (
         n_ops
-        and duckdb.sql(f"select count(*) from '{out}/events.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
+        and duckdb.sql(f"select count(*) from '{out}/events/*.parquet' where kind = 'cpu_op'").fetchall()[0][0] == n_ops
     )
-    assert (pd.read_parquet(out / "events.parquet", columns=["kind"])["kind"].astype(str) == "cpu_op").sum() == n_ops
+    assert (pd.read_parquet(out / "events", columns=["kind"])["kind"].astype(str) == "cpu_op").sum() == n_ops
     n_ua = t.events.filter(pl.col("category") == "user_annotation").height  # category is Categorical
     assert (
         n_ua
-        and duckdb.sql(f"select count(*) from '{out}/events.parquet' where category = 'user_annotation'").fetchall()[0][
+        and duckdb.sql(f"select count(*) from '{out}/events/*.parquet' where category = 'user_annotation'").fetchall()[
             0
-        ]
+        ][0]
         == n_ua
     )
     # a directory written before kind / category were Enum / Categorical (schema version 1) still reads
     old = tmp_path / "old"
     shutil.copytree(out, old)
-    pl.read_parquet(old / "events.parquet").with_columns(pl.col("kind", "category").cast(pl.Utf8)).write_parquet(
-        old / "events.parquet"
-    )
+    for name in ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages"):
+        (old / name).rename(old / "_d")
+        parts = sorted((old / "_d").glob("*.parquet"))
+        df = pl.concat([pl.read_parquet(f) for f in parts]) if parts else t.table(name).clear()
+        if name == "events":
+            df = df.with_columns(pl.col("kind", "category").cast(pl.Utf8))
+        df.write_parquet(old / f"{name}.parquet")  # the layout before partitions: one file per table
+        shutil.rmtree(old / "_d")
     assert read_parquet(old).events.equals(t.events)
     monkeypatch.setattr(dispatch, "read_trace_dir", lambda *a, **k: pytest.fail("parsed although unchanged"))
     t2, cached = ingest(src, out)

@@ -350,7 +350,7 @@ def test_damaged_ingest_cache_is_rebuilt(tmp_path: Path) -> None:
     out = tmp_path / "tables"
     first, cached = ingest(BALANCED, out)
     assert not cached
-    ev = out / "events.parquet"
+    ev = out / "events" / "part-000000.parquet"  # partitioned layout (docs/scale.md)
     ev.write_bytes(ev.read_bytes()[: ev.stat().st_size // 2])  # damaged, manifest still matching
     again, cached = ingest(BALANCED, out)
     assert not cached and again.events.height == first.events.height
@@ -360,12 +360,12 @@ def test_damaged_ingest_cache_is_rebuilt(tmp_path: Path) -> None:
 def test_damaged_parquet_input_is_our_error(tmp_path: Path) -> None:
     out = tmp_path / "tables"
     ingest(BALANCED, out)
-    rc = out / "routing_counts.parquet"
+    rc = out / "routing_counts" / "part-000000.parquet"  # partitioned layout (docs/scale.md)
     pl.read_parquet(rc).with_columns(pl.lit(-3, pl.Int64).alias("count")).write_parquet(rc)
     with pytest.raises(TraceFormatError, match=r"routing_counts\[0\]: negative expert count"):
         read_parquet(out)
-    (out / "ranks.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(TraceFormatError, match=r"ranks.parquet: damaged Parquet file"):
+    (out / "ranks" / "part-000000.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(TraceFormatError, match=r"ranks/part-000000.parquet: damaged Parquet file"):
         read_parquet(out)
 
 

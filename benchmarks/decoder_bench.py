@@ -1,0 +1,98 @@
+"""Decoder table: JSON bytes per CPU-second of ep-trace's Kineto ingest vs plain JSON decoders.
+
+Each contender decodes the same (uncompressed) rank file in a fresh subprocess, ``--repeat``
+times; the median CPU time (``time.process_time``: user + system of all threads of the process,
+so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-second:
+
+* ``ep-trace``      -- ``ep_trace.parsers.kineto.read_kineto_file`` (all tables: events with links,
+  collectives, ranks; the whole ingest of one rank);
+* ``orjson``        -- ``orjson.loads`` of the whole text (Python objects, nothing else);
+* ``msgspec``       -- ``msgspec.json.decode`` untyped (Python objects);
+* ``msgspec-typed`` -- ``msgspec.json.decode`` into typed ``Struct`` s of the 8 fields the parser uses;
+* ``simdjson``      -- ``simdjson.Parser().parse`` (pysimdjson; the parse to its tape only, lazy
+  objects: the tokenizer limit, no Python object per event).
+
+Usage::
+
+    python benchmarks/make_large_traces.py --source ../shared/external/kineto/hta_nccl_metadata \\
+        --ranks 1 --mb 50 --out benchmarks/data/nccl1_50mb
+    python benchmarks/decoder_bench.py benchmarks/data/nccl1_50mb/rank0.pt.trace.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+_CHILD = r"""
+import sys, time
+mode, path = sys.argv[1], sys.argv[2]
+from pathlib import Path
+raw = Path(path).read_bytes()
+if mode == "ep-trace":
+    from ep_trace.parsers.kineto import read_kineto_file
+    t = time.process_time(); read_kineto_file(path); dt = time.process_time() - t
+elif mode == "orjson":
+    import orjson
+    t = time.process_time(); orjson.loads(raw); dt = time.process_time() - t
+elif mode == "msgspec":
+    import msgspec
+    t = time.process_time(); msgspec.json.decode(raw); dt = time.process_time() - t
+elif mode == "msgspec-typed":
+    import msgspec
+    from typing import Optional, Union
+    Num = Union[int, float, None]
+    class Args(msgspec.Struct):
+        correlation: Num = None
+        bytes: Num = None
+    class Ev(msgspec.Struct):
+        ph: Optional[str] = None
+        cat: Optional[str] = None
+        name: Union[str, int, float, None] = None
+        pid: Union[int, str, None] = None
+        tid: Union[int, str, None] = None
+        ts: Num = None
+        dur: Num = None
+        args: Optional[Args] = None
+    class Doc(msgspec.Struct):
+        traceEvents: list[Ev]
+    dec = msgspec.json.Decoder(Doc)
+    t = time.process_time(); dec.decode(raw); dt = time.process_time() - t
+elif mode == "simdjson":
+    import simdjson
+    p = simdjson.Parser()
+    t = time.process_time(); doc = p.parse(raw); dt = time.process_time() - t
+print(dt)
+"""
+
+MODES = ("orjson", "ep-trace", "msgspec", "msgspec-typed", "simdjson")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("file", type=Path)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    args = ap.parse_args(argv)
+    size = args.file.stat().st_size
+    print(f"{args.file}: {size / 1e6:.1f} MB; load average {os.getloadavg()}")
+    base = None
+    for mode in args.modes:
+        cpu = []
+        for _ in range(args.repeat):
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, mode, str(args.file)], capture_output=True, text=True, check=True
+            )
+            cpu.append(float(out.stdout.strip().splitlines()[-1]))
+        med = statistics.median(cpu)
+        base = med if mode == "orjson" else base
+        rel = f"{med / base:.2f}x orjson" if base else ""
+        print(f"| {mode} | {med:.3f} | {size / 1e6 / med:.0f} | {rel} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

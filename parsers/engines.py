@@ -1,0 +1,147 @@
+"""Where rank files are decoded: here, in a local process pool, on Ray, or on any Executor.
+
+The readers take a :class:`concurrent.futures.Executor` (only ``submit`` is used), so any engine
+with that interface works: :func:`local_executor` (spawn processes on this machine),
+:class:`RayExecutor` (one Ray task per batch of rank files; ``pip install 'ep-trace[ray]'``), or
+Dask's ``distributed.Client(...).get_executor()``. Tasks are :func:`ep_trace.parsers.read_pool.decode_batch`
+calls on plain picklable specs; workers must have ep-trace installed (Ray: the same virtual
+environment, or ``runtime_env={"pip": ["ep-trace"]}``) and, for ``ingest``, the output directory
+must be on storage every worker can write (a shared filesystem; see docs/scale.md).
+
+:func:`choose_workers` decides whether a local pool pays at all: a spawned worker costs ~1-2 s of
+CPU before it decodes anything (importing polars and the readers), so for a few small files
+``jobs=N`` runs in this process instead and is never slower than ``jobs=1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from typing import Any
+
+__all__ = ["ENGINES", "RayExecutor", "choose_workers", "local_executor", "make_executor"]
+
+log = logging.getLogger(__name__)
+
+ENGINES: tuple[str, ...] = ("local", "ray")
+#: CPU seconds a spawned worker spends before its first file (import of polars + readers), measured
+#: 1.0-1.6 s on the project machine; a pool of N is used only when the work saves more than that.
+SPAWN_CPU_S = 1.5
+
+
+def choose_workers(jobs: int, est_cpu_s: float, n_batches: int) -> int:
+    """Worker processes worth starting for ``est_cpu_s`` of decode work in ``n_batches`` batches.
+
+    With N > 1 workers the wall time is about ``SPAWN_CPU_S + est / N`` (they start in parallel),
+    with none ``est``: the N (at most ``jobs``, the batches and this machine's CPUs) that minimises it."""
+    cap = min(jobs, n_batches, os.cpu_count() or 1)
+
+    def cost(n: int) -> float:
+        return est_cpu_s if n == 1 else SPAWN_CPU_S + est_cpu_s / n
+
+    return min(range(1, max(cap, 1) + 1), key=cost)
+
+
+def local_executor(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` spawned processes (spawn, not fork: polars' thread pool must not be
+    forked mid-use)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+class _TaskFuture(Future[Any]):
+    """The future of a Ray task, which cannot be cancelled from here once submitted.
+
+    ``ObjectRef.future()`` accepts ``cancel()`` but the task still runs on the cluster (and an
+    ingest task still writes its partitions); a cancelled future is also never "done" for
+    :func:`concurrent.futures.wait`. So this one refuses ``cancel()``, and callers wait for it."""
+
+    def __init__(self, inner: Future[Any]) -> None:
+        super().__init__()
+        inner.add_done_callback(self._copy)
+
+    def _copy(self, inner: Future[Any]) -> None:
+        exc = inner.exception()
+        if exc is not None:
+            self.set_exception(exc)
+        else:
+            self.set_result(inner.result())
+
+    def cancel(self) -> bool:
+        return False
+
+
+class RayExecutor(Executor):
+    """``concurrent.futures.Executor`` over Ray tasks: ``submit(fn, ...)`` runs ``fn`` as a Ray task
+    (1 CPU, no retries: a bad file fails the same way every time) and returns its future.
+
+    Args:
+        address: Ray cluster to join (``'auto'``, ``'ray://head:10001'``); None = ``RAY_ADDRESS`` or a
+            new local Ray.
+        num_cpus: CPUs of a new local Ray (ignored when joining a cluster).
+        runtime_env: Passed to ``ray.init`` (e.g. ``{"pip": ["ep-trace"]}`` on a bare cluster).
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'ep-trace[ray]'``).
+    """
+
+    def __init__(
+        self, address: str | None = None, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None
+    ) -> None:
+        import ray
+
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+            if address is None and num_cpus is not None:
+                kw["num_cpus"] = num_cpus
+            if runtime_env is not None:
+                kw["runtime_env"] = runtime_env
+            ray.init(address=address, **kw)
+        self._remote: dict[Callable[..., Any], Any] = {}
+
+    @property
+    def workers(self) -> int:
+        """CPUs of the cluster (tasks that can run at once)."""
+        return max(1, int(self._ray.cluster_resources().get("CPU", 1)))
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        remote = self._remote.get(fn)
+        if remote is None:
+            remote = self._remote[fn] = self._ray.remote(num_cpus=1, max_retries=0)(fn)
+        return _TaskFuture(remote.remote(*args, **kwargs).future())
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()
+            self._owns = False
+
+
+def make_executor(engine: str, jobs: int = 1, address: str | None = None) -> Executor | None:
+    """The executor for ``--engine`` / ``--jobs``: None for ``local`` (the reader then chooses the
+    pool size from the work, see :func:`choose_workers`), a :class:`RayExecutor` for ``ray``.
+
+    Raises:
+        ConfigError: unknown engine, or Ray not installed.
+    """
+    from ep_trace.errors import ConfigError
+
+    if engine == "local":
+        if address is not None:
+            raise ConfigError("--address: only with --engine ray")
+        return None
+    if engine != "ray":
+        raise ConfigError(f"--engine: unknown engine {engine!r}; use local or ray")
+    try:
+        return RayExecutor(address=address, num_cpus=jobs if jobs > 1 else None)
+    except ImportError:
+        raise ConfigError("--engine ray: Ray is not installed; pip install 'ep-trace[ray]'") from None
+    except Exception as exc:  # noqa: BLE001 - ray.init raises a bare Exception (e.g. node start-up timeout)
+        where = f"the Ray cluster at {address}" if address else "a local Ray"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--engine ray: could not start or join {where} ({first[:160]}); check --address / RAY_ADDRESS, or use --engine local"
+        ) from None
