@@ -46,6 +46,7 @@ from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.parquet_read import is_ingest_dir, read_parquet
 from ep_trace.parsers.read_pool import (
+    NOT_A_TRACE,
     BatchResult,
     BatchSpec,
     estimated_cpu_s,
@@ -191,11 +192,6 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     return inputs, sidecars
 
 
-#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
-#: to a damaged trace: discovered files with one of them are skipped with a warning.
-_NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
-
-
 def _check_job(parts: list[tuple[pl.DataFrame, object | None]]) -> None:
     """Reject duplicate ranks and mixed jobs, naming the files (``parts``: each file's ranks rows and info)."""
     ranks = pl.concat([t for t, _ in parts], how="diagonal_relaxed")
@@ -337,7 +333,7 @@ def read_batches(
                 if err is None:
                     ranks_of.append((fr.ranks, fr.info))  # type: ignore[arg-type]
                     continue
-                if not named and isinstance(err, TraceFormatError) and str(err.problem).startswith(_NOT_A_TRACE):
+                if not named and isinstance(err, TraceFormatError) and str(err.problem).startswith(NOT_A_TRACE):
                     not_traces.append(
                         schema.LoadIssue(fr.path, None, "warning", f"skipped, not a trace file: {err.problem}")
                     )

@@ -257,6 +257,11 @@ def _concat(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
     return {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
 
 
+#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
+#: to a damaged trace: discovered files with one of them are skipped with a warning.
+NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
+
+
 def decode_batch(spec: BatchSpec) -> BatchResult:
     """Run one batch (in any process): see the module doc. Never raises for bad input."""
     from ep_trace.parsers.kernel_collectives import with_kernel_collectives
@@ -272,6 +277,8 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
         except TraceFormatError as exc:
             args = (exc.path, exc.problem, exc.fix, exc.record)
             files.append(FileResult(p, error_args=args, error_cls=type(exc)))
+            if str(exc.problem).startswith(NOT_A_TRACE):  # a stray config JSON: the driver skips it, go on
+                continue
         except EpTraceError as exc:
             files.append(FileResult(p, error=exc))
         else:

@@ -90,9 +90,9 @@ def test_analyze_and_ingest_with_repeated_rank_map(capsys, job: Path, tmp_path: 
         capsys, "ingest", str(job), "-o", str(tmp_path / "t"), "-q", "--rank-map", f"1={a}", "--rank-map", f"0={b}"
     )
     assert code == 0, err
-    import polars as pl
+    from ep_trace.parsers import read_parquet
 
-    r = pl.read_parquet(tmp_path / "t" / "ranks.parquet").sort("rank")
+    r = read_parquet(tmp_path / "t").ranks.sort("rank")
     assert [(x, Path(f).name, s) for x, f, s in r.select("rank", "source_file", "rank_source").rows()] == [
         (0, "gpu-b.pt.trace.json", r["rank_source"][0]),
         (1, "gpu-a.pt.trace.json", r["rank_source"][1]),
