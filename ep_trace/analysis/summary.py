@@ -189,6 +189,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "notes": list(a.notes),
     }
     out.update(_model_sections(a))
+    out["breakdown"] = _breakdown(a)
     if a.hta_overlap is not None:
         out["hta_overlap"] = a.hta_overlap.to_dicts()
     return _clean(out)
@@ -242,3 +243,27 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
         else []
     )
     return {"replay": replay, "critical_path": critical, "whatif": whatif}
+
+
+_BREAKDOWN_PARTS = (
+    "compute_ns",
+    "overlapped_comm_ns",
+    "exposed_comm_ns",
+    "barrier_wait_ns",
+    "host_stall_ns",
+    "idle_ns",
+    "step_time_ns",
+)
+
+
+def _breakdown(a: Analysis) -> list[dict[str, Any]]:
+    """Per rank: the mean per step of each part of the time breakdown (the parts sum to the step)."""
+    bd = a.breakdown
+    if bd is None or bd.is_empty():
+        return []
+    return (
+        bd.group_by("rank")
+        .agg(pl.len().alias("n_steps"), *(pl.col(c).mean().round(0).cast(pl.Int64) for c in _BREAKDOWN_PARTS))
+        .sort("rank")
+        .to_dicts()
+    )

@@ -134,3 +134,16 @@ def test_demo_sample_breakdown_matches_steps(samples_dir):
     assert (j["barrier_wait_ns"] == j["barrier_wait_ns_s"]).all()
     top = a.top_kernels.filter(pl.col("rank") == 0)
     assert "expert" in top["stage"].to_list()
+
+
+def test_summary_breakdown_per_rank_sums_to_the_step(samples_dir):
+    import ep_trace
+
+    a = ep_trace.load(samples_dir / "skewed_straggler")
+    rows = a.summary()["breakdown"]
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    parts = ("compute_ns", "overlapped_comm_ns", "exposed_comm_ns", "barrier_wait_ns", "host_stall_ns", "idle_ns")
+    for r in rows:
+        assert r["n_steps"] == a.steps.filter(a.steps["rank"] == r["rank"]).height
+        assert abs(sum(r[p] for p in parts) - r["step_time_ns"]) <= len(parts)  # means rounded to 1 ns each
+        assert min(r[p] for p in parts) >= 0
