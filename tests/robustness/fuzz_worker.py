@@ -38,13 +38,29 @@ def insane(summary: dict[str, Any]) -> str | None:
             signed = any(w in leaf for w in ("offset", "delta", "lateness", "skew"))
             if leaf.endswith("_ns") and not signed and o < 0:
                 bad.append(f"{path}={o} < 0")
-            if "overlap" in leaf and not 0 <= o <= 1:
+            if "overlap" in leaf and not leaf.endswith("_ns") and not 0 <= o <= 1:  # a ratio, not a time
                 bad.append(f"{path}={o} not in [0, 1]")
 
     walk(summary, "")
     rows = list(summary.get("ranks") or [])
     overall = summary.get("overall") or {}
-    for r in rows + [overall]:
+    breakdown = list(summary.get("breakdown") or [])
+    for b in breakdown:  # the parts of a step add up to it (means rounded to 1 ns each)
+        parts = [
+            b.get(k)
+            for k in (
+                "compute_ns",
+                "overlapped_comm_ns",
+                "exposed_comm_ns",
+                "barrier_wait_ns",
+                "host_stall_ns",
+                "idle_ns",
+            )
+        ]
+        st = b.get("step_time_ns")
+        if all(isinstance(x, int) for x in parts) and isinstance(st, int) and abs(sum(parts) - st) > 6:
+            bad.append(f"breakdown of rank {b.get('rank')}: parts sum to {sum(parts)}, step is {st}")
+    for r in rows + [overall] + breakdown:
         st = r.get("step_time_ns")
         for key in ("barrier_wait_ns", "exposed_comm_ns"):
             v = r.get(key)
