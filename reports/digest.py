@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.result import Analysis, Finding
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
@@ -185,16 +186,6 @@ def verdict(analysis: Analysis) -> Verdict:
     return Verdict(top.title, detail, context, top.severity)
 
 
-_PARTS = (
-    ("compute_ns", "compute"),
-    ("overlapped_comm_ns", "overlapped comm"),
-    ("exposed_comm_ns", "exposed comm"),
-    ("barrier_wait_ns", "barrier wait"),
-    ("host_stall_ns", "host stall"),
-    ("idle_ns", "idle"),
-)
-
-
 def _where_time_goes(analysis: Analysis) -> str:
     """'rank R's step (P50 X) is 62% compute, 20% idle' for the slowest rank, from the time breakdown."""
     bd = analysis.breakdown
@@ -206,7 +197,11 @@ def _where_time_goes(analysis: Analysis) -> str:
     total = float(mine["step_time_ns"].sum())
     if total <= 0:
         return ""
-    shares = sorted(((float(mine[c].sum()) / total, label) for c, label in _PARTS), reverse=True)
+    # "overlapped_comm_ns" -> "overlapped comm"
+    shares = sorted(
+        ((float(mine[c].sum()) / total, c.removesuffix("_ns").replace("_", " ")) for c in BREAKDOWN_PARTS),
+        reverse=True,
+    )
     top = ", ".join(f"{fmt_pct(x)} {label}" for x, label in shares[:2] if x >= 0.05)
     return f"rank {slow['rank']}'s step (P50 {fmt_ns(slow['step_time_ns'])}) is {top}" if top else ""
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
+from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
 
 if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
@@ -245,17 +246,6 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
     return {"replay": replay, "critical_path": critical, "whatif": whatif}
 
 
-_BREAKDOWN_PARTS = (
-    "compute_ns",
-    "overlapped_comm_ns",
-    "exposed_comm_ns",
-    "barrier_wait_ns",
-    "host_stall_ns",
-    "idle_ns",
-    "step_time_ns",
-)
-
-
 def _breakdown(a: Analysis) -> list[dict[str, Any]]:
     """Per rank: the mean per step of each part of the time breakdown (the parts sum to the step)."""
     bd = a.breakdown
@@ -263,7 +253,10 @@ def _breakdown(a: Analysis) -> list[dict[str, Any]]:
         return []
     return (
         bd.group_by("rank")
-        .agg(pl.len().alias("n_steps"), *(pl.col(c).mean().round(0).cast(pl.Int64) for c in _BREAKDOWN_PARTS))
+        .agg(
+            pl.len().alias("n_steps"),
+            *(pl.col(c).mean().round(0).cast(pl.Int64) for c in (*BREAKDOWN_PARTS, "step_time_ns")),
+        )
         .sort("rank")
         .to_dicts()
     )
