@@ -192,9 +192,11 @@ def discover(path: str | Path, format: Format = "auto") -> tuple[list[tuple[Path
     return inputs, sidecars
 
 
-def _check_job(parts: list[tuple[pl.DataFrame, object | None]]) -> None:
-    """Reject duplicate ranks and mixed jobs, naming the files (``parts``: each file's ranks rows and info)."""
-    ranks = pl.concat([t for t, _ in parts], how="diagonal_relaxed")
+def _check_job(parts: list[tuple[pl.DataFrame, object | None]], ranks: pl.DataFrame) -> None:
+    """Reject duplicate ranks and mixed jobs, naming the files.
+
+    ``parts``: each file's ranks rows and info; ``ranks``: those rows concatenated.
+    """
     # a rank no evidence gave (nsys 'assumed', Kineto 'default'): never several files at rank 0
     assumed = ranks.filter(pl.col("rank_source").is_in(["assumed", "default"]))
     if assumed.height > 1:
@@ -368,9 +370,10 @@ def read_batches(
     if not ranks_of:  # every file was skipped (on_error="skip"): nothing true can be said
         first = skipped[0].message.removeprefix("skipped: ") if skipped else "no readable trace"
         raise BadInputError(f"{path}: no readable trace file ({len(skipped)} skipped); the first: {first}")
-    _check_job(ranks_of)
-    validate.check_job_clocks(pl.concat([r for r, _ in ranks_of]))
-    return ReadRun(results, tuple(issues), pl.concat([r for r, _ in ranks_of]))
+    ranks = pl.concat([r for r, _ in ranks_of], how="diagonal_relaxed")
+    _check_job(ranks_of, ranks)
+    validate.check_job_clocks(ranks)
+    return ReadRun(results, tuple(issues), ranks)
 
 
 def splits_routing(parts: list[pl.DataFrame | None]) -> pl.DataFrame:
