@@ -596,6 +596,22 @@ def overlap_sentence(analysis: Analysis) -> str | None:
     )
 
 
+def _stacked_rank_bars(
+    analysis: Analysis, df: pl.DataFrame, series: list[tuple[str, str, str]], title: str
+) -> go.Figure:
+    """Per-rank stacked bars in ms per step; ``series`` = (column in ns, legend name, track colour key)."""
+    x, agg, xtitle = _rank_bars(analysis, df, [c for c, _, _ in series])
+    bars = [
+        go.Bar(name=name, x=x, y=np.round(agg[c].to_numpy() / MS, 4), marker_color=_TRACK_COLORS[colour])
+        for c, name, colour in series
+    ]
+    fig = go.Figure(bars)
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(type="category", title_text=xtitle)
+    fig.update_yaxes(title_text="ms per step")
+    return _layout(fig, title, height=380, axis_px=_axis_px(x))
+
+
 def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
     """Per rank: communication hidden under compute (|C ∩ K|) vs exposed (|C \\ K|), ms per step (mean over steps).
 
@@ -607,27 +623,8 @@ def overlap_per_rank(analysis: Analysis) -> go.Figure | None:
         (pl.col("comm_ns").fill_null(0) - pl.col("exposed_comm_ns").fill_null(0)).alias("_hidden"),
         pl.col("exposed_comm_ns").fill_null(0).alias("_exposed"),
     )
-    x, agg, xtitle = _rank_bars(analysis, rs, ["_hidden", "_exposed"])
-    fig = go.Figure(
-        [
-            go.Bar(
-                name="overlapped |C ∩ K|",
-                x=x,
-                y=np.round(agg["_hidden"].to_numpy() / MS, 4),
-                marker_color=_TRACK_COLORS["overlapped"],
-            ),
-            go.Bar(
-                name="exposed |C \\ K|",
-                x=x,
-                y=np.round(agg["_exposed"].to_numpy() / MS, 4),
-                marker_color=_TRACK_COLORS["exposed_comm"],
-            ),
-        ]
-    )
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(type="category", title_text=xtitle)
-    fig.update_yaxes(title_text="ms per step")
-    return _layout(fig, "Communication per rank: overlapped vs exposed", height=380, axis_px=_axis_px(x))
+    series = [("_hidden", "overlapped |C ∩ K|", "overlapped"), ("_exposed", "exposed |C \\ K|", "exposed_comm")]
+    return _stacked_rank_bars(analysis, rs, series, "Communication per rank: overlapped vs exposed")
 
 
 def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
@@ -684,27 +681,8 @@ def barrier_wait_per_rank(analysis: Analysis) -> go.Figure | None:
         or (cast(int, rs["barrier_wait_ns"].fill_null(0).sum()) + cast(int, rs["transfer_ns"].fill_null(0).sum())) == 0
     ):
         return None
-    x, agg, xtitle = _rank_bars(analysis, rs, ["barrier_wait_ns", "transfer_ns"])
-    fig = go.Figure(
-        [
-            go.Bar(
-                name="barrier wait",
-                x=x,
-                y=np.round(agg["barrier_wait_ns"].to_numpy() / MS, 4),
-                marker_color=_TRACK_COLORS["wait"],
-            ),
-            go.Bar(
-                name="transfer",
-                x=x,
-                y=np.round(agg["transfer_ns"].to_numpy() / MS, 4),
-                marker_color=_TRACK_COLORS["transfer"],
-            ),
-        ]
-    )
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(type="category", title_text=xtitle)
-    fig.update_yaxes(title_text="ms per step")
-    return _layout(fig, "Collective time per rank: barrier wait vs transfer", height=380, axis_px=_axis_px(x))
+    series = [("barrier_wait_ns", "barrier wait", "wait"), ("transfer_ns", "transfer", "transfer")]
+    return _stacked_rank_bars(analysis, rs, series, "Collective time per rank: barrier wait vs transfer")
 
 
 def wait_matrix_heatmap(analysis: Analysis, max_cells: int = 64) -> go.Figure | None:
