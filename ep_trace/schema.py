@@ -71,6 +71,14 @@ _RANKS_COLS = [
     ("host", _S, True, "host name"),
     ("local_rank", _I32, True, "rank within its host"),
     ("device", _S, True, "device the rank computes on, e.g. 'cuda:3' or 'cpu'"),
+    (
+        "cpu_cores",
+        _I32,
+        True,
+        "CPU cores the rank's process could run on at capture (sched_getaffinity; sidecar): sets how much of a "
+        "CPU-executed transfer (gloo) can hide behind compute in the what-ifs",
+    ),
+    ("host_cores", _I32, True, "CPU cores of the rank's host (os.cpu_count at capture; sidecar)"),
     ("backend", _S, True, "communication backend: 'nccl', 'gloo', ..."),
     ("source_file", _S, False, "trace file the rank was read from"),
     ("format", _S, False, "'kineto', 'nsys' or 'cupti'"),

@@ -43,6 +43,8 @@ _META_TO_RANKS = {
     "host": "host",
     "local_rank": "local_rank",
     "device": "device",
+    "cpu_cores": "cpu_cores",
+    "host_cores": "host_cores",
     "backend": "backend",
     "job_id": "job_id",
     "ep_group_ranks": "ep_group_ranks",

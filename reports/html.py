@@ -23,6 +23,7 @@ from ep_trace.analysis.result import Analysis
 from ep_trace.reports import breakdown_figures, digest, figures
 from ep_trace.reports.evidence import Evidence, finding_evidence
 from ep_trace.reports.units import fmt_ns, fmt_pct, fmt_ratio, is_missing
+from ep_trace.reports.whatif_table import WHATIF_HEADERS, whatif_rows
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,18 @@ def _findings_html(analysis: Analysis, mean_step: float | None) -> str:
         'e.g. F1, in the search box: the slice on the "ep-trace findings" track marks the window; see docs/annotate.md).</p>'
     )
     return f'<div class="tbl"><table><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>' + note
+
+
+def _whatif_html(analysis: Analysis) -> str:
+    rows = whatif_rows(analysis)
+    if not rows:
+        return ""
+    return (
+        '<h3 id="whatif">Simulated what-ifs</h3><p class="note">Each row edits the step graph and replays it '
+        "(the measured step is replayed first, so the rows compare like with like). The savings overlap: the "
+        "<code>all</code> row is what every fix at once would give.</p>"
+        + table_html(WHATIF_HEADERS, rows, left=(0, 1, 5))
+    )
 
 
 def _rank_table_html(analysis: Analysis, max_rows: int = 64) -> str:
@@ -634,7 +647,9 @@ def render_report(
         f'<div class="verdict {_e(v.severity)}" id="verdict"><div class="headline" elementtiming="verdict">{_e(v.headline)}</div>'
         f'<div class="detail">{_e(v.detail)}</div><div class="context">{_e(v.context)}</div></div>'
     )
-    sections.append(("findings", "Findings and their evidence", _findings_html(analysis, ss.mean_ns)))
+    sections.append(
+        ("findings", "Findings and their evidence", _findings_html(analysis, ss.mean_ns) + _whatif_html(analysis))
+    )
     tick(1)
     sentence = breakdown_figures.breakdown_sentence(analysis)
     left = (f'<p class="note">{_e(sentence)}</p>' if sentence else "") + figure_html(

@@ -10,6 +10,7 @@ from rich.text import Text
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import digest
 from ep_trace.reports.units import fmt_ns, fmt_pct
+from ep_trace.reports.whatif_table import whatif_rows
 
 __all__ = ["summary_renderables"]
 
@@ -47,6 +48,18 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
                 fmt_ns(f.est_saving_ns),
                 fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–",
             )
+        out.append(t)
+    wrows = whatif_rows(analysis)
+    if wrows:
+        t = Table(
+            title="simulated what-ifs (savings overlap: 'all' is every fix at once)",
+            title_justify="left",
+            show_edge=False,
+        )
+        for c in ("what-if", "predicted step", "saving/step", "share", "ranks"):
+            t.add_column(c, justify="left" if c in ("what-if", "ranks") else "right")
+        for r in wrows:
+            t.add_row(r[0], r[2], r[3], r[4], r[5])
         out.append(t)
     rt = digest.rank_table(analysis)
     if rt.height:

@@ -20,6 +20,7 @@ from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
+from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import assign_step, select_steps, step_windows
 from ep_trace.errors import NothingToAnalyzeError
@@ -222,7 +223,17 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         stalls.filter(pl.col("rank").is_in(gpu_ranks)),
         unmatched,
     )
-    model = whatif.model(g, rl, config.whatif_chunks)
+    hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
+    model = whatif.model(g, rl, config.whatif_chunks, hiding)
+    overlap_rows = model.whatif.filter(pl.col("scenario").is_in(["full_overlap", "chunked_pipeline"])).height > 0
+    if overlap_rows and unknown_cores:
+        notes.append(UNKNOWN_CORES_NOTE.format(ranks=_rank_list(unknown_cores)))
+    short = sorted(r for r, h in hiding.items() if h < 1.0)
+    if overlap_rows and short:
+        notes.append(
+            f"CPU ranks {_rank_list(short)} have fewer than 2 cores each (cpu_cores, host_cores, ranks per host), so gloo's transfer thread has no "
+            "spare core: the overlap and pipelining what-ifs keep the transfers' CPU time in the step"
+        )
 
     say("findings", 8, total)
     hta = None
@@ -498,3 +509,9 @@ def _intervals(
         .select(pl.col("rank").cast(pl.Int32), "step", "track", "name", "start_ns", "end_ns")
         .sort(["rank", "track", "start_ns"])
     )
+
+
+def _rank_list(ranks: list[int], limit: int = 8) -> str:
+    """``0, 1, 2`` or ``0, 1, ... (+N more)`` for a note."""
+    head = ", ".join(str(r) for r in ranks[:limit])
+    return head if len(ranks) <= limit else f"{head} ... (+{len(ranks) - limit} more)"

@@ -120,14 +120,37 @@ def with_findings(a: Analysis) -> Analysis:
     out += _pack(a, step_ns)
     # no finding without a positive saving heads (or joins) the performance list
     out = [f for f in out if f.est_saving_ns > 0]
+    out = _one_finding_per_whatif(out)
     out.sort(key=lambda f: (-f.est_saving_ns, _ORDER.get(f.severity, 3), f.kind))
     out += _correctness(a)
     return dataclasses.replace(a, findings=tuple(out))
 
 
+def _one_finding_per_whatif(out: list[Finding]) -> list[Finding]:
+    """Each simulated saving backs one finding only (the larger; ties: the first): the same edit of the
+    graph, e.g. ``fp8_dispatch`` for exposed comm and for a bandwidth-bound fit, is not counted twice."""
+    seen: set[str] = set()
+    keep = []
+    for f in sorted(out, key=lambda f: -f.est_saving_ns):
+        wf = f.evidence.get("whatif") if isinstance(f.evidence, dict) else None
+        sc = wf.get("scenario") if isinstance(wf, dict) else None
+        if sc is not None and sc in seen:
+            continue
+        if sc is not None:
+            seen.add(sc)
+        keep.append(f)
+    return [f for f in out if any(f is k for k in keep)]
+
+
 def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
     ep = has_ep_traffic(a)
     r = (_wf(a, "chunked_pipeline") if ep else None) or _wf(a, "full_overlap")
+    # overlap cannot help where the transfer has no resource of its own (a gloo rank without a spare
+    # core, analysis.resources): then the remedy is fewer bytes, if halving them saves anything
+    fewer = _wf(a, "fp8_dispatch") if ep else None
+    no_overlap = r is not None and int(r["saving_ns"]) <= 0 and (bound_r := _wf(a, "full_overlap")) is not None
+    if no_overlap and int(bound_r["saving_ns"]) <= 0 and fewer is not None and int(fewer["saving_ns"]) > 0:
+        r = fewer
     rs = a.rank_summary.filter(pl.col("exposed_comm_p50_ns") > 0)
     if r is None or rs.is_empty():
         return []
@@ -166,11 +189,17 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
             "Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while "
             "the expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch."
         )
-        how = (
-            f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks"
-            if r["scenario"] == "chunked_pipeline"
-            else "full overlap"
-        )
+        how = {
+            "chunked_pipeline": f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks",
+            "fp8_dispatch": "overlap cannot hide it on these ranks (no spare core for the transfer); "
+            "dispatching half the bytes (FP8)",
+        }.get(r["scenario"], "full overlap")
+        if r["scenario"] == "fp8_dispatch":
+            remedy = (
+                "Send fewer bytes: dispatch in FP8 (or another compact format), deduplicate tokens bound for the same "
+                "rank, and route node-limited. Overlap needs a free resource for the transfer: on CPU (gloo) ranks a "
+                "core per rank beyond the compute thread."
+            )
     else:
         remedy = (
             "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "

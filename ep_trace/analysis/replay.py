@@ -14,7 +14,8 @@ With the measured gaps and transfers the replay reproduces the measured timeline
 that ended a call before its last arrival, within the clock tolerance, keeps that as a negative
 slack on its arrival); :func:`replay_error` reports the error per rank and step. With ``overlap=True`` a transfer runs
 behind the work that follows it: the next node starts at ``max(sync + gap, end)`` (the
-``full_overlap`` what-if).
+``full_overlap`` what-if); a per-node hidden fraction ``h`` keeps ``(1 - h) x transfer`` in front of
+the next node (a gloo transfer on a rank without a spare core: its CPU time cannot hide).
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def prepare(g: StepGraph) -> Prepared:
 
 
 def replay(
-    p: Prepared, gap: np.ndarray | None = None, transfer: np.ndarray | None = None, overlap: bool = False
+    p: Prepared,
+    gap: np.ndarray | None = None,
+    transfer: np.ndarray | None = None,
+    overlap: bool | np.ndarray = False,
 ) -> Replay:
     """Replay with (possibly edited) lead gaps and transfers.
 
@@ -104,7 +108,9 @@ def replay(
         p: :func:`prepare` output.
         gap: Lead gap per node, ns (default: measured).
         transfer: Transfer (call) / length (local) per node, ns (default: measured).
-        overlap: Transfers run behind the following work (``full_overlap``).
+        overlap: Transfers run behind the following work (``full_overlap``). ``True`` hides every
+            transfer; an array gives the hidden fraction per node (0..1): the rest of the transfer still
+            occupies the rank before its next work (a CPU-executed transfer competing for the cores).
 
     Returns:
         The replayed :class:`Replay`.
@@ -112,6 +118,11 @@ def replay(
     gap = p.gap if gap is None else gap
     tr = p.transfer if transfer is None else transfer
     nn = p.pred.size
+    hide: np.ndarray | None
+    if isinstance(overlap, np.ndarray):
+        hide = np.clip(overlap.astype(np.float64), 0.0, 1.0)
+    else:
+        hide = np.ones(nn) if overlap else None
     s = np.zeros(nn)
     a = np.zeros(nn)
     e = np.zeros(nn)
@@ -123,7 +134,7 @@ def replay(
         start0 = p.step_start[p.rs[idx]]
         pb = np.where(has, base[np.maximum(pr, 0)], start0)
         st = pb + gap[idx]
-        if overlap:
+        if hide is not None:
             st = np.maximum(st, np.where(has, e[np.maximum(pr, 0)], start0))
         s[idx] = st
         grp = p.group[idx]
@@ -133,7 +144,7 @@ def replay(
         arr = np.where(p.sync[idx], np.maximum(arr, st), st)
         a[idx] = arr
         e[idx] = arr + tr[idx]
-        base[idx] = arr if overlap else e[idx]
+        base[idx] = e[idx] if hide is None else arr + (1.0 - hide[idx]) * tr[idx]
     en = p.end_nodes
     ok = en >= 0
     step_end = np.full(en.size, np.nan)
@@ -141,7 +152,7 @@ def replay(
     has = pr >= 0
     start0 = p.step_start[ok]
     se = np.where(has, base[np.maximum(pr, 0)], start0) + gap[en[ok]]
-    if overlap:
+    if hide is not None:
         se = np.maximum(se, np.where(has, e[np.maximum(pr, 0)], start0))
     step_end[ok] = se
     s[en[ok]] = se

@@ -21,6 +21,9 @@ routing counts, no collectives, no stall) is absent, never a zero row.
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
   collective calls at the trace's per-call latency (the median transfer of its count exchange, the
   smallest message), the best of k = 2..8.
+* Overlap and pipelining hide a transfer only as far as the rank has a resource for it
+  (:mod:`ep_trace.analysis.resources`): all of it on GPU ranks, on CPU (gloo) ranks only with a
+  spare core; the unhidden part stays in the step.
 * ``all``: every edit at once (with ``full_overlap`` standing for the chunking): the bound.
 """
 
@@ -180,11 +183,15 @@ def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, l
     return z, heavy
 
 
-def chunked(g: StepGraph, p: Prepared, k: int, overhead_ns: float) -> tuple[np.ndarray, np.ndarray] | None:
+def chunked(
+    g: StepGraph, p: Prepared, k: int, overhead_ns: float, hide: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Edited (gap, transfer) of ``chunked_pipeline`` with ``k`` chunks; None when no layer applies.
 
     Applies to every (rank, step, layer) whose combine call directly follows its dispatch call
-    (the 1-chunk data path: dispatch -> expert work -> combine).
+    (the 1-chunk data path: dispatch -> expert work -> combine). ``hide`` is the hidden fraction of
+    each node's transfer (:func:`ep_trace.analysis.resources.transfer_hiding`; default 1): the span
+    is ``h x pipelined + (1 - h) x serial`` plus the extra calls' overhead.
     """
     n = g.nodes
     calls = n.filter(pl.col("kind") == "call").select("node", "rank", "step", "layer", "direction", "pred")
@@ -196,9 +203,14 @@ def chunked(g: StepGraph, p: Prepared, k: int, overhead_ns: float) -> tuple[np.n
     ci, di = c["node"].to_numpy(), c["_d"].to_numpy()
     gap, tr = p.gap.copy(), p.transfer.copy()
     tD, X, tC = tr[di], gap[ci], tr[ci]
-    span = (tD + X + tC) / k + (k - 1) / k * np.maximum(np.maximum(tD, X), tC) + (k - 1) * overhead_ns
-    tr[di], tr[ci] = tD / k, tC / k
-    gap[ci] = np.maximum(span - (tD + tC) / k, 0.0)
+    h = np.ones(ci.size) if hide is None else hide[ci]
+    piped = (tD + X + tC) / k + (k - 1) / k * np.maximum(np.maximum(tD, X), tC)
+    span = h * piped + (1.0 - h) * (tD + X + tC) + (k - 1) * overhead_ns
+    # the unhidden part of a transfer stays a transfer (after the sync point), so that on a rank
+    # without a spare core (h = 0) the edit is only the extra calls' overhead, not a shift of
+    # transfer time in front of the sync where a wait could absorb it
+    tr[di], tr[ci] = h * tD / k + (1.0 - h) * tD, h * tC / k + (1.0 - h) * tC
+    gap[ci] = np.maximum(span - tr[di] - tr[ci], 0.0)
     return gap, tr
 
 
@@ -214,13 +226,20 @@ def _overhead(g: StepGraph) -> float:
     return 2.0 * float(np.median(src["transfer_ns"].to_numpy()))
 
 
-def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)) -> Model:
+def model(
+    g: StepGraph,
+    rank_load: pl.DataFrame,
+    chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8),
+    hiding: dict[int, float] | None = None,
+) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
     Args:
         g: The step graph.
         rank_load: ``Analysis.rank_load`` (receive rows per rank, step, layer).
         chunk_counts: k values ``chunked_pipeline`` tries.
+        hiding: Hidden fraction of each rank's transfers when overlapped (``full_overlap``,
+            ``chunked_pipeline``, ``all``); default 1 for every rank.
 
     Returns:
         The :class:`Model`.
@@ -237,8 +256,10 @@ def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] =
     expert = _per_node(g, (pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
     gap_all, tr_all = p.gap.copy(), p.transfer.copy()
     edits = False
+    hmap = hiding or {}
+    hide = np.array([hmap.get(int(r), 1.0) for r in n["rank"].to_list()], dtype=np.float64)
 
-    def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool = False) -> float:
+    def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool | np.ndarray = False) -> float:
         return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
 
     explained = _load_explained(g, expert, rank_load)
@@ -253,7 +274,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] =
         gap_all -= bd
         edits = True
     if has_calls and float(p.transfer[p.sync].sum()) > 0:
-        rows.append(("full_overlap", run(overlap=True), all_ranks, None))
+        rows.append(("full_overlap", run(overlap=hide), all_ranks, None))
         edits = True
     disp = (n["direction"] == "dispatch").fill_null(False).to_numpy() & p.sync
     if disp.any():
@@ -278,7 +299,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] =
     ovh = _overhead(g)
     best: tuple[float, int] | None = None
     for k in chunk_counts:
-        e = chunked(g, p, k, ovh)
+        e = chunked(g, p, k, ovh, hide)
         if e is None:
             break
         t = run(*e)
@@ -287,7 +308,7 @@ def model(g: StepGraph, rank_load: pl.DataFrame, chunk_counts: tuple[int, ...] =
     if best is not None:
         rows.append(("chunked_pipeline", best[0], all_ranks, best[1]))
     if rows and edits or len(rows) > 1:
-        rows.append(("all", run(np.maximum(gap_all, 0), tr_all, overlap=has_calls), all_ranks, None))
+        rows.append(("all", run(np.maximum(gap_all, 0), tr_all, overlap=hide if has_calls else False), all_ranks, None))
     wf = pl.DataFrame(
         [(s, int(round(t)), int(round(base - t)), rk, k) for s, t, rk, k in rows],
         schema=WHATIF_SCHEMA,

@@ -50,6 +50,15 @@ def require_torch() -> Any:
     return torch
 
 
+def _cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, not the machine's count: a launcher that
+    pins ranks to cores, or a container's cpuset, gives each rank fewer than ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _dist_info() -> tuple[int, int, str | None]:
     """(rank, world_size, backend); (0, 1, None) when torch.distributed is absent or not initialised."""
     import torch.distributed as dist
@@ -191,6 +200,8 @@ class Tracer:
             "host": socket.gethostname(),
             "backend": backend,
             "device": f"cuda:{torch.cuda.current_device()}" if cuda else "cpu",
+            "cpu_cores": _cpu_cores(),
+            "host_cores": os.cpu_count(),
             "job_id": _job_id(self._job_id, backend),
             "ep_group_ranks": list(range(world)),
             "num_experts": None,

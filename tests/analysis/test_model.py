@@ -269,3 +269,54 @@ def test_shrinking_one_ranks_work_never_lengthens_any_rank(spec, who, f):
     tr = p.transfer.copy()
     tr[mine] *= f
     assert (replay(p, transfer=tr).step_end <= base + 1e-6).all()
+
+
+def test_golden_full_overlap_on_a_rank_without_a_spare_core():
+    # STRAGGLER with rank 0 on a core of its own for compute and transfer (hidden fraction 0): its 100 ns
+    # transfer cannot run behind the compute that follows it; rank 1 (fraction 1) hides all of it
+    g = _graph(STRAGGLER)
+    full = whatif.model(g, _load([]), hiding={0: 1.0, 1: 1.0}).whatif
+    none = whatif.model(g, _load([]), hiding={0: 0.0, 1: 0.0}).whatif
+    half = whatif.model(g, _load([]), hiding={0: 0.5, 1: 0.5}).whatif
+
+    def saving(w: pl.DataFrame, s: str) -> int:
+        return int(w.filter(pl.col("scenario") == s)["saving_ns"][0])
+
+    assert saving(full, "full_overlap") == 100
+    assert saving(none, "full_overlap") == 0
+    assert saving(half, "full_overlap") == 50
+
+
+@settings(max_examples=40, deadline=None)
+@given(timelines(), st.floats(0.0, 1.0))
+def test_overlap_fraction_interpolates_between_serial_and_full(spec, h):
+    p = prepare(_graph(spec))
+    n = p.pred.size
+    serial = replay(p).step_end
+    full = replay(p, overlap=True).step_end
+    assert np.array_equal(replay(p, overlap=np.zeros(n)).step_end, serial)
+    assert np.array_equal(replay(p, overlap=np.ones(n)).step_end, full)
+    part = replay(p, overlap=np.full(n, h)).step_end
+    assert (part <= serial + 1e-6).all() and (part >= full - 1e-6).all()
+
+
+# one rank's dispatch -> expert -> combine: 100 ns dispatch transfer, 400 ns expert work, 100 ns combine
+PIPE = {
+    "windows": {0: (0, 700), 1: (0, 700)},
+    "calls": [
+        {"dir": "dispatch", "layer": 0, "ranks": {0: (0, 100), 1: (0, 100)}},
+        {"dir": "combine", "layer": 0, "ranks": {0: (500, 600), 1: (500, 600)}},
+    ],
+    "compute": [(0, 100, 500), (1, 100, 500)],
+}
+
+
+def test_golden_chunked_pipeline_needs_a_resource_for_the_transfer():
+    g = _graph(PIPE)
+    p = prepare(g)
+    # k = 2, no overhead: span = 600 / 2 + 1/2 x max(100, 400, 100) = 500 ns (100 ns saved per rank)
+    gap, tr = whatif.chunked(g, p, 2, 0.0)
+    assert replay(p, gap, tr).step_end.tolist() == [600.0, 600.0]
+    # no spare core: the serial 600 ns stays, plus one extra chunk's 30 ns of call overhead
+    gap, tr = whatif.chunked(g, p, 2, 30.0, np.zeros(p.pred.size))
+    assert replay(p, gap, tr).step_end.tolist() == [730.0, 730.0]

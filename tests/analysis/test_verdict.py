@@ -162,3 +162,46 @@ def test_whatif_rows_exact_on_synthetic_job(synth, scenario):
     w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
     assert scenario in w and w[scenario] >= 0
     assert float(a.replay["error_pct"].max()) == 0.0
+
+
+def _whatif(rows: list[tuple[str, int, int | None]]) -> pl.DataFrame:
+    from ep_trace.analysis.whatif import WHATIF_SCHEMA
+
+    return pl.DataFrame(
+        [(s, 1_000_000 - sav, sav, [0, 1, 2, 3], k) for s, sav, k in rows], schema=WHATIF_SCHEMA, orient="row"
+    )
+
+
+def test_exposed_comm_without_a_resource_to_overlap_names_fewer_bytes(synth):
+    # ranks whose transfers cannot hide (gloo ranks without a spare core): chunking is slower, overlap
+    # saves nothing, halving the dispatch bytes saves 30 µs -> the exposed-comm finding says so
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    wf = _whatif([("full_overlap", 0, None), ("fp8_dispatch", 30_000, None), ("chunked_pipeline", -5_000, 2)])
+    f = [f for f in with_findings(dataclasses.replace(a, whatif=wf)).findings if f.kind == "exposed_comm"]
+    assert len(f) == 1 and f[0].est_saving_ns == 30_000
+    assert "overlap cannot hide it on these ranks" in f[0].title and "pipelining" not in f[0].title
+    assert f[0].remedy.startswith("Send fewer bytes: dispatch in FP8")
+    # where overlap helps, it stays the remedy
+    wf = _whatif([("full_overlap", 20_000, None), ("fp8_dispatch", 30_000, None), ("chunked_pipeline", 12_000, 4)])
+    f = [f for f in with_findings(dataclasses.replace(a, whatif=wf)).findings if f.kind == "exposed_comm"]
+    assert f[0].est_saving_ns == 12_000 and "over 4 chunks" in f[0].title
+
+
+def test_one_finding_per_whatif(synth):
+    # a conclusive bandwidth-bound fit and the exposed-comm fallback both rest on fp8_dispatch: one finding
+    a = analyze(synth["gpu_job"](STARTS, 600_000))
+    wf = _whatif([("full_overlap", 0, None), ("fp8_dispatch", 30_000, None), ("chunked_pipeline", -5_000, 2)])
+    ab = pl.DataFrame(
+        {
+            "link_class": ["inter_host"],
+            "alpha_us": [1.0],
+            "beta_gbps": [1.0],
+            "r2": [0.99],
+            "n": [40],
+            "median_bytes": [1e6],
+            "verdict": ["bandwidth_bound"],
+        }
+    )
+    found = with_findings(dataclasses.replace(a, whatif=wf, alpha_beta=ab)).findings
+    backed = [f.evidence["whatif"]["scenario"] for f in found if "whatif" in f.evidence]
+    assert backed.count("fp8_dispatch") == 1

@@ -1,0 +1,58 @@
+"""The what-if table: every simulated edit of the step graph, its predicted step and its saving.
+
+One row per scenario of ``Analysis.whatif`` (``ep_trace.analysis.whatif``), the ``all`` row last: the
+bound of every fix at once, the figure to compare against (the rows' savings overlap and must not be
+added). A negative saving (chunking on ranks whose transfers cannot hide) reads "slower".
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ep_trace.analysis.result import Analysis
+from ep_trace.reports.units import fmt_ns, fmt_pct
+
+__all__ = ["WHATIF_HEADERS", "whatif_rows", "SCENARIO_WORDS"]
+
+WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "share", "ranks")
+
+SCENARIO_WORDS = {
+    "no_straggler": "the late rank's work before its arrivals set to the other ranks' median",
+    "balanced_routing": "each rank's expert work scaled to the mean load",
+    "full_overlap": "every transfer behind the work that follows it (as far as the rank has a resource for it)",
+    "fp8_dispatch": "dispatch transfers halved (half the bytes)",
+    "no_host_stalls": "blocking host calls and the count exchange removed",
+    "fused_permute": "permute / unpermute compute halved",
+    "chunked_pipeline": "dispatch / experts / combine pipelined over {k} chunks (the best k)",
+    "all": "every edit above at once: the bound (do not add the rows)",
+}
+
+
+def _ranks(rs: list[int], limit: int = 6) -> str:
+    head = ", ".join(str(r) for r in rs[:limit])
+    return head if len(rs) <= limit else f"{head} … (+{len(rs) - limit})"
+
+
+def whatif_rows(analysis: Analysis) -> list[list[str]]:
+    """Table rows (strings) of the simulated what-ifs, ``all`` last; empty without a model."""
+    wf = analysis.whatif
+    if wf is None or wf.is_empty():
+        return []
+    wf = wf.with_columns((pl.col("scenario") == "all").alias("_last")).sort("_last", maintain_order=True)
+    base = (wf["predicted_step_ns"] + wf["saving_ns"]).to_list()
+    rows = []
+    for r, b in zip(wf.iter_rows(named=True), base, strict=True):
+        sav = int(r["saving_ns"])
+        words = SCENARIO_WORDS.get(r["scenario"], r["scenario"]).format(k=r.get("chunks"))
+        saving = fmt_ns(sav) if sav >= 0 else f"{fmt_ns(-sav)} slower"
+        rows.append(
+            [
+                r["scenario"],
+                words,
+                fmt_ns(r["predicted_step_ns"]),
+                saving,
+                fmt_pct(sav / b) if b else "–",
+                _ranks([int(x) for x in r["ranks"]]),
+            ]
+        )
+    return rows
