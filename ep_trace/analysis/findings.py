@@ -148,8 +148,9 @@ def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
     # overlap cannot help where the transfer has no resource of its own (a gloo rank without a spare
     # core, analysis.resources): then the remedy is fewer bytes, if halving them saves anything
     fewer = _wf(a, "fp8_dispatch") if ep else None
-    no_overlap = r is not None and int(r["saving_ns"]) <= 0 and (bound_r := _wf(a, "full_overlap")) is not None
-    if no_overlap and int(bound_r["saving_ns"]) <= 0 and fewer is not None and int(fewer["saving_ns"]) > 0:
+    full = _wf(a, "full_overlap")
+    overlap_helps = any(x is not None and int(x["saving_ns"]) > 0 for x in (r, full))
+    if not overlap_helps and fewer is not None and int(fewer["saving_ns"]) > 0:
         r = fewer
     rs = a.rank_summary.filter(pl.col("exposed_comm_p50_ns") > 0)
     if r is None or rs.is_empty():
