@@ -144,7 +144,8 @@ def _one_finding_per_whatif(out: list[Finding]) -> list[Finding]:
 
 def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
     ep = has_ep_traffic(a)
-    r = (_wf(a, "chunked_pipeline") if ep else None) or _wf(a, "full_overlap")
+    chunk = _wf(a, "chunked_pipeline") if ep else None
+    r = chunk if chunk is not None and int(chunk["saving_ns"]) > 0 else _wf(a, "full_overlap") or chunk
     # overlap cannot help where the transfer has no resource of its own (a gloo rank without a spare
     # core, analysis.resources): then the remedy is fewer bytes, if halving them saves anything
     fewer = _wf(a, "fp8_dispatch") if ep else None
