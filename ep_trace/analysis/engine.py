@@ -17,6 +17,7 @@ import polars as pl
 from ep_trace.analysis import bandwidth, clocks, findings, graph, imbalance, matching, stage_families, stages, whatif
 from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
+from ep_trace.analysis.chunk_cost import per_chunk_cost
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
@@ -224,7 +225,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         unmatched,
     )
     hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
-    model = whatif.model(g, rl, config.whatif_chunks, hiding)
+    model = whatif.model(g, rl, config.whatif_chunks, hiding, per_chunk_cost(ev, stage_df, mode))
     overlap_rows = model.whatif.filter(pl.col("scenario").is_in(["full_overlap", "chunked_pipeline"])).height > 0
     if overlap_rows and unknown_cores:
         notes.append(UNKNOWN_CORES_NOTE.format(ranks=_rank_list(unknown_cores)))

@@ -20,7 +20,8 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 * ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
   collective calls at the trace's per-call latency (the median transfer of its count exchange, the
-  smallest message), the best of k = 2..8.
+  smallest message) plus the fixed cost of re-issuing the region's ops (:mod:`ep_trace.analysis.chunk_cost`),
+  the best of k = 2..8.
 * Overlap and pipelining hide a transfer only as far as the rank has a resource for it
   (:mod:`ep_trace.analysis.resources`): all of it on GPU ranks, on CPU (gloo) ranks only with a
   spare core; the unhidden part stays in the step.
@@ -184,14 +185,15 @@ def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, l
 
 
 def chunked(
-    g: StepGraph, p: Prepared, k: int, overhead_ns: float, hide: np.ndarray | None = None
+    g: StepGraph, p: Prepared, k: int, overhead_ns: float | np.ndarray, hide: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Edited (gap, transfer) of ``chunked_pipeline`` with ``k`` chunks; None when no layer applies.
 
     Applies to every (rank, step, layer) whose combine call directly follows its dispatch call
     (the 1-chunk data path: dispatch -> expert work -> combine). ``hide`` is the hidden fraction of
     each node's transfer (:func:`ep_trace.analysis.resources.transfer_hiding`; default 1): the span
-    is ``h x pipelined + (1 - h) x serial`` plus the extra calls' overhead.
+    is ``h x pipelined + (1 - h) x serial`` plus ``k - 1`` times the cost of one more chunk
+    (``overhead_ns``: one figure, or one per node).
     """
     n = g.nodes
     calls = n.filter(pl.col("kind") == "call").select("node", "rank", "step", "layer", "direction", "pred")
@@ -205,7 +207,8 @@ def chunked(
     tD, X, tC = tr[di], gap[ci], tr[ci]
     h = np.ones(ci.size) if hide is None else hide[ci]
     piped = (tD + X + tC) / k + (k - 1) / k * np.maximum(np.maximum(tD, X), tC)
-    span = h * piped + (1.0 - h) * (tD + X + tC) + (k - 1) * overhead_ns
+    ovh = overhead_ns[ci] if isinstance(overhead_ns, np.ndarray) else overhead_ns
+    span = h * piped + (1.0 - h) * (tD + X + tC) + (k - 1) * ovh
     # the unhidden part of a transfer stays a transfer (after the sync point), so that on a rank
     # without a spare core (h = 0) the edit is only the extra calls' overhead, not a shift of
     # transfer time in front of the sync where a wait could absorb it
@@ -231,6 +234,7 @@ def model(
     rank_load: pl.DataFrame,
     chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8),
     hiding: dict[int, float] | None = None,
+    chunk_cost: dict[int, float] | None = None,
 ) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
@@ -240,6 +244,8 @@ def model(
         chunk_counts: k values ``chunked_pipeline`` tries.
         hiding: Hidden fraction of each rank's transfers when overlapped (``full_overlap``,
             ``chunked_pipeline``, ``all``); default 1 for every rank.
+        chunk_cost: Fixed cost of one more chunk's ops per rank, ns
+            (:func:`ep_trace.analysis.chunk_cost.per_chunk_cost`), on top of its two extra calls.
 
     Returns:
         The :class:`Model`.
@@ -296,7 +302,8 @@ def model(
         ranks = sorted({int(r) for r in n.filter(pl.Series(perm > 0))["rank"].unique()})
         rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))
         gap_all -= 0.5 * perm
-    ovh = _overhead(g)
+    cc = chunk_cost or {}
+    ovh = _overhead(g) + np.array([cc.get(int(r), 0.0) for r in n["rank"].to_list()], dtype=np.float64)
     best: tuple[float, int] | None = None
     for k in chunk_counts:
         e = chunked(g, p, k, ovh, hide)

@@ -1,0 +1,120 @@
+"""What one more pipeline chunk costs a rank: the fixed part of re-issuing the chunked region's ops.
+
+A chunked dispatch -> expert -> combine pipeline runs the region's op sequence once per chunk, on
+fewer rows. The size-dependent part of the work splits over the chunks; the fixed part per op (the
+host's dispatcher / Python / launch cost on a CPU rank, the launch gap between kernels on a GPU rank)
+is paid again by every extra chunk. Measured from the 1-chunk trace, per rank:
+
+    cost per extra chunk = (ops issued in one region instance) x (fixed cost per op)
+
+* **CPU ranks**: ops = top-level ``cpu_op`` rows (not nested in another op) inside the region's host
+  window (first dispatch range start to last combine range end of the layer); fixed cost per op =
+  the 25th percentile of the start-to-start interval of consecutive top-level ops there (the cheap
+  ops, whose interval is almost all fixed cost: a view or an empty is ~4-8 µs of eager-mode overhead
+  on CPU, where a GEMM's interval is its data).
+* **GPU ranks**: ops = compute kernels (no ``coll_id``) inside the region's device window; fixed cost
+  = the median idle gap between consecutive ones on their stream (launch latency where the host
+  falls behind, ~1 µs where it runs ahead).
+
+On the 2-core CI machine (2 gloo ranks, 2048 tokens) this gives ~0.3 ms per extra chunk and layer
+of the ~0.85 ms that 4 chunks measured (benchmarks/README.md, what-if validation); the extra
+collective calls are the rest (``whatif._overhead``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from ep_trace.analysis.intervals import range_join
+
+__all__ = ["per_chunk_cost", "REGION_STAGES"]
+
+#: Stages a chunked pipeline repeats per chunk.
+REGION_STAGES = ("dispatch", "expert", "combine")
+
+
+def _regions(stages: pl.DataFrame, start: str, end: str) -> pl.DataFrame:
+    """One window per (rank, step, layer) over its region stages (``_rs``, ``_re``, ``_rid``)."""
+    return (
+        stages.filter(pl.col("stage").is_in(REGION_STAGES) & pl.col(start).is_not_null() & pl.col(end).is_not_null())
+        .group_by(["rank", "step", "layer"])
+        .agg(pl.col(start).min().alias("_rs"), pl.col(end).max().alias("_re"))
+        .with_row_index("_rid")
+    )
+
+
+def _cost(inside: pl.DataFrame, fixed: float | None) -> float:
+    if inside.is_empty() or fixed is None or not np.isfinite(fixed):
+        return 0.0
+    n = np.median(inside.group_by("_rid").agg(pl.len().alias("_n"))["_n"].to_numpy())
+    return float(n) * max(fixed, 0.0)
+
+
+def _cpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
+    ops = (
+        ev.filter(pl.col("kind") == "cpu_op")
+        .select("rank", "tid", "start_ns", "end_ns")
+        .sort("rank", "tid", "start_ns")
+    )
+    prev_end = pl.col("end_ns").cum_max().shift(1).over(["rank", "tid"])
+    top = ops.filter(prev_end.is_null() | (pl.col("start_ns") >= prev_end))
+    if top.is_empty() or regions.is_empty():
+        return {}
+    inside = range_join(top, regions, ("start_ns", "end_ns"), ("_rs", "_re")).filter(
+        (pl.col("start_ns") >= pl.col("_rs")) & (pl.col("end_ns") <= pl.col("_re"))
+    )
+    step = (
+        inside.sort("rank", "tid", "_rid", "start_ns")
+        .with_columns((pl.col("start_ns").shift(-1) - pl.col("start_ns")).over(["rank", "tid", "_rid"]).alias("_dt"))
+        .filter(pl.col("_dt").is_not_null())
+    )
+    fixed = step.group_by("rank").agg(pl.col("_dt").quantile(0.25).alias("_f"))
+    f = dict(fixed.iter_rows())
+    return {int(r): _cost(g, f.get(r)) for (r,), g in inside.group_by(["rank"])}
+
+
+def _gpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
+    k = ev.filter((pl.col("kind") == "gpu_kernel") & pl.col("coll_id").is_null()).select(
+        "rank", "stream", "start_ns", "end_ns"
+    )
+    if k.is_empty() or regions.is_empty():
+        return {}
+    inside = range_join(k, regions, ("start_ns", "end_ns"), ("_rs", "_re")).filter(
+        (pl.col("start_ns") >= pl.col("_rs")) & (pl.col("end_ns") <= pl.col("_re"))
+    )
+    gaps = (
+        inside.sort("rank", "stream", "_rid", "start_ns")
+        .with_columns(
+            (pl.col("start_ns").shift(-1) - pl.col("end_ns")).over(["rank", "stream", "_rid"]).clip(0).alias("_g")
+        )
+        .filter(pl.col("_g").is_not_null())
+    )
+    f = dict(gaps.group_by("rank").agg(pl.col("_g").median()).iter_rows())
+    return {int(r): _cost(g, f.get(r)) for (r,), g in inside.group_by(["rank"])}
+
+
+def per_chunk_cost(ev: pl.DataFrame, stages: pl.DataFrame, mode: dict[int, str]) -> dict[int, float]:
+    """Fixed cost of one extra chunk of the dispatch -> expert -> combine region per rank, ns.
+
+    Args:
+        ev: Events (aligned clock is not needed: every time compared is the rank's own).
+        stages: ``Analysis.stages`` (``cpu_start_ns``/``cpu_end_ns`` host windows, ``start_ns``/``end_ns``
+            device windows).
+        mode: ``rank -> 'gpu' | 'cpu'``.
+
+    Returns:
+        ``rank -> ns``; ranks without region stages are absent (their chunks cost only the calls).
+    """
+    if stages.is_empty():
+        return {}
+    cpu = [r for r, m in mode.items() if m != "gpu"]
+    gpu = [r for r, m in mode.items() if m == "gpu"]
+    out: dict[int, float] = {}
+    if cpu:
+        st = stages.filter(pl.col("rank").is_in(cpu))
+        out |= _cpu_rank_cost(ev.filter(pl.col("rank").is_in(cpu)), _regions(st, "cpu_start_ns", "cpu_end_ns"))
+    if gpu:
+        st = stages.filter(pl.col("rank").is_in(gpu))
+        out |= _gpu_rank_cost(ev.filter(pl.col("rank").is_in(gpu)), _regions(st, "start_ns", "end_ns"))
+    return out
