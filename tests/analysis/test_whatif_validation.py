@@ -32,3 +32,24 @@ def test_skewed_routing_is_imbalance_not_straggler(tmp_path):
     kinds = {f.kind: f for f in a.findings}
     assert "routing_imbalance" in kinds and kinds["routing_imbalance"].ranks == (0,)
     assert not ("straggler_wait" in kinds and kinds["straggler_wait"].ranks == (0,))
+
+
+@pytest.mark.slow
+def test_pipelining_is_not_advised_where_transfers_cannot_hide(tmp_path):
+    # 2 gloo ranks pinned to one core between them (each transfer is CPU work of gloo's worker thread,
+    # which then competes with the compute it should hide behind): the sidecar records the cores, the
+    # model keeps the transfers in the step, and no finding advises chunked pipelining
+    import os
+
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(old)})  # inherited by the spawned ranks
+    try:
+        run_demo(DemoConfig(ranks=2, steps=4, tokens=512), tmp_path)
+    finally:
+        os.sched_setaffinity(0, old)
+    a = load([tmp_path])
+    assert a.tables.ranks["cpu_cores"].to_list() == [1, 1]
+    w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
+    assert w["full_overlap"] == 0 and w["chunked_pipeline"] < 0
+    assert any("gloo's transfer thread has no spare core" in n for n in a.notes)
+    assert all("pipelining" not in f.title for f in a.findings)
