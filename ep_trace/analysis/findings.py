@@ -5,7 +5,9 @@ Every saving (per step, ns) is the ``saving_ns`` of a what-if re-simulated on th
 different findings come from one model and rank against each other (they still overlap: the
 ``all`` what-if is the bound, not their sum):
 
-* exposed_comm <- ``chunked_pipeline`` on EP traces (the remedy named), else ``full_overlap``;
+* exposed_comm <- ``chunked_pipeline`` on EP traces when it saves (the remedy named), else
+  ``full_overlap``; where neither saves (no resource to hide the transfer behind: gloo ranks without
+  a spare core, ``analysis.resources``) ``fp8_dispatch``, fewer bytes (:mod:`finding_comm`);
 * straggler_wait <- ``no_straggler`` (lateness its expert load does not explain); the most loaded
   rank whose lateness balancing the routing recovers by half or more is routing imbalance instead;
 * routing_imbalance <- ``balanced_routing``;
@@ -27,18 +29,20 @@ remedy; figures carry 3 significant digits (:func:`fmt_ns`).
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, cast
+from typing import cast
 
 import polars as pl
 
+from ep_trace.analysis.finding_comm import MIN_FIT_CALLS, MIN_FIT_R2, alpha_beta, exposed, fit_conclusive
+from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, severity, waits_measurable
+from ep_trace.analysis.finding_common import num as _num
+from ep_trace.analysis.finding_common import wf as _wf
+from ep_trace.analysis.finding_common import wf_ev as _wf_ev
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.result import Analysis, Finding
 
-__all__ = ["with_findings", "severity", "fmt_ns", "MIN_FIT_CALLS", "MIN_FIT_R2"]
+__all__ = ["with_findings", "severity", "fmt_ns", "fit_conclusive", "MIN_FIT_CALLS", "MIN_FIT_R2"]
 
-MIN_FIT_CALLS = 8  # calls in an alpha-beta fit before it may make a finding
-MIN_FIT_R2 = 0.8  # and its r2
 REBALANCE_SHARE = (
     0.5  # balanced_routing saving / no_straggler saving above which the late, most loaded rank is imbalance
 )
@@ -46,77 +50,16 @@ REBALANCE_SHARE = (
 _ORDER = {"high": 0, "medium": 1, "low": 2}
 
 
-def severity(saving_ns: float, step_ns: float) -> str:
-    """``high`` at >= 20 % of the step, ``medium`` at >= 5 %, else ``low``."""
-    f = saving_ns / step_ns if step_ns > 0 else 0.0
-    return "high" if f >= 0.2 else "medium" if f >= 0.05 else "low"
-
-
-def _num(x: Any) -> Any:
-    if isinstance(x, float):
-        return None if math.isnan(x) or math.isinf(x) else round(x, 4)
-    return x
-
-
-def fmt_ns(ns: float) -> str:
-    """A duration with 3 significant digits and a unit: ``2.45 s``, ``245 ms``, ``24.5 ms``, ``2.45 µs``."""
-    v = float(ns)
-    units = (("ns", 1.0), ("µs", 1e3), ("ms", 1e6), ("s", 1e9))
-    i = 0
-    while i < 3 and abs(v) >= units[i + 1][1]:
-        i += 1
-    while True:
-        x = v / units[i][1]
-        d = 0 if abs(x) >= 100 or i == 0 else 1 if abs(x) >= 10 else 2
-        txt = f"{x:.{d}f}"
-        if abs(float(txt)) < 1000 or i == 3:  # 999.7 ms prints as 1.00 s, not 1000 ms
-            return f"{txt} {units[i][0]}"
-        i += 1
-
-
-def _wf(a: Analysis, scenario: str) -> dict[str, Any] | None:
-    """The what-if row of ``scenario`` (None when absent: not applicable to this trace)."""
-    w = a.whatif
-    if w is None or w.is_empty():
-        return None
-    r = w.filter(pl.col("scenario") == scenario)
-    return r.row(0, named=True) if r.height else None
-
-
-def _wf_ev(r: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "scenario": r["scenario"],
-        "predicted_step_ns": int(r["predicted_step_ns"]),
-        "saving_ns": int(r["saving_ns"]),
-        "ranks": [int(x) for x in r["ranks"]],
-        **({"chunks": int(r["chunks"])} if r.get("chunks") is not None else {}),
-    }
-
-
-def has_ep_traffic(a: Analysis) -> bool:
-    """The trace holds expert-parallel token all-to-all traffic (an all-to-all(v) moving bytes)."""
-    c = a.calls
-    if c.is_empty():
-        return False
-    return bool(c.filter(pl.col("collective").str.starts_with("all_to_all")).height)
-
-
-def waits_measurable(a: Analysis) -> bool:
-    """Every matched call has all ranks of its group in the trace set (else wait is unmeasurable)."""
-    c = a.calls
-    return bool(c.height) and bool(c.filter(pl.col("n_ranks") > 1)["complete"].all()) if c.height else False
-
-
 def with_findings(a: Analysis) -> Analysis:
     """Return ``a`` with its findings filled and ranked by simulated saving."""
     step_ns = float(cast(float, a.rank_summary["step_time_ns"].median()) or 0.0) if a.rank_summary.height else 0.0
     n_steps = max(int(a.steps["step"].n_unique()), 1) if a.steps.height else 1
     out: list[Finding] = []
-    out += _exposed(a, step_ns)
+    out += exposed(a, step_ns)
     out += _straggler(a, step_ns, n_steps)
     out += _imbalance(a, step_ns)
     out += _stalls(a, step_ns, n_steps)
-    out += _alpha_beta(a, step_ns, n_steps)
+    out += alpha_beta(a, step_ns, n_steps)
     out += _pack(a, step_ns)
     # no finding without a positive saving heads (or joins) the performance list
     out = [f for f in out if f.est_saving_ns > 0]
@@ -140,104 +83,6 @@ def _one_finding_per_whatif(out: list[Finding]) -> list[Finding]:
             seen.add(sc)
         keep.append(f)
     return [f for f in out if any(f is k for k in keep)]
-
-
-def _exposed(a: Analysis, step_ns: float) -> list[Finding]:
-    ep = has_ep_traffic(a)
-    chunk = _wf(a, "chunked_pipeline") if ep else None
-    r = chunk if chunk is not None and int(chunk["saving_ns"]) > 0 else _wf(a, "full_overlap") or chunk
-    # overlap cannot help where the transfer has no resource of its own (a gloo rank without a spare
-    # core, analysis.resources): then the remedy is fewer bytes, if halving them saves anything
-    fewer = _wf(a, "fp8_dispatch") if ep else None
-    full = _wf(a, "full_overlap")
-    overlap_helps = any(x is not None and int(x["saving_ns"]) > 0 for x in (r, full))
-    if not overlap_helps and fewer is not None and int(fewer["saving_ns"]) > 0:
-        r = fewer
-    rs = a.rank_summary.filter(pl.col("exposed_comm_p50_ns") > 0)
-    if r is None or rs.is_empty():
-        return []
-    saving = int(r["saving_ns"])
-    w = rs.sort(["exposed_comm_ns", "rank"], descending=[True, False]).row(0, named=True)
-    bound = _wf(a, "full_overlap")
-    measurable = waits_measurable(a)
-    st = a.stages.filter(pl.col("exposed_comm_ns") > 0)
-    n = max(int(a.steps["step"].n_unique()), 1)
-    top = (
-        st.group_by("stage")
-        .agg((pl.col("exposed_comm_ns").sum() / n).round(0).cast(pl.Int64))
-        .sort("exposed_comm_ns", descending=True)
-        .head(3)
-        if st.height
-        else st
-    )
-    wait, exp = int(w["barrier_wait_ns"]), int(w["exposed_comm_ns"])
-    ev = {
-        "rank": w["rank"],
-        "exposed_comm_mean_ns": exp,
-        "exposed_comm_p50_ns": int(w["exposed_comm_p50_ns"]),
-        "comm_ns_per_step": int(w["comm_ns"]),
-        "overlap_efficiency": _num(float(w["overlap_efficiency"])),
-        "step_time_ns": int(w["step_time_ns"]),
-        "barrier_wait_ns_per_step": wait if measurable else None,
-        "worst_stages_ns_per_step_all_ranks": {x["stage"]: int(x["exposed_comm_ns"]) for x in top.iter_rows(named=True)}
-        if top.height
-        else {},
-        "whatif": _wf_ev(r),
-        "bound_full_overlap": _wf_ev(bound) if bound else None,
-        "saving_rule": f"simulated what-if {r['scenario']} on the step graph",
-    }
-    if ep:
-        remedy = (
-            "Overlap the token all-to-all with compute: chunked dispatch-GEMM-combine pipelining (send chunk i+1 while "
-            "the expert GEMM of chunk i runs), or overlap MoE comm with the attention/shared-expert of another micro-batch."
-        )
-        how = {
-            "chunked_pipeline": f"pipelining dispatch / experts / combine over {r.get('chunks')} chunks",
-            "fp8_dispatch": "overlap cannot hide it on these ranks (no spare core for the transfer); "
-            "dispatching half the bytes (FP8)",
-        }.get(r["scenario"], "full overlap")
-        if r["scenario"] == "fp8_dispatch":
-            remedy = (
-                "Send fewer bytes: dispatch in FP8 (or another compact format), deduplicate tokens bound for the same "
-                "rank, and route node-limited. Overlap needs a free resource for the transfer: on CPU (gloo) ranks a "
-                "core per rank beyond the compute thread."
-            )
-    else:
-        remedy = (
-            "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
-            "size, bucket_cap_mb), prefetch all-gathers, and keep the comm stream free of host syncs."
-        )
-        how = "full overlap"
-    mostly_wait = measurable and wait > 0.5 * exp
-    if mostly_wait:
-        remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first."
-    split = (
-        ""
-        if not measurable
-        else (
-            f"; {fmt_ns(wait)} of it is waiting for a late rank"
-            if mostly_wait
-            else f"; {fmt_ns(max(exp - wait, 0))} of it is transfer, not wait"
-        )
-    )
-    layers = (
-        tuple(sorted({int(v) for v in st.filter(pl.col("rank") == w["rank"])["layer"].drop_nulls()}))
-        if st.height
-        else ()
-    )
-    return [
-        Finding(
-            "exposed_comm",
-            severity(saving, step_ns),
-            f"Rank {w['rank']} spends {fmt_ns(exp)} per step in communication not hidden by compute{split}; "
-            f"{how} would save {fmt_ns(saving)} per step (simulated).",
-            saving,
-            ev,
-            remedy,
-            (int(w["rank"]),),
-            layers,
-        )
-    ]
 
 
 def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
@@ -410,74 +255,6 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
             (int(w["rank"]),),
         )
     ]
-
-
-_LINK_WORDS = {
-    "intra_host": "Intra-host collectives",
-    "inter_host": "Inter-host collectives",
-    "unknown": "Collectives (link class unknown: the traces name no hosts)",
-}
-
-
-def fit_conclusive(r: dict[str, Any]) -> bool:
-    """An alpha-beta fit may make a finding: enough calls and r2 >= :data:`MIN_FIT_R2`."""
-    r2 = r.get("r2")
-    n = r.get("n") or 0
-    return r2 is not None and not math.isnan(float(r2)) and float(r2) >= MIN_FIT_R2 and int(n) >= MIN_FIT_CALLS
-
-
-def _alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
-    out = []
-    vc = a.calls.filter(pl.col("valid")) if a.calls.height else a.calls
-    ep = has_ep_traffic(a)
-    for r in a.alpha_beta.iter_rows(named=True):
-        if not fit_conclusive(r):
-            continue  # shown as inconclusive in the summary's alpha_beta table, no finding
-        cls_calls = vc.filter(pl.col("link_class") == r["link_class"])
-        words = _LINK_WORDS.get(r["link_class"], r["link_class"] + " collectives")
-        if r["verdict"] == "latency_bound":
-            saving = int(cls_calls.height / n_steps * r["alpha_us"] * 1e3)
-            out.append(
-                Finding(
-                    "small_message_latency",
-                    severity(saving, step_ns),
-                    f"{words} are latency-bound: alpha = {fmt_ns(r['alpha_us'] * 1e3)} dominates at the median message of "
-                    f"{int(r['median_bytes'])} B (fit r2 = {r['r2']:.2f} over {r['n']} calls).",
-                    saving,
-                    {
-                        **{k: _num(v) for k, v in r.items()},
-                        "calls_per_step": cls_calls.height / n_steps,
-                        "saving_rule": "upper bound: calls per step x alpha (not simulated)",
-                    },
-                    "Use low-latency all-to-all kernels for small (decode) messages (e.g. DeepEP low-latency mode), fuse "
-                    "the count exchange into the dispatch, or batch micro-batches to send fewer, larger messages."
-                    if ep
-                    else "Send fewer, larger messages: bucket small all-reduces together (larger DDP buckets) and fuse "
-                    "small collectives.",
-                )
-            )
-        elif r["verdict"] == "bandwidth_bound" and ep:
-            wf = _wf(a, "fp8_dispatch")
-            if wf is None or int(wf["saving_ns"]) <= 0:
-                continue
-            saving = int(wf["saving_ns"])
-            out.append(
-                Finding(
-                    "bandwidth_bound",
-                    severity(saving, step_ns),
-                    f"{words} are bandwidth-bound at {r['beta_gbps']:.3g} GB/s (r2 = {r['r2']:.2f}); FP8 dispatch saves "
-                    f"{fmt_ns(saving)} per step (simulated).",
-                    saving,
-                    {
-                        **{k: _num(v) for k, v in r.items()},
-                        "whatif": _wf_ev(wf),
-                        "saving_rule": "simulated: dispatch transfers halved",
-                    },
-                    "Dispatch in FP8, use hierarchical all-to-all (NVLink inside the node, one RDMA hop across), and "
-                    "node-limited routing to cut cross-node bytes.",
-                )
-            )
-    return out
 
 
 def _pack(a: Analysis, step_ns: float) -> list[Finding]:

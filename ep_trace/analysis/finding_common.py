@@ -1,0 +1,74 @@
+"""Shared helpers of the finding rules: severity, 3-significant-digit durations, the what-if rows a
+finding takes its saving from, and the trace facts the hygiene rules test (EP traffic, measurable waits)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import polars as pl
+
+from ep_trace.analysis.result import Analysis
+
+__all__ = ["severity", "fmt_ns", "num", "wf", "wf_ev", "has_ep_traffic", "waits_measurable"]
+
+
+def severity(saving_ns: float, step_ns: float) -> str:
+    """``high`` at >= 20 % of the step, ``medium`` at >= 5 %, else ``low``."""
+    f = saving_ns / step_ns if step_ns > 0 else 0.0
+    return "high" if f >= 0.2 else "medium" if f >= 0.05 else "low"
+
+
+def num(x: Any) -> Any:
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else round(x, 4)
+    return x
+
+
+def fmt_ns(ns: float) -> str:
+    """A duration with 3 significant digits and a unit: ``2.45 s``, ``245 ms``, ``24.5 ms``, ``2.45 µs``."""
+    v = float(ns)
+    units = (("ns", 1.0), ("µs", 1e3), ("ms", 1e6), ("s", 1e9))
+    i = 0
+    while i < 3 and abs(v) >= units[i + 1][1]:
+        i += 1
+    while True:
+        x = v / units[i][1]
+        d = 0 if abs(x) >= 100 or i == 0 else 1 if abs(x) >= 10 else 2
+        txt = f"{x:.{d}f}"
+        if abs(float(txt)) < 1000 or i == 3:  # 999.7 ms prints as 1.00 s, not 1000 ms
+            return f"{txt} {units[i][0]}"
+        i += 1
+
+
+def wf(a: Analysis, scenario: str) -> dict[str, Any] | None:
+    """The what-if row of ``scenario`` (None when absent: not applicable to this trace)."""
+    w = a.whatif
+    if w is None or w.is_empty():
+        return None
+    r = w.filter(pl.col("scenario") == scenario)
+    return r.row(0, named=True) if r.height else None
+
+
+def wf_ev(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "scenario": r["scenario"],
+        "predicted_step_ns": int(r["predicted_step_ns"]),
+        "saving_ns": int(r["saving_ns"]),
+        "ranks": [int(x) for x in r["ranks"]],
+        **({"chunks": int(r["chunks"])} if r.get("chunks") is not None else {}),
+    }
+
+
+def has_ep_traffic(a: Analysis) -> bool:
+    """The trace holds expert-parallel token all-to-all traffic (an all-to-all(v) moving bytes)."""
+    c = a.calls
+    if c.is_empty():
+        return False
+    return bool(c.filter(pl.col("collective").str.starts_with("all_to_all")).height)
+
+
+def waits_measurable(a: Analysis) -> bool:
+    """Every matched call has all ranks of its group in the trace set (else wait is unmeasurable)."""
+    c = a.calls
+    return bool(c.height) and bool(c.filter(pl.col("n_ranks") > 1)["complete"].all()) if c.height else False
