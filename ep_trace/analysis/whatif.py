@@ -25,7 +25,8 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 * Overlap and pipelining hide a transfer only as far as the rank has a resource for it
   (:mod:`ep_trace.analysis.resources`): all of it on GPU ranks, on CPU (gloo) ranks only with a
   spare core; the unhidden part stays in the step.
-* ``all``: every edit at once (with ``full_overlap`` standing for the chunking): the bound.
+* ``all``: every edit that saves on its own, at once (with ``full_overlap`` standing for the
+  chunking): the bound.
 """
 
 from __future__ import annotations
@@ -268,16 +269,22 @@ def model(
     def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool | np.ndarray = False) -> float:
         return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
 
+    def helps() -> bool:
+        """The last row saves time (only such edits join ``all``: nobody applies a fix that hurts)."""
+        return rows[-1][1] < base
+
     explained = _load_explained(g, expert, rank_load)
     sd, srank = _straggler_delta(g, p.gap, explained) if has_calls else (np.zeros(n.height), None)
     if srank is not None:
         rows.append(("no_straggler", run(np.maximum(p.gap - sd, 0)), [srank], None))
-        gap_all -= sd
+        if helps():
+            gap_all -= sd
         edits = True
     bd, heavy = _balance_delta(g, rank_load)
     if heavy:
         rows.append(("balanced_routing", run(p.gap - bd), heavy, None))
-        gap_all -= bd
+        if helps():  # moving tokens onto a straggler can lengthen the step: not part of the bound
+            gap_all -= bd
         edits = True
     if has_calls and float(p.transfer[p.sync].sum()) > 0:
         rows.append(("full_overlap", run(overlap=hide), all_ranks, None))
@@ -287,7 +294,8 @@ def model(
         tr = p.transfer.copy()
         tr[disp] *= 0.5
         rows.append(("fp8_dispatch", run(tr=tr), all_ranks, None))
-        tr_all[disp] *= 0.5
+        if helps():
+            tr_all[disp] *= 0.5
     stall = _per_node(g, pl.col("cause") == "host_stall")
     count = (n["direction"] == "count").fill_null(False).to_numpy() & (n["kind"] != "end").to_numpy()
     if stall.any() or count.any():
@@ -295,13 +303,15 @@ def model(
         tr[count] = 0.0
         ranks = sorted({int(r) for r in n.filter(pl.Series(count | (stall > 0)))["rank"].unique()})
         rows.append(("no_host_stalls", run(p.gap - stall, tr), ranks, None))
-        gap_all -= stall
-        tr_all[count] = 0.0
+        if helps():
+            gap_all -= stall
+            tr_all[count] = 0.0
     perm = _per_node(g, (pl.col("cause") == "compute") & pl.col("stage").is_in(["permute", "unpermute"]))
     if perm.any():
         ranks = sorted({int(r) for r in n.filter(pl.Series(perm > 0))["rank"].unique()})
         rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))
-        gap_all -= 0.5 * perm
+        if helps():
+            gap_all -= 0.5 * perm
     cc = chunk_cost or {}
     ovh = _overhead(g) + np.array([cc.get(int(r), 0.0) for r in n["rank"].to_list()], dtype=np.float64)
     best: tuple[float, int] | None = None
