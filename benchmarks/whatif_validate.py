@@ -5,6 +5,8 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
 * straggler: A ``--straggler 1:30`` vs B none (512 tokens); predicted = A's ``no_straggler`` saving;
 * skew: A ``--skew hot:1:0.45`` vs B ``uniform`` (2048 tokens); predicted = A's ``balanced_routing`` saving;
 * chunks: A ``--chunks 1`` vs B ``--chunks 4`` (2048 tokens); predicted = A's ``chunked_pipeline`` saving at k = 4.
+* readme: the README example, 4 ranks ``--skew zipf:1.2 --straggler 2:30`` vs ``--skew zipf:1.2`` (512 tokens);
+  predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
 
 measured saving = stat(A) - stat(B), stat = median over steps of the mean over ranks of the step
 length (the statistic ``predicted_step_ns`` uses; the warm-up rule drops an outlier first step).
@@ -33,16 +35,18 @@ import polars as pl
 import ep_trace
 from ep_trace.analysis.config import AnalysisConfig
 
-#: name -> (A args, B args, what-if, k, tokens). The straggler pair runs a small compute load (512
-#: tokens) so that the injected sleep, not CPU contention, dominates the difference.
+#: name -> (A args, B args, what-if, k, tokens, ranks). The straggler pair runs a small compute load
+#: (512 tokens) so that the injected sleep, not CPU contention, dominates the difference. ``readme`` is
+#: the README's example (4 ranks on the 2 cores: oversubscribed, outside the 2-rank target).
 PAIRS = {
-    "straggler": (["--straggler", "1:30"], [], "no_straggler", None, 512),
-    "skew": (["--skew", "hot:1:0.45"], [], "balanced_routing", None, 2048),
-    "chunks": (["--chunks", "1"], ["--chunks", "4"], "chunked_pipeline", 4, 2048),
+    "straggler": (["--straggler", "1:30"], [], "no_straggler", None, 512, 2),
+    "skew": (["--skew", "hot:1:0.45"], [], "balanced_routing", None, 2048, 2),
+    "chunks": (["--chunks", "1"], ["--chunks", "4"], "chunked_pipeline", 4, 2048, 2),
+    "readme": (["--skew", "zipf:1.2", "--straggler", "2:30"], ["--skew", "zipf:1.2"], "no_straggler", None, 512, 4),
 }
 
 
-def _demo(out: Path, extra: list[str], steps: int, tokens: int) -> None:
+def _demo(out: Path, extra: list[str], steps: int, tokens: int, ranks: int = 2) -> None:
     cmd = [
         sys.executable,
         "-c",
@@ -51,7 +55,7 @@ def _demo(out: Path, extra: list[str], steps: int, tokens: int) -> None:
         "--out",
         str(out),
         "--ranks",
-        "2",
+        str(ranks),
         "--steps",
         str(steps),
     ]
@@ -74,13 +78,13 @@ def _predicted(a: ep_trace.Analysis, scenario: str) -> float | None:
 
 def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, object]:
     """Run one pair ``repeats`` times interleaved; medians, spreads, error."""
-    a_args, b_args, scenario, k, tokens = PAIRS[name]
+    a_args, b_args, scenario, k, tokens, ranks = PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
     sa, sb, pred = [], [], []
     for i in range(repeats):
         for side, args in (("A", a_args), ("B", b_args)):
             d = work / f"{name}_{side}{i}"
-            _demo(d, args, steps, tokens)
+            _demo(d, args, steps, tokens, ranks)
             an = ep_trace.load([d], config=cfg)
             (sa if side == "A" else sb).append(_stat(an))
             if side == "A":
