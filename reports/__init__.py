@@ -6,7 +6,7 @@ CLI (``ep_trace.cli.outputs``) writes the files. Entry points:
 * :func:`ep_trace.reports.html.render_report` — the self-contained HTML page of an analysis;
 * :mod:`ep_trace.reports.figures` — one plotly figure per function;
 * :func:`ep_trace.reports.compare.compare_runs` / :func:`~ep_trace.reports.compare.digest_analysis`;
-* :func:`ep_trace.reports.annotate.write_annotated_traces` — Perfetto traces with analysis tracks;
+* :func:`ep_trace.reports.annotate.annotated_traces` — Perfetto traces with analysis tracks (bytes per rank);
 * :func:`ep_trace.reports.terminal.summary_renderables` — the rich terminal summary;
 * :func:`ep_trace.reports.hta_section.hta_section` — ``--with-hta``.
 """

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import gzip
 import re
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol, cast
 
 import orjson
@@ -41,7 +40,7 @@ __all__ = [
     "rank_offsets",
     "analysis_tracks",
     "annotated_trace",
-    "write_annotated_traces",
+    "annotated_traces",
 ]
 
 #: pid of the extra "ep-trace analysis" process in every annotated file.
@@ -364,21 +363,19 @@ def annotated_trace(
     return b'{"displayTimeUnit":"ns","otherData":' + other + b',"traceEvents":[' + b",".join(lines) + b"]}"
 
 
-def write_annotated_traces(
+def annotated_traces(
     analysis: Analysis,
-    out_dir: str | Path,
     ranks: Sequence[int] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     originals: Mapping[int, OriginalTrace] | None = None,
-) -> list[Path]:
-    """Write ``rank{r}.ep-annotated.json.gz`` per rank into ``out_dir``; returns the paths.
+) -> Iterator[tuple[str, bytes]]:
+    """``(file name, gzip bytes)`` of ``rank{r}.ep-annotated.json.gz`` per rank, one at a time (the CLI
+    writes each atomically: ``ep_trace.cli.outputs.write_annotated``).
 
     Ranks in ``originals`` keep their original Kineto document (plus the tracks); the others are
     rebuilt from the canonical events, all on one time base (the earliest event of the job), so
     loading several in Perfetto keeps ranks aligned.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     originals = originals or {}
     ev = _aligned_events(analysis)
     tr = analysis_tracks(analysis)
@@ -389,12 +386,8 @@ def write_annotated_traces(
     )
     starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
     base = int(cast(int, min(starts))) if starts else 0
-    paths = []
     for i, r in enumerate(todo):
-        p = out / f"rank{r}.ep-annotated.json.gz"
         doc = annotated_trace(analysis, int(r), base, ev, tr, original=originals.get(int(r)))
-        p.write_bytes(gzip.compress(doc, compresslevel=6))
-        paths.append(p)
+        yield f"rank{r}.ep-annotated.json.gz", gzip.compress(doc, compresslevel=6)
         if progress:
             progress("annotate", i + 1, len(todo))
-    return paths

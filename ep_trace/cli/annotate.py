@@ -70,8 +70,8 @@ def annotate_cmd(
     """
     from ep_trace import load
     from ep_trace.cli.analyze import check_format, progress_bar
+    from ep_trace.cli.outputs import write_annotated
     from ep_trace.cli.rank_map import parse_rank_map
-    from ep_trace.reports.annotate import write_annotated_traces
 
     src = trace_dir if trace_dir.is_dir() else trace_dir.parent
     if out.resolve() == src.resolve():
@@ -87,7 +87,7 @@ def annotate_cmd(
             rank_map=parse_rank_map(rank_map),
         )
         originals = _Originals(original_files(analysis.tables.ranks))
-        paths = write_annotated_traces(analysis, out, progress=progress, originals=originals)
+        paths = write_annotated(analysis, out, progress=progress, originals=originals)
     console.print(
         f"wrote {len(paths)} annotated trace(s) to {out} (open in https://ui.perfetto.dev)",
         markup=False,

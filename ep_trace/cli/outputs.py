@@ -15,13 +15,16 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 import polars as pl
 
 from ep_trace.analysis import Analysis, AnalysisConfig
 from ep_trace.errors import OutputError
+
+if TYPE_CHECKING:
+    from ep_trace.reports.annotate import OriginalTrace
 
 __all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report", "write_yaml"]
 
@@ -165,6 +168,23 @@ def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS, escape_controls:
     trace string must not drive the terminal. HTML and JSON escape them by themselves.
     """
     return _shorten_value(analysis, limit, escape_controls)  # type: ignore[no-any-return]
+
+
+def write_annotated(
+    analysis: Analysis,
+    out_dir: str | Path,
+    ranks: Sequence[int] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    originals: Mapping[int, OriginalTrace] | None = None,
+) -> list[Path]:
+    """Write ``rank{r}.ep-annotated.json.gz`` per rank into ``out_dir`` (each atomically); the paths."""
+    from ep_trace.reports.annotate import annotated_traces
+
+    out = Path(out_dir)
+    return [
+        write_atomic(out / name, data)
+        for name, data in annotated_traces(analysis, ranks=ranks, progress=progress, originals=originals)
+    ]
 
 
 def write_json(obj: Any, path: str | Path) -> Path:

@@ -23,8 +23,9 @@ import pytest
 
 import ep_trace
 from ep_trace.cli.annotate import _Originals, original_files
+from ep_trace.cli.outputs import write_annotated
 from ep_trace.parsers.kineto_original import read_original
-from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, write_annotated_traces
+from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS
 
 DLRM = "kineto/param_dlrm_8rank"
 
@@ -39,7 +40,7 @@ def dlrm(external_dir, tmp_path_factory):
     src = external_dir / DLRM
     a = ep_trace.load(src)
     out = tmp_path_factory.mktemp("ann")
-    write_annotated_traces(a, out, originals=_Originals(original_files(a.tables.ranks)))
+    write_annotated(a, out, originals=_Originals(original_files(a.tables.ranks)))
     return a, src, out
 
 
@@ -137,7 +138,7 @@ def test_perfetto_loads_the_annotated_trace(dlrm):
 def test_nsight_input_gives_a_chrome_trace_with_the_same_tracks(external_dir, tmp_path):
     a = ep_trace.load(external_dir / "nsys" / "nsys_ai_2gpu" / "mfu_2gpu_before.sqlite")
     assert original_files(a.tables.ranks) == {}  # no Kineto JSON to keep
-    paths = write_annotated_traces(a, tmp_path)
+    paths = write_annotated(a, tmp_path)
     doc = _load_gz(paths[0])
     _check_chrome_trace_schema(doc)
     tracks = {e["args"]["track"] for e in doc["traceEvents"] if e.get("pid") == ANALYSIS_PID and e["ph"] == "X"}
@@ -163,7 +164,7 @@ def test_critical_path_and_finding_tracks(samples_dir, tmp_path):
         }
     )
     b = dataclasses.replace(a, critical_path=cp)
-    write_annotated_traces(b, tmp_path, originals=_Originals(original_files(b.tables.ranks)))
+    write_annotated(b, tmp_path, originals=_Originals(original_files(b.tables.ranks)))
     doc = _load_gz(tmp_path / "rank1.ep-annotated.json.gz")
     ours = [e for e in doc["traceEvents"] if e.get("pid") == ANALYSIS_PID and e["ph"] == "X"]
     crit = [e for e in ours if e["tid"] == TRACK_TIDS["critical_path"]]

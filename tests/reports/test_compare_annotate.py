@@ -9,8 +9,9 @@ import polars as pl
 import pytest
 from fake_analysis import make_fake_analysis
 
+from ep_trace.cli.outputs import write_annotated
 from ep_trace.errors import BadInputError
-from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, annotated_trace, write_annotated_traces
+from ep_trace.reports.annotate import ANALYSIS_PID, TRACK_TIDS, annotated_trace
 from ep_trace.reports.compare import (
     compare_runs,
     comparison_to_dict,
@@ -112,8 +113,8 @@ def test_annotated_trace_has_tracks_and_events():
     assert "barrier wait" in names and "exposed comm (not overlapped)" in names
 
 
-def test_write_annotated_traces(tmp_path):
-    paths = write_annotated_traces(make_fake_analysis(), tmp_path)
+def test_write_annotated(tmp_path):
+    paths = write_annotated(make_fake_analysis(), tmp_path)
     assert [p.name for p in paths] == [f"rank{r}.ep-annotated.json.gz" for r in range(4)]
     doc = orjson.loads(gzip.decompress(paths[2].read_bytes()))
     assert not [
