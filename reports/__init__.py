@@ -4,7 +4,9 @@ Renders :class:`ep_trace.analysis.result.Analysis` (never a trace format, never 
 CLI (``ep_trace.cli.outputs``) writes the files. Entry points:
 
 * :func:`ep_trace.reports.html.render_report` — the self-contained HTML page of an analysis;
-* :mod:`ep_trace.reports.figures` — one plotly figure per function;
+* the figures, one plotly figure per function: :mod:`~ep_trace.reports.stage_figures`,
+  :mod:`~ep_trace.reports.timeline`, :mod:`~ep_trace.reports.routing_figures`,
+  :mod:`~ep_trace.reports.comm_figures`, :mod:`~ep_trace.reports.breakdown_figures`;
 * :func:`ep_trace.reports.compare.compare_runs` / :func:`~ep_trace.reports.compare.digest_analysis`;
 * :func:`ep_trace.reports.annotate.annotated_traces` — Perfetto traces with analysis tracks (bytes per rank);
 * :func:`ep_trace.reports.terminal.summary_renderables` — the rich terminal summary;

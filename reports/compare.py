@@ -451,7 +451,7 @@ def rank_delta_figure(c: Comparison) -> go.Figure | None:
 
 def render_compare_html(c: Comparison) -> str:
     """The comparison as one self-contained HTML page (plotly.js embedded once)."""
-    from ep_trace.reports.html import figure_html, page, table_html
+    from ep_trace.reports.html_page import figure_html, page, table_html
 
     st_rows = [
         [

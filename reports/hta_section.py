@@ -17,7 +17,7 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 from ep_trace.errors import MissingDependencyError
-from ep_trace.reports.html import Section, table_html
+from ep_trace.reports.html_page import Section, table_html
 
 __all__ = ["HtaBreakdown", "hta_breakdown", "hta_section"]
 

@@ -3,7 +3,7 @@
 Verdict first (the same ``.verdict .headline`` box as the analysis report), then stage time against
 the knob with the fitted lines, throughput, the share of each cause per run, residuals, the fit and
 run tables, and the definitions. Page helpers (offline plotly, figure renderer) come from
-:mod:`ep_trace.reports.html`.
+:mod:`ep_trace.reports.html_page`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import polars as pl
 
 from ep_trace.analysis.run_facts import SWEEP_STAGES
 from ep_trace.analysis.sweep import SweepResult
-from ep_trace.reports.html import figure_html, page, table_html
+from ep_trace.reports.html_page import figure_html, page, table_html
 from ep_trace.reports.units import fmt_bytes, fmt_ns, fmt_pct
 
 __all__ = ["render_sweep", "stage_fit_figure", "throughput_figure", "residual_figure", "exposed_figure"]

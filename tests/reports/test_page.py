@@ -8,7 +8,8 @@ import pytest
 from fake_analysis import make_fake_analysis
 
 from ep_trace.reports import digest
-from ep_trace.reports.html import Section, render_report
+from ep_trace.reports.html import render_report
+from ep_trace.reports.html_page import Section
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
 
@@ -144,14 +145,18 @@ def test_hta_overlap_and_unmatched_collectives_are_shown(a4):
 def test_page_ships_the_cartesian_partial_bundle_and_every_trace_type_is_in_it(a4, page4):
     from plotly.offline import get_plotlyjs_version
 
-    from ep_trace.reports import breakdown_figures, figures
-    from ep_trace.reports.html import CARTESIAN_TRACES, plotly_bundle
+    from ep_trace.reports import breakdown_figures, comm_figures, routing_figures, stage_figures, timeline
+    from ep_trace.reports.html_page import CARTESIAN_TRACES, plotly_bundle
 
     js = plotly_bundle()
     assert js.lstrip("/*\n ").startswith(f"plotly.js (cartesian - minified) v{get_plotlyjs_version()}")
     assert len(js) < 2_000_000 and js[:2000] in page4
+    not_figures = ("timeline_selection", "overlap_sentence", "alpha_beta_conclusive")
     fns = [
-        getattr(figures, n) for n in figures.__all__ if n[0].islower() and n not in ("n_ranks", "timeline_selection")
+        getattr(m, n)
+        for m in (stage_figures, timeline, routing_figures, comm_figures)
+        for n in m.__all__
+        if n[0].islower() and n not in not_figures
     ]
     used = {
         t["type"]

@@ -19,22 +19,22 @@ from fake_analysis import make_fake_analysis
 from plotdata import arr, traces
 
 from ep_trace.analysis.result import Analysis
-from ep_trace.reports import breakdown_figures, digest, figures, palette
+from ep_trace.reports import breakdown_figures, comm_figures, digest, palette, routing_figures, stage_figures, timeline
 from ep_trace.reports.evidence import finding_evidence
 from ep_trace.reports.html import render_report
 from ep_trace.reports.rank_axis import rank_axis
 
 ALL_FIGURES = (
-    figures.stage_breakdown,
-    figures.step_timeline,
-    figures.count_matrix_heatmap,
-    figures.expert_load_bars,
-    figures.imbalance_per_layer,
-    figures.overlap_per_rank,
-    figures.overlap_per_stage,
-    figures.barrier_wait_per_rank,
-    figures.wait_matrix_heatmap,
-    figures.alpha_beta_scatter,
+    stage_figures.stage_breakdown,
+    timeline.step_timeline,
+    routing_figures.count_matrix_heatmap,
+    routing_figures.expert_load_bars,
+    routing_figures.imbalance_per_layer,
+    comm_figures.overlap_per_rank,
+    comm_figures.overlap_per_stage,
+    comm_figures.barrier_wait_per_rank,
+    comm_figures.wait_matrix_heatmap,
+    comm_figures.alpha_beta_scatter,
     breakdown_figures.time_breakdown,
 )
 
@@ -80,7 +80,7 @@ def test_top_tables_carry_the_stage(a4):
 
 
 def test_critical_path_is_drawn_over_the_timeline_when_present(a4):
-    sel = figures.timeline_selection(a4)
+    sel = timeline.timeline_selection(a4)
     st = a4.steps.filter((pl.col("rank") == 2) & (pl.col("step") == sel.step)).row(0, named=True)
     cp = pl.DataFrame(
         {
@@ -99,8 +99,8 @@ def test_critical_path_is_drawn_over_the_timeline_when_present(a4):
             "name": ["gemm", "a2a", "a2a", "gemm"],
         }
     )
-    assert not any("critical" in (t.get("name") or "") for t in figures.step_timeline(a4).to_dict()["data"])
-    fig = figures.step_timeline(_with_cp(a4, cp))
+    assert not any("critical" in (t.get("name") or "") for t in timeline.step_timeline(a4).to_dict()["data"])
+    fig = timeline.step_timeline(_with_cp(a4, cp))
     t = traces(fig)
     assert {"critical path: compute", "critical path: transfer", "critical path: barrier wait"} <= set(t)
     x = arr(t["critical path: compute"]["x"])
@@ -117,27 +117,27 @@ def test_critical_path_is_drawn_over_the_timeline_when_present(a4):
 
 
 def test_every_figure_uses_the_palette_for_stages_and_causes(a4):
-    stage_fig = traces(figures.stage_breakdown(a4))
+    stage_fig = traces(stage_figures.stage_breakdown(a4))
     for stage, tr in stage_fig.items():
         assert tr["marker"]["color"] == palette.STAGE_COLORS[stage]
-    tl = traces(figures.step_timeline(a4))
+    tl = traces(timeline.step_timeline(a4))
     assert tl["dispatch"]["line"]["color"] == palette.STAGE_COLORS["dispatch"]
     assert tl["barrier wait"]["line"]["color"] == palette.CAUSE_COLORS["barrier_wait"]
     assert tl["exposed comm"]["line"]["color"] == palette.CAUSE_COLORS["exposed_comm"]
-    ov = traces(figures.overlap_per_rank(a4))
+    ov = traces(comm_figures.overlap_per_rank(a4))
     assert ov["exposed |C \\ K|"]["marker"]["color"] == palette.CAUSE_COLORS["exposed_comm"]
     assert ov["overlapped |C ∩ K|"]["marker"]["color"] == palette.CAUSE_COLORS["overlapped_comm"]
-    bw = traces(figures.barrier_wait_per_rank(a4))
+    bw = traces(comm_figures.barrier_wait_per_rank(a4))
     assert bw["barrier wait"]["marker"]["color"] == palette.CAUSE_COLORS["barrier_wait"]
     # non-stage series never borrow a stage or cause colour
     taken = set(palette.STAGE_COLORS.values()) | set(palette.CAUSE_COLORS.values())
-    for fn in (figures.imbalance_per_layer, figures.expert_load_bars):
+    for fn in (routing_figures.imbalance_per_layer, routing_figures.expert_load_bars):
         for tr in fn(a4).to_dict()["data"]:
             assert tr.get("marker", {}).get("color") not in taken
 
 
 def test_heatmaps_start_at_zero_with_numbers_and_a_vs_mean_view(a4):
-    d = figures.count_matrix_heatmap(a4).to_dict()
+    d = routing_figures.count_matrix_heatmap(a4).to_dict()
     hm = d["data"][0]
     assert hm["zmin"] == 0.0 and hm["colorscale"][0][1] == "#FFFFFF" and hm["texttemplate"]
     buttons = d["layout"]["updatemenus"][0]["buttons"]
@@ -147,9 +147,11 @@ def test_heatmaps_start_at_zero_with_numbers_and_a_vs_mean_view(a4):
     np.testing.assert_allclose(rel, (z / z.mean() - 1) * 100, atol=0.01)
     assert buttons[1]["args"][0]["zmin"][0] == -buttons[1]["args"][0]["zmax"][0]  # centred on the mean
     assert buttons[1]["args"][0]["colorscale"][0] == palette.DIVERGING
-    wm = figures.wait_matrix_heatmap(a4).to_dict()["data"][0]
+    wm = comm_figures.wait_matrix_heatmap(a4).to_dict()["data"][0]
     assert wm["zmin"] == 0.0 and wm["texttemplate"]
-    big = figures.count_matrix_heatmap(make_fake_analysis(n_ranks=64, steps=2, layers=2, experts=64, with_events=False))
+    big = routing_figures.count_matrix_heatmap(
+        make_fake_analysis(n_ranks=64, steps=2, layers=2, experts=64, with_events=False)
+    )
     assert big.to_dict()["data"][0].get("texttemplate") is None  # 4,096 cells: numbers on hover only
 
 
@@ -157,8 +159,8 @@ def test_zero_overlap_becomes_one_sentence():
     a = make_fake_analysis()
     rs = a.rank_summary.with_columns(pl.col("comm_ns").alias("exposed_comm_ns"))
     b = dataclasses.replace(a, rank_summary=rs)
-    assert figures.overlap_per_rank(b) is None and figures.overlap_per_stage(b) is None
-    s = figures.overlap_sentence(b)
+    assert comm_figures.overlap_per_rank(b) is None and comm_figures.overlap_per_stage(b) is None
+    s = comm_figures.overlap_sentence(b)
     assert s.startswith("No communication is hidden under compute on any rank (overlap efficiency 0%)")
     html = render_report(b)
     assert s in html and 'id="fig-overlap-rank"' not in html and "overlapped |C ∩ K|" not in html
@@ -171,8 +173,8 @@ def test_every_axis_has_a_title_with_its_unit(a4):
         lay = fig.to_dict()["layout"]
         for ax in ("xaxis", "yaxis"):
             assert lay.get(ax, {}).get("title", {}).get("text"), (fn.__name__, ax)
-    assert "ms" in figures.step_timeline(a4).layout.xaxis.title.text
-    assert "(B" in figures.alpha_beta_scatter(a4).layout.xaxis.title.text
+    assert "ms" in timeline.step_timeline(a4).layout.xaxis.title.text
+    assert "(B" in comm_figures.alpha_beta_scatter(a4).layout.xaxis.title.text
 
 
 def test_jargon_is_explained_under_its_figure(a4):
@@ -190,10 +192,10 @@ def test_jargon_is_explained_under_its_figure(a4):
 
 def test_alpha_beta_line_only_when_conclusive(a4):
     weak = dataclasses.replace(a4, alpha_beta=a4.alpha_beta.with_columns(pl.lit(0.12).alias("r2")))
-    t = traces(figures.alpha_beta_scatter(weak))
+    t = traces(comm_figures.alpha_beta_scatter(weak))
     assert list(t) == ["intra_host calls (fit inconclusive, r² = 0.12)"]  # no fitted line
     assert "inconclusive (r² &lt; 0.8)" in render_report(weak) or "inconclusive (r² < 0.8)" in render_report(weak)
-    assert any(k.startswith("intra_host fit") for k in traces(figures.alpha_beta_scatter(a4)))
+    assert any(k.startswith("intra_host fit") for k in traces(comm_figures.alpha_beta_scatter(a4)))
 
 
 def test_host_stalls_say_compute_thread_on_cpu_runs(samples_dir):
@@ -232,7 +234,7 @@ def test_every_finding_links_to_its_section_and_trace_window(a4):
     ev = finding_evidence(a4)
     assert [e.fid for e in ev] == [f"F{i + 1}" for i in range(len(a4.findings))]
     top = ev[0]
-    assert top.section == "wait" and top.rank == 2 and top.step == figures.timeline_selection(a4).step
+    assert top.section == "wait" and top.rank == 2 and top.step == timeline.timeline_selection(a4).step
     st = a4.steps.filter((pl.col("rank") == 2) & (pl.col("step") == top.step)).row(0, named=True)
     assert (top.start_ns, top.end_ns) == (st["start_ns"], st["end_ns"])
     html = render_report(a4)
@@ -268,11 +270,11 @@ def test_4096_rank_report_stays_small():
     )
     html = render_report(a)
     assert len(html.encode()) < 10_000_000
-    for fn in (breakdown_figures.time_breakdown, figures.overlap_per_rank, figures.barrier_wait_per_rank):
+    for fn in (breakdown_figures.time_breakdown, comm_figures.overlap_per_rank, comm_figures.barrier_wait_per_rank):
         x = fn(a).to_dict()["data"][0]["x"]
         slow = a.rank_summary.sort("step_time_ns", descending=True)["rank"][0]
         assert len(x) <= 64 and f"r{slow} (slow)" in list(x) and sum("(slow)" in v for v in x) == 8, fn.__name__
-    assert len(figures.stage_breakdown(a).to_dict()["data"][0]["x"]) <= 64
+    assert len(stage_figures.stage_breakdown(a).to_dict()["data"][0]["x"]) <= 64
 
 
 def test_legend_rows_follow_plotly_wrapping():
