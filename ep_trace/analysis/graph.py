@@ -342,14 +342,17 @@ def _work(
                 "layer",
                 pl.max_horizontal("start_ns", "w_s").alias("start_ns"),
                 pl.min_horizontal("end_ns", "w_e").alias("end_ns"),
+                "w_s",
             )
             .filter(pl.col("end_ns") > pl.col("start_ns"))
-            .sort("pid", "start_ns")
-            # nested / overlapping windows: the earlier-starting stage keeps the shared time
+            # nested / overlapping windows: the earlier-starting stage keeps the shared time; ties
+            # (a piece that starts before both windows) broken by window start, then stage and layer,
+            # so that the order of the range join's output (not deterministic) cannot decide
+            .sort("pid", "start_ns", "w_s", "stage", "layer", nulls_last=True)
             .with_columns(pl.col("end_ns").cum_max().shift(1).over("pid").alias("_pe"))
             .with_columns(pl.max_horizontal("start_ns", pl.col("_pe").fill_null(0)).alias("start_ns"))
             .filter(pl.col("end_ns") > pl.col("start_ns"))
-            .drop("_pe")
+            .drop("_pe", "w_s")
         )
         rest = _holes(
             pieces.select("pid", "rank", "start_ns", "end_ns"),
