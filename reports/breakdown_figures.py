@@ -116,14 +116,14 @@ def top_table(frame: pl.DataFrame | None, analysis: Analysis, n: int = 15) -> pl
     n_ranks = max(int(frame["rank"].n_unique()), 1)
     n_steps = max(int(analysis.steps["step"].n_unique()) if analysis.steps.height else 1, 1)
     worst = (
-        frame.sort("total_ns", descending=True)
+        frame.sort(["total_ns", "rank"], descending=[True, False])
         .unique("name", keep="first")
         .select("name", pl.col("rank").alias("max_rank"), (pl.col("total_ns") / n_steps).alias("max_rank_ns"))
     )
     stage = (
         frame.group_by("name", "stage")
         .agg(pl.col("total_ns").sum().alias("_t"))
-        .sort("_t", descending=True)
+        .sort(["_t", "stage"], descending=[True, False], nulls_last=True)
         .unique("name", keep="first")
         .select("name", "stage")
     )

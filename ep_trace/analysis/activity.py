@@ -74,7 +74,7 @@ def compute_threads(ev: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
         ev.filter(pl.col("kind") == "cpu_op")
         .group_by(["rank", "tid"])
         .agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_d"))
-        .sort(["rank", "_d"], descending=[False, True])
+        .sort(["rank", "_d", "tid"], descending=[False, True, False])
         .unique("rank", keep="first")
         .select("rank", "tid")
     )

@@ -136,7 +136,12 @@ def _with_stage(df: pl.DataFrame, at: str, stages: pl.DataFrame) -> pl.DataFrame
         return s.with_columns(pl.lit(None, pl.Utf8).alias("stage")).drop("_i")
     rng = stages.select(pl.col("rank").cast(s.schema["rank"]), "cpu_start_ns", "cpu_end_ns", "stage")
     j = range_join(s.select("_i", "rank", at), rng, (at, at), ("cpu_start_ns", "cpu_end_ns"))
-    j = j.sort("cpu_start_ns", descending=True).unique("_i", keep="first").select("_i", "stage")
+    # innermost = latest start, then shortest; ties by name: a total order, not the join's output order
+    j = (
+        j.sort(["cpu_start_ns", "cpu_end_ns", "stage"], descending=[True, False, False], nulls_last=True)
+        .unique("_i", keep="first")
+        .select("_i", "stage")
+    )
     return s.join(j, on="_i", how="left").drop("_i")
 
 
@@ -146,7 +151,7 @@ def _top(df: pl.DataFrame, n: int) -> pl.DataFrame:
     per_stage = (
         d.group_by("rank", "name", "stage")
         .agg(pl.col("_d").sum().alias("_sd"))
-        .sort("_sd", descending=True)
+        .sort(["_sd", "stage"], descending=[True, False], nulls_last=True)
         .unique(["rank", "name"], keep="first")
         .select("rank", "name", "stage")
     )

@@ -360,7 +360,13 @@ def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:
         ("start_ns", "start_ns"),
         ("cpu_start_ns", "cpu_end_ns"),
     )
-    j = j.sort("cpu_start_ns", descending=True).unique("_i", keep="first").select("_i", "layer", "stage")
+    j = (
+        j.sort(
+            ["cpu_start_ns", "cpu_end_ns", "stage", "layer"], descending=[True, False, False, False], nulls_last=True
+        )
+        .unique("_i", keep="first")
+        .select("_i", "layer", "stage")
+    )
     return s.join(j, on="_i", how="left").sort(["rank", "start_ns"]).select(cols)
 
 

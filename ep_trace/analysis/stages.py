@@ -259,7 +259,7 @@ def attribute(
         how="diagonal_relaxed",
     )
     # innermost range (latest start) wins for nested ranges
-    pts = pts.sort("cpu_start_ns", descending=True).unique("aid", keep="first")
+    pts = pts.sort(["cpu_start_ns", "cpu_end_ns", "sid"], descending=[True, False, False]).unique("aid", keep="first")
     cc = act.filter(is_cpu_compute)
     clipped = (
         pl.concat(
