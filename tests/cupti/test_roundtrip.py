@@ -56,6 +56,8 @@ def test_round_trip_two_row_groups(golden: pl.DataFrame, tmp_path: Path) -> None
         "host": "gpu-node-1",
         "local_rank": 0,
         "device": "cuda:0",
+        "cpu_cores": None,
+        "host_cores": None,
         "backend": "nccl",
         "source_file": str(path),
         "format": "cupti",
