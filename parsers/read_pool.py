@@ -42,6 +42,7 @@ __all__ = [
     "FileResult",
     "decode_batch",
     "plan_batches",
+    "read_kineto_files",
     "read_one",
     "run_batches",
     "split_by_rank",
@@ -62,6 +63,21 @@ _GZ_RATIO = 10
 _TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
 
 
+def _guarded(path: Path, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with any failure but an :class:`EpTraceError`, an OS error or a decoder's own
+    exception, turned into the one-line :class:`~ep_trace.errors.TraceFormatError` naming ``path``."""
+    from ep_trace.parsers import validate
+
+    try:
+        return fn()
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise validate.os_error(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
+        raise validate.unexpected_error(path, exc) from None
+
+
 def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
     """Read one input and validate its tables (:mod:`ep_trace.parsers.validate`).
 
@@ -76,26 +92,22 @@ def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Res
     from ep_trace.parsers import validate
 
     validate.check_input_path(path, expect_dir=fmt == "nsys" and path.is_dir())
-    try:
-        tables, info = _read(path, fmt, rank_map)
-    except EpTraceError:
-        raise
-    except OSError as exc:
-        raise validate.os_error(path, exc) from None
-    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
-        raise validate.unexpected_error(path, exc) from None
+    tables, info = _guarded(path, lambda: _read(path, fmt, rank_map))
     return validate.validate_file(path, tables), info
 
 
-def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
-    """The format's reader (Nsight and CUPTI readers imported lazily)."""
-    rank = None
+def _rank_of(path: Path, rank_map: Mapping[object, int] | None) -> int | None:
     if rank_map:
         # the path as discovered, its absolute form (--rank-map R=PATH keys both), then the bare name
         for key in (str(path), str(path.resolve()), path, path.name):
             if key in rank_map:
-                rank = int(rank_map[key])
-                break
+                return int(rank_map[key])
+    return None
+
+
+def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
+    """The format's reader (Nsight and CUPTI readers imported lazily)."""
+    rank = _rank_of(path, rank_map)
     if fmt == "kineto":
         from ep_trace.parsers.kineto import read_kineto_file
 
@@ -107,6 +119,69 @@ def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result
     from ep_trace.parsers.cupti import read_cupti  # lazy
 
     return read_cupti(path), None
+
+
+def read_kineto_files(
+    paths: list[Path], rank_map: Mapping[object, int] | None, stop_at_error: bool = False
+) -> list[Result | EpTraceError]:
+    """:func:`read_one` of many Kineto files, the steps after the decode run once for all of them
+    (:func:`ep_trace.parsers.kineto_batch.finish_files`): one result or error per file, in order.
+
+    Results and errors are exactly those of :func:`read_one` file by file: a file that fails its
+    decode is that file's error; when the batch's later steps or its checks fail, every decoded file
+    is finished and checked alone, so the error names the right file and record.
+
+    Args:
+        paths: Kineto files.
+        rank_map: As for ``read_trace_dir``.
+        stop_at_error: Stop decoding at the first error that is not :data:`NOT_A_TRACE` (the
+            list is then shorter).
+    """
+    from ep_trace.parsers import validate
+    from ep_trace.parsers.kineto import decode_kineto_file
+    from ep_trace.parsers.kineto_batch import finish_files
+
+    out: list[Result | EpTraceError | None] = []
+    decoded = []
+    for p in paths:
+        try:
+            validate.check_input_path(p)
+            d = _guarded(p, lambda p=p: decode_kineto_file(p, _rank_of(p, rank_map)))
+        except EpTraceError as exc:
+            out.append(exc)
+            if stop_at_error and not str(getattr(exc, "problem", "")).startswith(NOT_A_TRACE):
+                break
+            continue
+        decoded.append((len(out), d))
+        out.append(None)
+    if len(decoded) > 1:
+        try:
+            done = finish_files([d for _, d in decoded])
+            whole = schema.TraceTables(
+                ranks=pl.concat([t.ranks for t, _ in done]),
+                events=pl.concat([t.events for t, _ in done], rechunk=False),
+                collectives=pl.concat([t.collectives for t, _ in done], rechunk=False),
+            )
+            # the files' own checks pass if the batch's pass with the smallest world size (the
+            # span, range and string checks only get stricter on the union of the files)
+            sizes = whole.ranks["world_size"].drop_nulls()
+            validate.check_tables("<batch>", whole, world_size=int(sizes.min()) if sizes.len() else None)  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - any failure: finish and check file by file, below
+            log.debug("batch of %d Kineto files: reading them one by one (%s)", len(decoded), exc)
+        else:
+            for (j, _), res in zip(decoded, done, strict=True):
+                out[j] = res
+            decoded = []
+    for j, d in decoded:
+        try:
+            tables, info = _guarded(d.path, lambda d=d: finish_files([d])[0])
+            out[j] = (validate.validate_file(d.path, tables), info)
+        except EpTraceError as exc:
+            out[j] = exc
+            if stop_at_error:
+                del out[j + 1 :]
+                break
+    return [r for r in out if r is not None]
 
 
 def split_by_rank(t: schema.TraceTables) -> list[schema.TraceTables]:
@@ -229,10 +304,11 @@ def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTa
 
 
 def _read_file(
-    path: Path, fmt: str, spec: BatchSpec
+    path: Path, fmt: str, spec: BatchSpec, result: Result | None = None
 ) -> tuple[list[schema.TraceTables], FileResult, list[tuple[int, schema.LoadIssue | None]]]:
-    """One file: its per-rank tables with sidecars merged; sidecar errors returned (``skip``) or raised."""
-    tables, info = read_one(path, fmt, spec.rank_map)
+    """One file (or its already read ``result``): its per-rank tables with sidecars merged;
+    sidecar errors returned (``skip``) or raised."""
+    tables, info = result if result is not None else read_one(path, fmt, spec.rank_map)
     out: list[schema.TraceTables] = []
     sc_issues: list[tuple[int, schema.LoadIssue | None]] = []
     for t in split_by_rank(tables):
@@ -253,6 +329,16 @@ def _read_file(
     return out, FileResult(str(path), ranks=ranks, info=info), sc_issues
 
 
+def _kineto_ahead(spec: BatchSpec) -> dict[int, Result | EpTraceError]:
+    """Results of the batch's Kineto files read together (:func:`read_kineto_files`), by position
+    in ``spec.files``; other formats are read one by one in :func:`decode_batch`."""
+    idx = [i for i, (_, fmt) in enumerate(spec.files) if fmt == "kineto"]
+    if len(idx) < 2:
+        return {}
+    got = read_kineto_files([Path(spec.files[i][0]) for i in idx], spec.rank_map, spec.on_error != "skip")
+    return dict(zip(idx, got, strict=False))
+
+
 def _concat(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
     return {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
 
@@ -271,9 +357,13 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
     parts: list[schema.TraceTables] = []
     sc_issues: list[schema.LoadIssue] = []
     used: list[int] = []
-    for p, fmt in spec.files:
+    ahead = _kineto_ahead(spec)
+    for i, (p, fmt) in enumerate(spec.files):
         try:
-            tabs, res, scs = _read_file(Path(p), fmt, spec)
+            got = ahead.pop(i, None)
+            if isinstance(got, EpTraceError):
+                raise got
+            tabs, res, scs = _read_file(Path(p), fmt, spec, got)
         except TraceFormatError as exc:
             args = (exc.path, exc.problem, exc.fix, exc.record)
             files.append(FileResult(p, error_args=args, error_cls=type(exc)))

@@ -82,6 +82,8 @@ __all__ = [
     "check_tables",
     "drop_duplicate_events",
     "drop_duplicate_rows",
+    "duplicate_issue",
+    "first_copies",
     "check_sidecar_identity",
     "check_job_clocks",
     "validate_file",
@@ -243,7 +245,7 @@ def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None
 RAW_DUPLICATE_KEY = ("category", "name", "pid_raw", "tid_raw", "start_ns", "end_ns", "correlation", "external_id")
 
 
-def _first_copies(ev: pl.DataFrame, key: list[str]) -> pl.Series:
+def first_copies(ev: pl.DataFrame, key: list[str]) -> pl.Series:
     """Boolean mask: True for the first row of every group equal in ``key`` (the rows to keep).
 
     Two passes: numeric key columns only first (cheap hashing: ~50 ms per 700k events), then the
@@ -273,18 +275,22 @@ def drop_duplicate_rows(
     """
     if ev.height < 2:
         return ev, None
-    first = _first_copies(ev, list(key))
+    first = first_copies(ev, list(key))
     n_dup = int(first.len() - first.sum())
     if n_dup == 0:
         return ev, None
-    issue = schema.LoadIssue(
+    return ev.filter(first), duplicate_issue(path, rank, n_dup)
+
+
+def duplicate_issue(path: str | Path, rank: int | None, n_dup: int) -> schema.LoadIssue:
+    """The load-report line of ``n_dup`` duplicate events dropped from one file."""
+    return schema.LoadIssue(
         str(path),
         rank,
         "warning",
         f"{n_dup} duplicate events (same rank, name, stream, start and end) dropped; "
         "their time would have been counted twice",
     )
-    return ev.filter(first), issue
 
 
 def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.TraceTables:
@@ -304,7 +310,7 @@ def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.Tra
     # µs timestamp in 2022-2023 traces (cudaPeekAtLastError pairs in hta_trace_diff) yet are distinct
     # records with their own ids; a copied record repeats its ids too.
     key = ["rank", "kind", "name", "pid", "tid", "stream", "start_ns", "end_ns", "correlation", "external_id"]
-    first = _first_copies(ev, key)
+    first = first_copies(ev, key)
     n_dup = int(first.len() - first.sum())
     if n_dup == 0:
         return t
