@@ -121,6 +121,32 @@ def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result
     return read_cupti(path), None
 
 
+def _check_together(done: list[Result]) -> None:
+    """:func:`ep_trace.parsers.validate.check_tables` of Kineto files, one call per world size
+    among them instead of one per file (each file is checked against its own world size; the range
+    and string checks of a union pass exactly when each file's pass). The span of each file's events
+    is its ranks row's ``trace_end_ns - trace_start_ns``.
+
+    Raises:
+        TraceFormatError, ValueError: some file fails (which one is found by checking them alone).
+    """
+    from ep_trace.parsers import validate
+
+    by_ws: dict[int | None, list[schema.TraceTables]] = {}
+    for t, _ in done:
+        r = t.ranks.row(0, named=True)
+        if r["trace_end_ns"] - r["trace_start_ns"] > validate.MAX_SPAN_NS:
+            raise ValueError(f"{r['source_file']} spans more than MAX_SPAN_NS")
+        by_ws.setdefault(r["world_size"], []).append(t)
+    for ws, ts in by_ws.items():
+        whole = schema.TraceTables(
+            ranks=pl.concat([t.ranks for t in ts]),
+            events=pl.concat([t.events for t in ts], rechunk=False),
+            collectives=pl.concat([t.collectives for t in ts], rechunk=False),
+        )
+        validate.check_tables("<batch>", whole, world_size=ws, span=False)
+
+
 def read_kineto_files(
     paths: list[Path], rank_map: Mapping[object, int] | None, stop_at_error: bool = False
 ) -> list[Result | EpTraceError]:
@@ -157,15 +183,7 @@ def read_kineto_files(
     if len(decoded) > 1:
         try:
             done = finish_files([d for _, d in decoded])
-            whole = schema.TraceTables(
-                ranks=pl.concat([t.ranks for t, _ in done]),
-                events=pl.concat([t.events for t, _ in done], rechunk=False),
-                collectives=pl.concat([t.collectives for t, _ in done], rechunk=False),
-            )
-            # the files' own checks pass if the batch's pass with the smallest world size (the
-            # span, range and string checks only get stricter on the union of the files)
-            sizes = whole.ranks["world_size"].drop_nulls()
-            validate.check_tables("<batch>", whole, world_size=int(sizes.min()) if sizes.len() else None)  # type: ignore[arg-type]
+            _check_together(done)
         except Exception as exc:  # noqa: BLE001 - any failure: finish and check file by file, below
             log.debug("batch of %d Kineto files: reading them one by one (%s)", len(decoded), exc)
         else:

@@ -118,8 +118,9 @@ def _first_bad(df: pl.DataFrame, bad: pl.Expr) -> int | None:
     return int(idx[0]) if idx[1] else None
 
 
-def check_times(path: str | Path, df: pl.DataFrame, table: str) -> None:
-    """``start_ns`` / ``end_ns`` of one file: inside ``±TIME_LIMIT_NS`` and spanning <= ``MAX_SPAN_NS``.
+def check_times(path: str | Path, df: pl.DataFrame, table: str, span: bool = True) -> None:
+    """``start_ns`` / ``end_ns`` of one file: inside ``±TIME_LIMIT_NS`` and spanning <= ``MAX_SPAN_NS``
+    (``span=False``: the range only, for the union of several files whose spans are checked apart).
 
     Raises:
         TraceFormatError: naming the event farthest outside the file's own window.
@@ -143,7 +144,7 @@ def check_times(path: str | Path, df: pl.DataFrame, table: str) -> None:
             "the timestamps or baseTimeNanoseconds are corrupt; re-export the trace",
             record=_record(df, table, i),
         )
-    if stats["hi"] - stats["lo"] <= MAX_SPAN_NS:
+    if not span or stats["hi"] - stats["lo"] <= MAX_SPAN_NS:
         return
     mid = int(stats["mid"])
     far = pl.max_horizontal((s - mid).abs(), (e - mid).abs())
@@ -168,13 +169,14 @@ def _list_bad(col: str, lo: int | None, hi: int | None) -> pl.Expr:
     return pl.any_horizontal(conds).fill_null(False)
 
 
-def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None = None) -> None:
+def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None = None, span: bool = True) -> None:
     """Range checks of every table of one file (or one rank after its sidecar merge).
 
     Args:
         path: File named in the error.
         t: The tables.
         world_size: World size to check ranks against; default the tables' own ``ranks.world_size``.
+        span: Check the events' span (:func:`check_times`); False for several files at once.
 
     Raises:
         TraceFormatError: the first offending record.
@@ -201,7 +203,7 @@ def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None
                 "the rank metadata is corrupt or from another job; pass rank_map to set the rank",
                 record=f"ranks[{bad}]",
             )
-    check_times(path, t.events, "events")
+    check_times(path, t.events, "events", span)
     check_strings(path, t.events, "events", ("name", "category", "domain"))
     check_strings(path, t.ranks, "ranks", ("host", "device", "backend", "job_id"))
     checks: list[tuple[str, pl.DataFrame, pl.Expr, str]] = [

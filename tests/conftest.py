@@ -12,6 +12,13 @@ EXTERNAL = SHARED / "external"
 SAMPLES = ROOT / "sample_traces"
 
 
+@pytest.fixture(autouse=True)
+def _own_ingest_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own, empty ingest cache (``ep-trace analyze`` caches parsed tables by default):
+    no test reads tables another one cached, none writes into ~/.cache."""
+    monkeypatch.setenv("EP_TRACE_CACHE_DIR", str(tmp_path_factory.mktemp("ep-trace-cache")))
+
+
 @pytest.fixture(scope="session")
 def external_dir() -> Path:
     """``../shared/external`` (CI has ../shared beside the checkout)."""
