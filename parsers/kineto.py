@@ -204,6 +204,8 @@ def _concat_columns(frames: list[pl.DataFrame]) -> pl.DataFrame:
     would hold the events twice (~0.2x the rank file); here it holds them once plus one column."""
     if not frames:
         return pl.DataFrame()
+    if len(frames) == 1:  # one slice (a small rank file): its columns are contiguous already
+        return frames.pop()
     cols = []
     for name in frames[0].columns:
         cols.append(pl.concat([f.get_column(name) for f in frames], rechunk=True))

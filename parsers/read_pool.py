@@ -361,6 +361,31 @@ def _concat(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
     return {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
 
 
+def _with_kernel_collectives(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
+    """The parts' tables concatenated, with the EP / custom all-reduce kernel collectives
+    (:func:`ep_trace.parsers.kernel_collectives.with_kernel_collectives`, per rank: ids are per rank).
+
+    One call on the batch when each part is one rank of its own (it is keyed by rank), then each
+    part's new calls moved back behind its own calls: the rows of a call per part, in part order.
+    """
+    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
+
+    ranks = [int(t.ranks["rank"][0]) if t.ranks.height == 1 else None for t in parts]
+    if len(parts) < 2 or None in ranks or len(set(ranks)) != len(ranks):
+        return _concat([with_kernel_collectives(t) for t in parts])
+    cat = _concat(parts)
+    n_before = cat["collectives"].height
+    done = with_kernel_collectives(schema.TraceTables(**cat, load_report=()))  # type: ignore[arg-type]
+    cat["events"] = done.events
+    colls = done.collectives
+    if colls.height > n_before:  # new rows were appended after all parts' rows: back to their part
+        order = {r: i for i, r in enumerate(ranks)}
+        part = pl.col("rank").replace_strict(order, return_dtype=pl.Int64)
+        colls = colls.with_row_index("_row").sort(part, "_row").drop("_row")
+    cat["collectives"] = colls
+    return cat
+
+
 #: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
 #: to a damaged trace: discovered files with one of them are skipped with a warning.
 NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
@@ -368,7 +393,6 @@ NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
 
 def decode_batch(spec: BatchSpec) -> BatchResult:
     """Run one batch (in any process): see the module doc. Never raises for bad input."""
-    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
     from ep_trace.parsers.routing_splits import routing_from_splits
 
     files: list[FileResult] = []
@@ -391,8 +415,7 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
             files.append(FileResult(p, error=exc))
         else:
             files.append(res)
-            # EP / custom all-reduce kernels become collectives per rank file (ids are per rank)
-            parts.extend(with_kernel_collectives(t) for t in tabs)
+            parts.extend(tabs)
             for r, issue in scs:
                 used.append(r)
                 if issue is not None:
@@ -403,7 +426,7 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
     issues = [i for t in parts for i in t.load_report]
     if not parts:
         return BatchResult(spec.index, files, issues, sc_issues, used, None, None, {})
-    cat = _concat(parts)
+    cat = _with_kernel_collectives(parts)
     del parts
     splits = None
     if cat["routing_matrix"].height == 0:  # else some rank has a sidecar and splits are not used

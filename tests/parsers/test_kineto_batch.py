@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
@@ -122,3 +123,29 @@ def test_cache_rereads_an_unchanged_directory(tmp_path, samples_dir, monkeypatch
     again = ep_trace.load(src, cache=tmp_path / "c")
     assert again.summary() == first.summary()
     assert len(list((tmp_path / "c").iterdir())) == 1
+
+
+def test_kernel_collectives_of_a_batch_equal_each_rank_alone(tmp_path, kt):
+    # DeepEP kernels (no collective op launches them) become calls per rank; one pass over the batch
+    # gives the per-rank rows, ids and event links, each rank's calls behind its own
+    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
+
+    def rank_events(r: int) -> list[dict]:
+        out = []
+        for i, k in enumerate(
+            ["void deep_ep::intranode::notify_dispatch<8>(int*)", "void deep_ep::intranode::dispatch<8, 768>(void*)"]
+            + ["fused_moe_kernel", "void deep_ep::intranode::combine<__nv_bfloat16, 8, 768>(void*)"] * (1 + r % 2)
+        ):
+            t = 10.0 + 40 * i
+            out.append(kt.x("cuda_runtime", "cudaLaunchKernel", t, 1, pid=1, tid=1, correlation=i + 1))
+            out.append(kt.x("kernel", k, t + 5 + r, 20, pid=0, tid=7, correlation=i + 1, stream=7, device=r))
+        return out
+
+    for r in range(3):
+        kt.write_trace(tmp_path / f"rank{r}.json", rank_events(r), rank=r, world_size=3)
+    files = tuple((str(tmp_path / f"rank{r}.json"), "kineto") for r in range(3))
+    got = read_pool.decode_batch(read_pool.BatchSpec(0, files)).tables
+    alone = [with_kernel_collectives(read_one(tmp_path / f"rank{r}.json", "kineto", None)[0]) for r in range(3)]
+    assert got is not None and got.collectives.filter(pl.col("backend") == "deepep").height == 7  # 2 + 3 + 2 calls
+    for name in ("events", "collectives"):
+        assert_frame_equal(got.table(name), pl.concat([t.table(name) for t in alone]))
