@@ -357,14 +357,14 @@ def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[p
     if orphan.height:
         orphan = orphan.with_columns(pl.coalesce("external_id", "correlation").alias("_grp"))
         extra = []
-        for g in orphan.partition_by([FILE, "_grp"], maintain_order=True):
-            first = g.row(0, named=True)
+        for part in orphan.partition_by([FILE, "_grp"], maintain_order=True):
+            first = part.row(0, named=True)
             f = files[first[FILE]]
             world = _int(f.dist.get("world_size"))
             row = _fields_from(f.kept[first["event_id"]], None, {}, f.kept, f.dist, world, f.source)
             row.update(op_name="record_param_comms", op_id=None, cpu_start_ns=None, cpu_end_ns=None, _ext=[])
             row[FILE] = first[FILE]
-            extra.append((len(rows), first[FILE], g["event_id"]))
+            extra.append((len(rows), first[FILE], part["event_id"]))
             rows.append(row)
         fill = pl.concat(
             [

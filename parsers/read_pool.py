@@ -21,6 +21,7 @@ spawn pool, a script that reads with ``jobs=N`` at import time needs an
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -172,7 +173,7 @@ def read_kineto_files(
     for p in paths:
         try:
             validate.check_input_path(p)
-            d = _guarded(p, lambda p=p: decode_kineto_file(p, _rank_of(p, rank_map)))
+            d = _guarded(p, functools.partial(decode_kineto_file, p, _rank_of(p, rank_map)))
         except EpTraceError as exc:
             out.append(exc)
             if stop_at_error and not str(getattr(exc, "problem", "")).startswith(NOT_A_TRACE):
@@ -192,7 +193,7 @@ def read_kineto_files(
             decoded = []
     for j, d in decoded:
         try:
-            tables, info = _guarded(d.path, lambda d=d: finish_files([d])[0])
+            tables, info = _guarded(d.path, functools.partial(finish_files, [d]))[0]
             out[j] = (validate.validate_file(d.path, tables), info)
         except EpTraceError as exc:
             out[j] = exc
@@ -491,10 +492,18 @@ def plan_batches(
     return batches
 
 
+#: Fixed CPU seconds per rank file once its batch is read in one plan (:mod:`ep_trace.parsers.kineto_batch`);
+#: was 0.035 when every file ran its own ~200 small queries (benchmarks/README.md, rank scaling).
+FILE_CPU_S = 0.005
+#: Bytes of JSON read per CPU second (decode + tables), measured on the project machine.
+JSON_BYTES_PER_CPU_S = 70e6
+
+
 def estimated_cpu_s(inputs: list[tuple[Path, str]]) -> float:
-    """Rough decode CPU time of the inputs: 35 ms per file plus 70 MB of JSON per second (measured
-    on the project machine, see benchmarks/README.md); used to decide whether a pool pays."""
-    return sum(0.035 + _json_bytes(p) / 70e6 for p, _ in inputs)
+    """Rough read CPU time of the inputs: :data:`FILE_CPU_S` per file plus
+    :data:`JSON_BYTES_PER_CPU_S` (param DLRM ranks, 0.92 MB: 15 ms estimated, 15.7 ms measured);
+    used to decide whether a pool pays."""
+    return sum(FILE_CPU_S + _json_bytes(p) / JSON_BYTES_PER_CPU_S for p, _ in inputs)
 
 
 def run_batches(
