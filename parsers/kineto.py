@@ -1,4 +1,5 @@
-"""Kineto (torch.profiler Chrome trace) -> canonical tables, one rank file at a time.
+"""Kineto (torch.profiler Chrome trace) -> canonical tables: the per-file decode (the steps after
+it run for a batch of files at once in :mod:`ep_trace.parsers.kineto_batch`).
 
 Decoding streams the file (:mod:`ep_trace.parsers.kineto_stream`, falling back to
 :mod:`ep_trace.parsers.kineto_json`) in ~2 MB slices of ``traceEvents``; each slice becomes columns
