@@ -116,12 +116,23 @@ def load(
     from ep_trace.parsers import read_trace_dirs
 
     dirs = [paths] if isinstance(paths, (str, Path)) else list(paths)
-    cache_dir = None
+    reader = None
     if cache is not False:
-        from ep_trace.parsers.parquet_io import default_cache_dir
+        from functools import partial
 
-        cache_dir = default_cache_dir() if cache is True else Path(cache)
-    tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs, executor, cache_dir)
+        from ep_trace.parsers import default_cache_dir, load_trace_dir
+
+        reader = partial(
+            load_trace_dir,
+            cache_dir=default_cache_dir() if cache is True else Path(cache),
+            format=format,
+            on_error=on_error,
+            progress=progress,
+            rank_map=rank_map,
+            jobs=jobs,
+            executor=executor,
+        )
+    tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs, executor, reader)
     if tables.events.height == 0:
         names = ", ".join(map(str, dirs))
         raise NothingToAnalyzeError(

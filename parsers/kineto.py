@@ -215,24 +215,6 @@ def _concat_columns(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.DataFrame(cols)
 
 
-def _sort_columns(holder: list[pl.DataFrame], *by: str) -> pl.DataFrame:
-    """The frame in ``holder`` sorted by ``by`` (stable), gathered column by column, each dropped
-    from the source once gathered, so the peak holds the events once plus one column instead of
-    twice. The frame is taken out of ``holder`` (emptied): a plain argument would stay referenced
-    by the caller and keep every source column alive."""
-    ev = holder.pop()
-    order = ev.select(pl.arg_sort_by(*by, maintain_order=True)).to_series()
-    names, cols, empty = ev.columns, [], []
-    for name in names:
-        col = ev.get_column(name)
-        if col.null_count() == col.len():  # stays a constant column (e.g. device on CPU traces)
-            empty.append(pl.lit(None, dtype=col.dtype).alias(name))
-        else:
-            cols.append(col.gather(order))
-        ev = ev.drop(name)
-    return pl.DataFrame(cols).with_columns(empty).select(names)
-
-
 def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
     """Check ts / dur (present, dur >= 0, in range) and replace them by ``start_ns`` / ``end_ns``."""
     ts, dur = ev["ts"], ev["dur"]

@@ -13,9 +13,8 @@ checks it on every real trace); one file is a batch of one (:func:`ep_trace.pars
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,11 @@ from typing import Any
 import polars as pl
 
 from ep_trace import schema
-from ep_trace.errors import EpTraceError
 from ep_trace.parsers import validate
 from ep_trace.parsers.kineto_collectives import FILE, FileContext, build_collectives
 from ep_trace.parsers.kineto_links import link_events
 
-__all__ = ["FILE", "Decoded", "finish_files", "read_kineto_files"]
+__all__ = ["FILE", "Decoded", "finish_files"]
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +144,24 @@ def _drop_duplicates(ev: pl.DataFrame, files: Sequence[Decoded], issues: list[li
     return ev.filter(first)
 
 
+def _sort_columns(holder: list[pl.DataFrame], *by: str) -> pl.DataFrame:
+    """The frame in ``holder`` sorted by ``by`` (stable), gathered column by column, each dropped
+    from the source once gathered, so the peak holds the events once plus one column instead of
+    twice. The frame is taken out of ``holder`` (emptied): a plain argument would stay referenced
+    by the caller and keep every source column alive."""
+    ev = holder.pop()
+    order = ev.select(pl.arg_sort_by(*by, maintain_order=True)).to_series()
+    names, cols, empty = ev.columns, [], []
+    for name in names:
+        col = ev.get_column(name)
+        if col.null_count() == col.len():  # stays a constant column (e.g. device on CPU traces)
+            empty.append(pl.lit(None, dtype=col.dtype).alias(name))
+        else:
+            cols.append(col.gather(order))
+        ev = ev.drop(name)
+    return pl.DataFrame(cols).with_columns(empty).select(names)
+
+
 def _per_file(df: pl.DataFrame, n_files: int) -> list[int]:
     """Rows of each file in ``df`` (sorted by :data:`FILE`), as a list indexed by file."""
     counts = dict(df.group_by(FILE).len().iter_rows()) if df.height else {}
@@ -162,8 +178,6 @@ def finish_files(files: Sequence[Decoded]) -> list[tuple[schema.TraceTables, Any
         TraceFormatError: bad input; with several files the message may not name the right file,
             so callers read each file alone when a batch fails (:mod:`ep_trace.parsers.read_pool`).
     """
-    from ep_trace.parsers.kineto import _sort_columns
-
     n = len(files)
     src = str(files[0].path) if n == 1 else "<batch>"
     issues = [list(d.issues) for d in files]
@@ -267,81 +281,3 @@ def finish_files(files: Sequence[Decoded]) -> list[tuple[schema.TraceTables, Any
         c0 += n_colls[i]
         out.append((tables, d.info))
     return out
-
-
-def _check_together(done: list[tuple[schema.TraceTables, Any]]) -> None:
-    """:func:`ep_trace.parsers.validate.check_tables` of Kineto files, one call per world size
-    among them instead of one per file (each file is checked against its own world size; the range
-    and string checks of a union pass exactly when each file's pass). The span of each file's events
-    is its ranks row's ``trace_end_ns - trace_start_ns``.
-
-    Raises:
-        TraceFormatError, ValueError: some file fails (which one is found by checking them alone).
-    """
-    by_ws: dict[int | None, list[schema.TraceTables]] = {}
-    for t, _ in done:
-        r = t.ranks.row(0, named=True)
-        if r["trace_end_ns"] - r["trace_start_ns"] > validate.MAX_SPAN_NS:
-            raise ValueError(f"{r['source_file']} spans more than MAX_SPAN_NS")
-        by_ws.setdefault(r["world_size"], []).append(t)
-    for ws, ts in by_ws.items():
-        whole = schema.TraceTables(
-            ranks=pl.concat([t.ranks for t in ts]),
-            events=pl.concat([t.events for t in ts], rechunk=False),
-            collectives=pl.concat([t.collectives for t in ts], rechunk=False),
-        )
-        validate.check_tables("<batch>", whole, world_size=ws, span=False)
-
-
-def read_kineto_files(
-    paths: list[Path], rank_map: Mapping[object, int] | None, stop_at_error: bool = False
-) -> list[tuple[schema.TraceTables, Any] | EpTraceError]:
-    """:func:`ep_trace.parsers.read_pool.read_one` of many Kineto files, the steps after the decode
-    run once for all of them (:func:`finish_files`): one result or error per file, in order.
-
-    Results and errors are exactly those of ``read_one`` file by file: a file that fails its decode
-    is that file's error; when the batch's later steps or its checks fail, every decoded file is
-    finished and checked alone, so the error names the right file and record.
-
-    Args:
-        paths: Kineto files.
-        rank_map: As for ``read_trace_dir``.
-        stop_at_error: Stop decoding at the first error that is not :data:`NOT_A_TRACE` (the
-            list is then shorter).
-    """
-    from ep_trace.parsers.kineto import decode_kineto_file
-    from ep_trace.parsers.read_pool import NOT_A_TRACE, _guarded, _rank_of
-
-    out: list[tuple[schema.TraceTables, Any] | EpTraceError | None] = []
-    decoded = []
-    for p in paths:
-        try:
-            validate.check_input_path(p)
-            d = _guarded(p, functools.partial(decode_kineto_file, p, _rank_of(p, rank_map)))
-        except EpTraceError as exc:
-            out.append(exc)
-            if stop_at_error and not str(getattr(exc, "problem", "")).startswith(NOT_A_TRACE):
-                break
-            continue
-        decoded.append((len(out), d))
-        out.append(None)
-    if len(decoded) > 1:
-        try:
-            done = finish_files([d for _, d in decoded])
-            _check_together(done)
-        except Exception as exc:  # noqa: BLE001 - any failure: finish and check file by file, below
-            log.debug("batch of %d Kineto files: reading them one by one (%s)", len(decoded), exc)
-        else:
-            for (j, _), res in zip(decoded, done, strict=True):
-                out[j] = res
-            decoded = []
-    for j, d in decoded:
-        try:
-            tables, info = _guarded(d.path, functools.partial(finish_files, [d]))[0]
-            out[j] = (validate.validate_file(d.path, tables), info)
-        except EpTraceError as exc:
-            out[j] = exc
-            if stop_at_error:
-                del out[j + 1 :]
-                break
-    return [r for r in out if r is not None]

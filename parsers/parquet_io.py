@@ -433,9 +433,14 @@ def load_trace_dir(
     from ep_trace import __version__
     from ep_trace.parsers.dispatch import read_trace_dir
 
-    if not use_cache or is_ingest_dir(path):
+    p = Path(path)
+    if not use_cache or is_ingest_dir(p) or not (p.is_dir() or p.is_file()):
+        # (a FIFO, a device, a missing path: read_trace_dir refuses it with its own message)
         return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
-    key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    try:
+        key, files = input_key(path, {"format": format, "on_error": on_error, "rank_map": dict(rank_map or {})})
+    except (EpTraceError, OSError):  # e.g. an unlistable directory: the reader names it as without a cache
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
     cached = _read_cached(entry, key)

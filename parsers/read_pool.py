@@ -33,7 +33,8 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import EpTraceError, TraceFormatError
-from ep_trace.parsers.kineto_batch import read_kineto_files
+from ep_trace.parsers.input_guard import NOT_A_TRACE, guarded, rank_for
+from ep_trace.parsers.kineto_files import read_kineto_files
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
 
 __all__ = [
@@ -64,21 +65,6 @@ _GZ_RATIO = 10
 _TABLES = ("ranks", "events", "collectives", "routing_counts", "routing_matrix", "placement", "stages")
 
 
-def _guarded(path: Path, fn: Callable[[], Any]) -> Any:
-    """``fn()`` with any failure but an :class:`EpTraceError`, an OS error or a decoder's own
-    exception, turned into the one-line :class:`~ep_trace.errors.TraceFormatError` naming ``path``."""
-    from ep_trace.parsers import validate
-
-    try:
-        return fn()
-    except EpTraceError:
-        raise
-    except OSError as exc:
-        raise validate.os_error(path, exc) from None
-    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
-        raise validate.unexpected_error(path, exc) from None
-
-
 def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
     """Read one input and validate its tables (:mod:`ep_trace.parsers.validate`).
 
@@ -93,22 +79,13 @@ def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Res
     from ep_trace.parsers import validate
 
     validate.check_input_path(path, expect_dir=fmt == "nsys" and path.is_dir())
-    tables, info = _guarded(path, lambda: _read(path, fmt, rank_map))
+    tables, info = guarded(path, lambda: _read(path, fmt, rank_map))
     return validate.validate_file(path, tables), info
-
-
-def _rank_of(path: Path, rank_map: Mapping[object, int] | None) -> int | None:
-    if rank_map:
-        # the path as discovered, its absolute form (--rank-map R=PATH keys both), then the bare name
-        for key in (str(path), str(path.resolve()), path, path.name):
-            if key in rank_map:
-                return int(rank_map[key])
-    return None
 
 
 def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
     """The format's reader (Nsight and CUPTI readers imported lazily)."""
-    rank = _rank_of(path, rank_map)
+    rank = rank_for(path, rank_map)
     if fmt == "kineto":
         from ep_trace.parsers.kineto import read_kineto_file
 
@@ -304,11 +281,6 @@ def _with_kernel_collectives(parts: list[schema.TraceTables]) -> dict[str, pl.Da
         colls = colls.with_row_index("_row").sort(part, "_row").drop("_row")
     cat["collectives"] = colls
     return cat
-
-
-#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
-#: to a damaged trace: discovered files with one of them are skipped with a warning.
-NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
 
 
 def decode_batch(spec: BatchSpec) -> BatchResult:

@@ -55,13 +55,17 @@ from ep_trace.parsers.input_guard import (
     check_input_path,
     check_string_table,
     check_strings,
+    guarded,
     inflate_limit,
     os_error,
+    rank_for,
     text_series,
     unexpected_error,
 )
 
 __all__ = [
+    "guarded",
+    "rank_for",
     "MAX_SPAN_NS",
     "MAX_RANK_SKEW_NS",
     "MAX_WORLD_SIZE",

@@ -1,4 +1,4 @@
-"""Reading Kineto files as a batch (``read_pool.read_kineto_files``, one polars plan per batch) gives
+"""Reading Kineto files as a batch (``kineto_files.read_kineto_files``, one polars plan per batch) gives
 exactly what reading each file alone gives: tables, job info, load report and errors."""
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def _real_files(external_dir: Path, samples_dir: Path) -> list[Path]:
 
 def test_every_real_trace_in_one_batch_equals_each_file_alone(external_dir, samples_dir, monkeypatch):
     # all the real Kineto traces (2022 legacy NCCL, gloo workers, TorchRec, modern metadata, ours)
-    from ep_trace.parsers import kineto_batch
+    from ep_trace.parsers import kineto_files
 
     paths = _real_files(external_dir, samples_dir)
     assert len(paths) >= 20
     want = _alone(paths)
     calls: list[int] = []
-    real = kineto_batch.finish_files
-    monkeypatch.setattr(kineto_batch, "finish_files", lambda files: calls.append(len(files)) or real(files))
+    real = kineto_files.finish_files
+    monkeypatch.setattr(kineto_files, "finish_files", lambda files: calls.append(len(files)) or real(files))
     got = read_kineto_files(paths, None)
     assert calls == [len(paths)]  # one plan for all of them: no file fell back to its own
     _assert_same(got, want)
@@ -62,12 +62,12 @@ def test_every_real_trace_in_one_batch_equals_each_file_alone(external_dir, samp
 
 def test_batch_takes_the_batched_path(external_dir, monkeypatch):
     # the equality above must not come from the per-file fallback
-    from ep_trace.parsers import kineto_batch
+    from ep_trace.parsers import kineto_files
 
     paths = sorted((external_dir / "kineto" / "param_dlrm_8rank").glob("*.json.gz"))
     calls: list[int] = []
-    real = kineto_batch.finish_files
-    monkeypatch.setattr(kineto_batch, "finish_files", lambda files: calls.append(len(files)) or real(files))
+    real = kineto_files.finish_files
+    monkeypatch.setattr(kineto_files, "finish_files", lambda files: calls.append(len(files)) or real(files))
     read_kineto_files(paths, None)
     assert calls == [8]
 
