@@ -439,17 +439,23 @@ def read_trace_dirs(
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
     executor: Executor | None = None,
+    reader: Callable[[Path], schema.TraceTables] | None = None,
 ) -> schema.TraceTables:
     """Read several trace directories (or files) of one job, e.g. one directory per node.
 
-    Each path is read with :func:`read_trace_dir`; the ranks of different paths must be disjoint.
+    Each path is read with :func:`read_trace_dir` (or ``reader(path)``, e.g.
+    :func:`ep_trace.parsers.parquet_io.load_trace_dir` with the other options bound: the ingest
+    cache); the ranks of different paths must be disjoint.
 
     Raises:
         RankConflictError: a rank appears under two paths.
         TraceFormatError: as :func:`read_trace_dir`.
     """
     dirs = [Path(p) for p in paths]
-    parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs, executor) for p in dirs]
+    if reader is not None:
+        parts = [reader(p) for p in dirs]
+    else:
+        parts = [read_trace_dir(p, format, on_error, progress, rank_map, jobs, executor) for p in dirs]
     if len(parts) == 1:
         return parts[0]
     seen: dict[int, Path] = {}

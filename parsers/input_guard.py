@@ -17,14 +17,18 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from ep_trace.errors import ResourceLimitError, TraceFormatError
+from ep_trace.errors import EpTraceError, ResourceLimitError, TraceFormatError
 
 __all__ = [
+    "NOT_A_TRACE",
+    "guarded",
+    "rank_for",
     "INFLATE_RATIO",
     "INFLATE_FLOOR",
     "INFLATE_MAX",
@@ -143,6 +147,34 @@ def unexpected_error(path: str | Path, exc: BaseException) -> TraceFormatError:
 
 
 # --- resource caps -----------------------------------------------------------------------------
+
+
+#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
+#: to a damaged trace: discovered files with one of them are skipped with a warning.
+NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
+
+
+def guarded(path: Path, fn: Callable[[], Any]) -> Any:
+    """``fn()`` with any failure but an :class:`EpTraceError`, an OS error or a decoder's own
+    exception, turned into the one-line :class:`~ep_trace.errors.TraceFormatError` naming ``path``."""
+    try:
+        return fn()
+    except EpTraceError:
+        raise
+    except OSError as exc:
+        raise os_error(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
+        raise unexpected_error(path, exc) from None
+
+
+def rank_for(path: Path, rank_map: Mapping[object, int] | None) -> int | None:
+    """The rank ``rank_map`` gives a file: keyed by the path as discovered, its absolute form
+    (``--rank-map R=PATH`` keys both), then the bare name; None when it names none."""
+    if rank_map:
+        for key in (str(path), str(path.resolve()), path, path.name):
+            if key in rank_map:
+                return int(rank_map[key])
+    return None
 
 
 def inflate_limit(path: str | Path) -> int:

@@ -1,4 +1,5 @@
-"""Kineto (torch.profiler Chrome trace) -> canonical tables, one rank file at a time.
+"""Kineto (torch.profiler Chrome trace) -> canonical tables: the per-file decode (the steps after
+it run for a batch of files at once in :mod:`ep_trace.parsers.kineto_batch`).
 
 Decoding streams the file (:mod:`ep_trace.parsers.kineto_stream`, falling back to
 :mod:`ep_trace.parsers.kineto_json`) in ~2 MB slices of ``traceEvents``; each slice becomes columns
@@ -44,57 +45,19 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream, validate
-from ep_trace.parsers.kineto_collectives import build_collectives
-from ep_trace.parsers.kineto_links import link_events
+from ep_trace.parsers.kineto_batch import Decoded, finish_files
 
-__all__ = ["KinetoFileInfo", "read_kineto", "read_kineto_file", "rank_from_file_name", "ARG_KEEP_PREFIXES"]
+__all__ = [
+    "KinetoFileInfo",
+    "decode_kineto_file",
+    "read_kineto",
+    "read_kineto_file",
+    "rank_from_file_name",
+    "ARG_KEEP_PREFIXES",
+]
 
 log = logging.getLogger(__name__)
 
-_KIND_OF_CAT = {
-    "kernel": "gpu_kernel",
-    "gpu_memcpy": "gpu_memcpy",
-    "gpu_memset": "gpu_memset",
-    "gpu_user_annotation": "gpu_annotation",
-    "user_annotation": "cpu_annotation",
-    "cpu_op": "cpu_op",
-    "python_function": "cpu_op",
-    "cuda_runtime": "runtime",
-    "cuda_driver": "runtime",
-    # other accelerators (pytorch/kineto libkineto/include/ActivityType.h): MTIA device ops are
-    # mtia_ccp_events, XPU kernels already come as "kernel"; host-side launch APIs of MTIA, XPU,
-    # HPU and PrivateUse1 backends are the runtime rows that launch them
-    "mtia_ccp_events": "gpu_kernel",
-    "mtia_runtime": "runtime",
-    "xpu_runtime": "runtime",
-    "xpu_driver": "runtime",
-    "hpu_op": "runtime",
-    "privateuse1_runtime": "runtime",
-    "privateuse1_driver": "runtime",
-}
-#: Device-name prefix of a rank whose device rows carry one of these categories (else ``cuda``).
-_DEVICE_PREFIX = {"mtia_ccp_events": "mtia"}
-#: Categories kept as kind ``other`` on purpose (trace spans, profiler overhead, syncs, counters):
-#: any other unknown category is named in the load report with its row count.
-_KNOWN_OTHER = frozenset(
-    {
-        "Trace",
-        "overhead",
-        "cuda_sync",
-        "cuda_event",
-        "cpu_instant_event",
-        "external_correlation",
-        "mtia_insight",
-        "mtia_counters",
-        "hardware_counters",
-        "cuda_profiler_range",
-        "xpu_scope_profiler",
-        "xpu_sync",
-        "glow_runtime",
-        "collective_comm",
-    }
-)
-_GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
 
 #: Names whose ``args`` are kept (for the collective builder); all other args are dropped per chunk.
 ARG_KEEP_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
@@ -242,30 +205,14 @@ def _concat_columns(frames: list[pl.DataFrame]) -> pl.DataFrame:
     would hold the events twice (~0.2x the rank file); here it holds them once plus one column."""
     if not frames:
         return pl.DataFrame()
+    if len(frames) == 1:  # one slice (a small rank file): its columns are contiguous already
+        return frames.pop()
     cols = []
     for name in frames[0].columns:
         cols.append(pl.concat([f.get_column(name) for f in frames], rechunk=True))
         frames[:] = [f.drop(name) for f in frames]
     frames.clear()
     return pl.DataFrame(cols)
-
-
-def _sort_columns(holder: list[pl.DataFrame], *by: str) -> pl.DataFrame:
-    """The frame in ``holder`` sorted by ``by`` (stable), gathered column by column, each dropped
-    from the source once gathered, so the peak holds the events once plus one column instead of
-    twice. The frame is taken out of ``holder`` (emptied): a plain argument would stay referenced
-    by the caller and keep every source column alive."""
-    ev = holder.pop()
-    order = ev.select(pl.arg_sort_by(*by, maintain_order=True)).to_series()
-    names, cols, empty = ev.columns, [], []
-    for name in names:
-        col = ev.get_column(name)
-        if col.null_count() == col.len():  # stays a constant column (e.g. device on CPU traces)
-            empty.append(pl.lit(None, dtype=col.dtype).alias(name))
-        else:
-            cols.append(col.gather(order))
-        ev = ev.drop(name)
-    return pl.DataFrame(cols).with_columns(empty).select(names)
 
 
 def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
@@ -289,39 +236,6 @@ def _times(ev: pl.DataFrame, path: Path, base_ns: int) -> pl.DataFrame:
     return ev.with_columns(start.alias("start_ns"), (start + _to_ns(dur)).alias("end_ns")).drop("ts", "dur")
 
 
-def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
-    """``kind`` from ``category``; ``gloo:*`` user annotations on a thread that issues no collective
-    itself become comm_worker.
-
-    ProcessGroupGloo runs the transfer on its own worker threads (torch 2.x, verified 2.13 and the
-    2024 ``rank-34`` trace); the caller thread holds ``ProfilerStep#`` / ``c10d::*`` ops instead.
-    """
-    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
-    gloo = ev.select("pid", "tid", "category", "name").filter(
-        (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:")
-    )
-    if gloo.height == 0:
-        return kind.alias("kind")
-    caller = (
-        ev.select("pid", "tid", "name")
-        .filter(
-            pl.col("name").str.starts_with("ProfilerStep#")
-            | pl.col("name").str.starts_with("c10d::")
-            | (pl.col("name") == "record_param_comms")
-        )
-        .select("pid", "tid")
-        .unique()
-        .with_columns(pl.lit(True).alias("_caller"))
-    )
-    on_caller = ev.select("pid", "tid").join(
-        caller, on=["pid", "tid"], how="left", nulls_equal=True, maintain_order="left"
-    )["_caller"]
-    is_worker = (
-        (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:") & on_caller.is_null()
-    )
-    return pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(kind).alias("kind")
-
-
 def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | None] | None:
     from ep_trace.parsers.splits import parse_int_list
 
@@ -334,12 +248,6 @@ def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | Non
                 tuple(v for v in ranks.values if v is not None) if ranks else None,
             )
     return None
-
-
-def _job_id(header: dict[str, Any]) -> str | None:
-    ep = header.get("ep_trace")
-    jid = ep.get("job_id") if isinstance(ep, dict) else None
-    return str(jid) if jid is not None else None
 
 
 def _decode(path: Path, columnar: bool = True) -> tuple[dict[str, Any], dict[int, dict[str, Any]], list[pl.DataFrame]]:
@@ -373,15 +281,11 @@ def _decode(path: Path, columnar: bool = True) -> tuple[dict[str, Any], dict[int
     return header, kept_args, frames
 
 
-def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.TraceTables, KinetoFileInfo]:
-    """Read one rank's Kineto trace; also return what the file says about its job.
+def decode_kineto_file(path: str | Path, rank: int | None = None) -> Decoded:
+    """The per-file half of reading a Kineto trace: decode, rank, time base and time checks.
 
-    Args:
-        path: ``*.json`` / ``*.json.gz`` / ``*.pt.trace.json[.gz]``.
-        rank: Rank to use, overriding ``distributedInfo.rank`` (e.g. from a ``rank_map``).
-
-    Returns:
-        ``(tables, info)``; ``tables`` is validated, ``stages`` and routing tables are empty.
+    Everything after this (kinds, links, collectives, the canonical tables) runs on several files
+    at once in :func:`ep_trace.parsers.kineto_batch.finish_files`.
 
     Raises:
         TraceFormatError: one line naming the file (and ``traceEvents[i]``) for bad input.
@@ -444,83 +348,8 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
         )
     # relative ts (kineto#928): the base is known only once the whole file is read
     ev = _times(ev, path, base_ns)
-    ev, dup_issue = validate.drop_duplicate_rows(ev, path, rank)  # before links / collectives
-    if dup_issue is not None:
-        issues.append(dup_issue)
-
-    ev = ev.rename({"pid_raw": "pid", "tid_raw": "tid"})
-    if ev["name"].null_count():
-        ev = ev.with_columns(pl.col("name").fill_null(""))
-    ev = ev.with_columns(_kind_expr(ev))
-    unknown = (
-        ev.filter((pl.col("kind") == "other") & ~pl.col("category").is_in(list(_KNOWN_OTHER)))
-        .group_by("category")
-        .len()
-        .sort("category", nulls_last=True)
-    )
-    for cat_name, n in unknown.iter_rows():
-        issues.append(
-            schema.LoadIssue(
-                str(path),
-                rank,
-                "warning",
-                f"{n} rows of activity type {cat_name!r} are not analysed (unknown to ep-trace; kept as kind 'other')",
-            )
-        )
-    prefix = next((p for c, p in _DEVICE_PREFIX.items() if (ev["category"] == c).any()), "cuda")
-    gpu = pl.col("kind").is_in(_GPU_KINDS)
-    steps = ev.select("event_id", "name").filter(pl.col("name").str.starts_with("ProfilerStep#"))
-    seq = ev.select("event_id").join(
-        steps.select("event_id", pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq")),
-        on="event_id",
-        how="left",
-        maintain_order="left",
-    )["seq"]
-    ev = ev.with_columns(
-        pl.lit(rank, dtype=pl.Int32).alias("rank"),
-        pl.when(gpu).then(pl.col("pid")).cast(pl.Int32).alias("device"),
-        pl.when(gpu).then(pl.col("tid")).alias("stream"),
-        seq,
-    )
-    ev = link_events(ev)
-    colls, coll_of_event = build_collectives(ev, kept_args, rank=rank, dist=dist, source=str(path))
-    if coll_of_event.height:
-        ev = ev.with_columns(
-            ev.select("event_id").join(coll_of_event, on="event_id", how="left", maintain_order="left")["coll_id"]
-        )
-    holder = [ev]
-    del ev
-    ev = _sort_columns(holder, "start_ns", "event_id")
-    events_df = schema.validate("events", schema.conform("events", ev), str(path))
-
-    gpu_dev = events_df.filter(pl.col("kind") == "gpu_kernel")["device"].drop_nulls()
-    device = f"{prefix}:{int(gpu_dev.mode().sort()[0])}" if gpu_dev.len() else "cpu"
     ws = dist.get("world_size")
-    ranks_df = pl.DataFrame(
-        {
-            "rank": [rank],
-            "world_size": [ws if isinstance(ws, int) else None],
-            "host": [header.get("host_name") if isinstance(header.get("host_name"), str) else None],
-            "device": [device],
-            "backend": [dist.get("backend") if isinstance(dist.get("backend"), str) else None],
-            "source_file": [str(path)],
-            # ep-trace's Tracer writes {"ep_trace": {"job_id": ...}} into the trace header.
-            "job_id": [_job_id(header)],
-            "format": ["kineto"],
-            "trace_start_ns": [events_df["start_ns"].min()],
-            "trace_end_ns": [events_df["end_ns"].max()],
-            "clock_offset_ns": [0],
-            "rank_source": [rank_source],
-            "has_sidecar": [False],
-        }
-    )
-    tables = schema.TraceTables(
-        ranks=schema.validate("ranks", schema.conform("ranks", ranks_df), str(path)),
-        events=events_df,
-        collectives=schema.validate("collectives", schema.conform("collectives", colls), str(path)),
-        load_report=tuple(issues),
-    )
-    info = KinetoFileInfo(
+    file_info = KinetoFileInfo(
         path=str(path),
         rank=rank,
         rank_source=rank_source,
@@ -528,8 +357,24 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
         backend=dist.get("backend") if isinstance(dist.get("backend"), str) else None,
         default_pg=_default_pg(dist),
     )
-    log.debug("%s: rank %d, %d events, %d collectives", path, rank, events_df.height, tables.collectives.height)
-    return tables, info
+    return Decoded(path, rank, header, dist, kept_args, ev, issues, file_info)
+
+
+def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.TraceTables, KinetoFileInfo]:
+    """Read one rank's Kineto trace; also return what the file says about its job.
+
+    Args:
+        path: ``*.json`` / ``*.json.gz`` / ``*.pt.trace.json[.gz]``.
+        rank: Rank to use, overriding ``distributedInfo.rank`` (e.g. from a ``rank_map``).
+
+    Returns:
+        ``(tables, info)``; ``tables`` is validated, ``stages`` and routing tables are empty.
+
+    Raises:
+        TraceFormatError: one line naming the file (and ``traceEvents[i]``) for bad input.
+    """
+    tables, info = finish_files([decode_kineto_file(path, rank)])[0]
+    return tables, info  # type: ignore[return-value]
 
 
 def read_kineto(path: str | Path, rank: int | None = None) -> schema.TraceTables:

@@ -30,6 +30,8 @@ device activity keeps its host interval and ``n_kernels = 0``.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -40,9 +42,28 @@ from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.collective_names import normalise_collective
 from ep_trace.parsers.splits import itemsize, parse_int_list, prod
 
-__all__ = ["build_collectives", "normalise_collective"]
+__all__ = ["FileContext", "build_collectives", "normalise_collective"]
 
 _PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
+#: Column of the events frame telling the files of a batch apart (0, 1, ... in input order).
+FILE = "_file"
+
+
+@dataclass(frozen=True)
+class FileContext:
+    """What the collective builder needs of one file of a batch.
+
+    Attributes:
+        kept: ``args`` of the collective-marker events and metadata-carrying kernels, by event_id.
+        rank: The file's rank.
+        dist: The file's ``distributedInfo`` (may be empty).
+        source: File name for error messages.
+    """
+
+    kept: dict[int, dict[str, Any]]
+    rank: int
+    dist: dict[str, Any]
+    source: str
 
 
 def _is_wait(name: str, args: dict[str, Any] | None) -> bool:
@@ -229,15 +250,15 @@ def _fields_from(
     )
 
 
-def _group_calls(cands: pl.DataFrame, kept: dict[int, dict[str, Any]]) -> list[list[dict[str, Any]]]:
+def _group_calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> list[list[dict[str, Any]]]:
     """Outermost-interval groups of collective markers per thread (few rows: a Python pass is fine)."""
     groups: list[list[dict[str, Any]]] = []
     key = None
     end = None
     for r in cands.iter_rows(named=True):
-        if _is_wait(r["name"], kept.get(r["event_id"])):
+        if _is_wait(r["name"], files[r[FILE]].kept.get(r["event_id"])):
             continue
-        k = (r["pid"], r["tid"])
+        k = (r[FILE], r["pid"], r["tid"])
         if k != key or end is None or r["start_ns"] >= end:
             groups.append([r])
             key, end = k, r["end_ns"]
@@ -246,92 +267,116 @@ def _group_calls(cands: pl.DataFrame, kept: dict[int, dict[str, Any]]) -> list[l
     return groups
 
 
-def build_collectives(
-    ev: pl.DataFrame, kept: dict[int, dict[str, Any]], *, rank: int, dist: dict[str, Any], source: str
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Collective calls of one rank (see the module doc).
+def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Collective calls of the files of a batch (see the module doc); each file is one rank.
 
     Args:
-        ev: Linked events frame (event_id, kind, name, pid, tid, start_ns, end_ns, correlation,
-            external_id, launch_id).
-        kept: ``args`` of the collective-marker events and metadata-carrying kernels, by event_id.
-        rank: The rank.
-        dist: The file's ``distributedInfo`` (may be empty).
-        source: File name for error messages.
+        ev: Linked events frame of the batch (:data:`FILE`, event_id, kind, name, pid, tid,
+            start_ns, end_ns, correlation, external_id, launch_id); ids are per file.
+        files: One context per file, indexed by the :data:`FILE` column.
 
     Returns:
-        ``(collectives, coll_of_event)``: the conformed table, and (event_id, coll_id) of the
-        kernels / worker ranges implementing each call.
+        ``(collectives, coll_of_event)``: the conformed table plus its :data:`FILE` column, in file
+        order, and (:data:`FILE`, event_id, coll_id) of the kernels / worker ranges implementing
+        each call.
     """
-    world = _int(dist.get("world_size"))
-    cols = ["event_id", "name", "pid", "tid", "start_ns", "end_ns", "external_id"]
+    cols = [FILE, "event_id", "name", "pid", "tid", "start_ns", "end_ns", "external_id"]
     cands = (
         ev.filter(
             pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
             & pl.any_horizontal([pl.col("name").str.starts_with(p) for p in _PREFIXES])
         )
         .select(cols)
-        .sort(["pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, True], nulls_last=True)
+        .sort(
+            [FILE, "pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, False, True], nulls_last=True
+        )
     )
-    rows = [r for g in _group_calls(cands, kept) if (r := _call_row(g, kept, dist, world, source)) is not None]
+    rows = []
+    for g in _group_calls(cands, files):
+        f = files[g[0][FILE]]
+        row = _call_row(g, f.kept, f.dist, _int(f.dist.get("world_size")), f.source)
+        if row is not None:
+            row[FILE] = g[0][FILE]
+            rows.append(row)
     # Kernels implementing each call: launched inside the call's root interval on its thread ...
     kernels = ev.filter(pl.col("kind") == "gpu_kernel").select(
-        "event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation"
+        FILE, "event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation"
     )
     launch = ev.filter(pl.col("kind") == "runtime").select(
-        pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t")
+        FILE, pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t")
     )
+    file_dtype = ev.schema[FILE]
     roots = pl.DataFrame(
         {
             "_call": list(range(len(rows))),
+            FILE: [r[FILE] for r in rows],
             "pid": [r["_pid"] for r in rows],
             "tid": [r["_tid"] for r in rows],
             "_rs": [r["_root_start"] for r in rows],
             "_re": [r["_root_end"] for r in rows],
         },
-        schema={"_call": pl.Int64, "pid": pl.Int64, "tid": pl.Int64, "_rs": pl.Int64, "_re": pl.Int64},
+        schema={
+            "_call": pl.Int64,
+            FILE: file_dtype,
+            "pid": pl.Int64,
+            "tid": pl.Int64,
+            "_rs": pl.Int64,
+            "_re": pl.Int64,
+        },
     ).sort("_rs")
-    k = kernels.join(launch, on="launch_id", how="left").sort("t", nulls_last=True)
+    k = kernels.join(launch, on=[FILE, "launch_id"], how="left").sort("t", nulls_last=True)
     k_in = k.filter(pl.col("t").is_not_null()).join_asof(
-        roots, left_on="t", right_on="_rs", by=["pid", "tid"], strategy="backward", check_sortedness=False
+        roots, left_on="t", right_on="_rs", by=[FILE, "pid", "tid"], strategy="backward", check_sortedness=False
     )
-    k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select("event_id", "_call")
+    k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select(FILE, "event_id", "_call")
     # ... or linked by External id to one of its ops (kernels without a launch in the window).
     ext = pl.DataFrame(
         {
-            "external_id": [e for i, r in enumerate(rows) for e in r["_ext"]],
+            FILE: [r[FILE] for r in rows for _ in r["_ext"]],
+            "external_id": [e for r in rows for e in r["_ext"]],
             "_call": [i for i, r in enumerate(rows) for _ in r["_ext"]],
         },
-        schema={"external_id": pl.Int64, "_call": pl.Int64},
+        schema={FILE: file_dtype, "external_id": pl.Int64, "_call": pl.Int64},
     )
     k_ext = (
         kernels.filter(pl.col("external_id") != pl.col("correlation"))
-        .join(ext, on="external_id")
-        .select("event_id", "_call")
+        .join(ext, on=[FILE, "external_id"])
+        .select(FILE, "event_id", "_call")
     )
-    assigned = pl.concat([k_in, k_ext]).unique("event_id", keep="first")
-    k = kernels.join(assigned, on="event_id", how="left")
+    assigned = pl.concat([k_in, k_ext]).unique([FILE, "event_id"], keep="first")
+    k = kernels.join(assigned, on=[FILE, "event_id"], how="left")
     # Kernels carrying collective metadata whose CPU op is not in the window: calls of their own.
-    orphan = k.filter(pl.col("_call").is_null() & pl.col("event_id").is_in(list(kept)))
+    kept_ids = pl.DataFrame(
+        {
+            FILE: [i for i, f in enumerate(files) for _ in f.kept],
+            "event_id": [e for f in files for e in f.kept],
+        },
+        schema={FILE: file_dtype, "event_id": pl.Int64},
+    )
+    orphan = k.filter(pl.col("_call").is_null()).join(kept_ids, on=[FILE, "event_id"], how="semi")
     if orphan.height:
         orphan = orphan.with_columns(pl.coalesce("external_id", "correlation").alias("_grp"))
         extra = []
-        for g in orphan.partition_by("_grp", maintain_order=True):
-            first = g.row(0, named=True)
-            row = _fields_from(kept[first["event_id"]], None, {}, kept, dist, world, source)
+        for part in orphan.partition_by([FILE, "_grp"], maintain_order=True):
+            first = part.row(0, named=True)
+            f = files[first[FILE]]
+            world = _int(f.dist.get("world_size"))
+            row = _fields_from(f.kept[first["event_id"]], None, {}, f.kept, f.dist, world, f.source)
             row.update(op_name="record_param_comms", op_id=None, cpu_start_ns=None, cpu_end_ns=None, _ext=[])
-            extra.append((len(rows), g["event_id"]))
+            row[FILE] = first[FILE]
+            extra.append((len(rows), first[FILE], part["event_id"]))
             rows.append(row)
         fill = pl.concat(
             [
                 pl.DataFrame(
-                    {"event_id": ids, "_orph": [i] * len(ids)}, schema={"event_id": pl.Int64, "_orph": pl.Int64}
+                    {FILE: [fi] * len(ids), "event_id": ids, "_orph": [i] * len(ids)},
+                    schema={FILE: file_dtype, "event_id": pl.Int64, "_orph": pl.Int64},
                 )
-                for i, ids in extra
+                for i, fi, ids in extra
             ]
         )
         k = (
-            k.join(fill, on="event_id", how="left")
+            k.join(fill, on=[FILE, "event_id"], how="left")
             .with_columns(pl.coalesce("_call", "_orph").alias("_call"))
             .drop("_orph")
         )
@@ -339,8 +384,8 @@ def build_collectives(
     # Only communication kernels count when a call launched some (copies around a collective do not).
     k = k.with_columns(is_comm_expr(pl.col("name")).alias("_comm"))
     k = k.filter(pl.col("_comm") | ~pl.col("_comm").any().over("_call"))
-    members = _pair_workers(ev, rows, set(k["_call"].unique().to_list()), k.select("event_id", "_call"), kept)
-    return _finish(rows, members, ev, rank)
+    members = _pair_workers(ev, rows, set(k["_call"].unique().to_list()), k.select(FILE, "event_id", "_call"), files)
+    return _finish(rows, members, ev, files)
 
 
 #: How far down the queue of issued calls a gloo worker range may be paired out of order.
@@ -362,61 +407,77 @@ def _pair_workers(
     rows: list[dict[str, Any]],
     with_kernels: set[int],
     members: pl.DataFrame,
-    kept: dict[int, dict[str, Any]],
+    files: Sequence[FileContext],
 ) -> pl.DataFrame:
-    """Pair gloo worker ranges with the calls that launched no kernel: in start order per family,
-    each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size equals the
-    range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees)."""
-    workers = ev.filter(pl.col("kind") == "comm_worker").sort("start_ns")
+    """Pair gloo worker ranges with the calls that launched no kernel: in start order per file and
+    family, each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size
+    equals the range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees)."""
+    workers = ev.filter(pl.col("kind") == "comm_worker")
     if workers.height == 0:
         return members
     fam = {"all_to_allv": "all_to_all"}
-    pending: dict[str, deque[int]] = {}
-    for i in sorted(
-        (i for i in range(len(rows)) if i not in with_kernels and rows[i].get("backend") != "nccl"),
-        key=lambda i: rows[i]["cpu_start_ns"] or 0,
-    ):
-        pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), deque()).append(i)
     pairs = []
-    for w in workers.iter_rows(named=True):
-        f = normalise_collective(w["name"])
-        queue = pending.get(fam.get(f, f))
-        if queue:
-            want = _worker_nelems(kept.get(w["event_id"]))
-            j = next(
-                (
-                    k
-                    for k in range(min(len(queue), _REORDER_WINDOW))
-                    if want is not None and rows[queue[k]].get("in_nelems") == want
-                ),
-                0,
-            )
-            i = queue[j]
-            del queue[j]
-            rows[i]["backend"] = "gloo"
-        else:
-            i = len(rows)
-            row = _fields_from({}, w, {"title": w}, kept, {}, None, "")
-            row.update(op_name=w["name"], op_id=None, cpu_start_ns=None, cpu_end_ns=None, backend="gloo", _ext=[])
-            rows.append(row)
-        pairs.append((w["event_id"], i))
-    wk = pl.DataFrame(pairs, schema={"event_id": pl.Int64, "_call": pl.Int64}, orient="row")
+    for w_file in workers.partition_by(FILE, maintain_order=True):
+        fi = w_file[FILE][0]
+        kept = files[fi].kept
+        pending: dict[str, deque[int]] = {}
+        for i in sorted(
+            (
+                i
+                for i in range(len(rows))
+                if rows[i][FILE] == fi and i not in with_kernels and rows[i].get("backend") != "nccl"
+            ),
+            key=lambda i: rows[i]["cpu_start_ns"] or 0,
+        ):
+            pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), deque()).append(i)
+        for w in w_file.sort("start_ns").iter_rows(named=True):
+            f = normalise_collective(w["name"])
+            queue = pending.get(fam.get(f, f))
+            if queue:
+                want = _worker_nelems(kept.get(w["event_id"]))
+                j = next(
+                    (
+                        k
+                        for k in range(min(len(queue), _REORDER_WINDOW))
+                        if want is not None and rows[queue[k]].get("in_nelems") == want
+                    ),
+                    0,
+                )
+                i = queue[j]
+                del queue[j]
+                rows[i]["backend"] = "gloo"
+            else:
+                i = len(rows)
+                row = _fields_from({}, w, {"title": w}, kept, {}, None, "")
+                row.update(op_name=w["name"], op_id=None, cpu_start_ns=None, cpu_end_ns=None, backend="gloo", _ext=[])
+                row[FILE] = fi
+                rows.append(row)
+            pairs.append((fi, w["event_id"], i))
+    wk = pl.DataFrame(pairs, schema={FILE: members.schema[FILE], "event_id": pl.Int64, "_call": pl.Int64}, orient="row")
     return pl.concat([members, wk])
 
 
 def _finish(
-    rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame, rank: int
+    rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame, files: Sequence[FileContext]
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Assemble the table: device activity, host-interval fallback, coll_id and ordinal."""
+    """Assemble the table: device activity, host-interval fallback, coll_id and ordinal (per file)."""
+    file_dtype = ev.schema[FILE]
     if not rows:
-        return schema.empty("collectives"), pl.DataFrame(schema={"event_id": pl.Int64, "coll_id": pl.Int64})
+        return (
+            schema.empty("collectives").with_columns(pl.lit(None, dtype=file_dtype).alias(FILE)),
+            pl.DataFrame(schema={FILE: file_dtype, "event_id": pl.Int64, "coll_id": pl.Int64}),
+        )
     keep = [c for c in schema.COLLECTIVES if c in rows[0]]
     df = pl.DataFrame(
         {c: [r.get(c) for r in rows] for c in keep}, schema={c: schema.COLLECTIVES[c] for c in keep}, strict=False
     )
-    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"))
+    ranks = {i: f.rank for i, f in enumerate(files)}
+    df = df.with_columns(
+        pl.Series(FILE, [r[FILE] for r in rows], dtype=file_dtype),
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"),
+    )
     activity = (
-        members.join(ev.select("event_id", "start_ns", "end_ns"), on="event_id")
+        members.join(ev.select(FILE, "event_id", "start_ns", "end_ns"), on=[FILE, "event_id"])
         .group_by("_call")
         .agg(
             pl.col("start_ns").min().alias("_s"),
@@ -430,15 +491,16 @@ def _finish(
             pl.coalesce("_s", "cpu_start_ns").alias("start_ns"),
             pl.coalesce("_e", "cpu_end_ns").alias("end_ns"),
             pl.col("n_kernels").fill_null(0),
-            pl.lit(rank, dtype=pl.Int32).alias("rank"),
+            pl.col(FILE).replace_strict(ranks, return_dtype=pl.Int32).alias("rank"),
         )
-        .sort(pl.coalesce("cpu_start_ns", "start_ns"), "_call")
-        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("coll_id"))
+        .sort(FILE, pl.coalesce("cpu_start_ns", "start_ns"), "_call")
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(FILE).alias("coll_id"))
     )
-    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("pg_name").alias("ordinal"))
+    df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(FILE, "pg_name").alias("ordinal"))
     coll_of_event = (
         members.join(df.select("_call", "coll_id"), on="_call")
-        .select("event_id", "coll_id")
-        .unique("event_id", keep="first")
+        .select(FILE, "event_id", "coll_id")
+        .unique([FILE, "event_id"], keep="first")
     )
-    return schema.conform("collectives", df.drop("_call", "_s", "_e")), coll_of_event
+    table = schema.conform("collectives", df.drop("_call", "_s", "_e"))
+    return table.with_columns(df[FILE]), coll_of_event

@@ -35,7 +35,9 @@ def _pos_in_runs(key: list[str]) -> pl.Expr:
 
 def _depths(ops: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Add ``depth`` (0 = outermost) to ops of columns ``key``, start_ns, end_ns, op."""
-    ops = ops.sort([*key, "start_ns", "end_ns"], descending=[False] * len(key) + [False, True])
+    # ``op`` breaks ties (two ops with the same interval): the earlier one is the outer, whatever
+    # else the frame holds (a batch of files sorts differently than one file without it)
+    ops = ops.sort([*key, "start_ns", "end_ns", "op"], descending=[False] * len(key) + [False, True, False])
     ops = ops.with_columns(_pos_in_runs(key).alias("_pos"))
     ends = (
         ops.select(*key, pl.col("end_ns").alias("_t"))
@@ -94,38 +96,44 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
     return out.with_columns(hits.select(pl.coalesce(list(reversed(hits.columns))).alias("op")).to_series())
 
 
-def link_events(ev: pl.DataFrame) -> pl.DataFrame:
+def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
     """Add ``launch_id`` and ``op_id`` to a Kineto events frame (see the module doc).
 
     Args:
         ev: Columns event_id, kind, category, pid, tid, start_ns, end_ns, correlation, external_id.
+        file_key: Column telling the files of a batch apart (ids and threads are per file), or None
+            for one file.
 
     Returns:
         ``ev`` with ``launch_id`` (GPU rows) and ``op_id`` (GPU and runtime rows).
     """
+    ids = [file_key] if file_key else []
+    key = [*ids, *_KEY]
     gpu = pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"])
     # Every filter runs on the lazily selected columns it needs: an eager filter of ``ev`` would
     # first copy all of its columns (names included), ~0.5x the events frame per filter at peak.
     lazy = ev.lazy()
     runtime, ops, by_ext = pl.collect_all(
         [
-            lazy.select("event_id", "kind", *_KEY, "start_ns", "correlation").filter(
+            lazy.select(*ids, "event_id", "kind", *_KEY, "start_ns", "correlation").filter(
                 (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
             ),
-            lazy.select("event_id", "kind", "category", *_KEY, "start_ns", "end_ns")
+            lazy.select(*ids, "event_id", "kind", "category", *_KEY, "start_ns", "end_ns")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function"))
-            .select(*_KEY, "start_ns", "end_ns", pl.col("event_id").alias("op")),
-            lazy.select("event_id", "kind", "external_id")
+            .select(*key, "start_ns", "end_ns", pl.col("event_id").alias("op")),
+            lazy.select(*ids, "event_id", "kind", "external_id")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())
-            .select("external_id", pl.col("event_id").alias("_ext_op"))
-            .unique("external_id", keep="first"),
+            .select(*ids, "external_id", pl.col("event_id").alias("_ext_op"))
+            .unique([*ids, "external_id"], keep="first"),
         ]
     )
-    launches = runtime.select("correlation", pl.col("event_id").alias("_launch")).unique("correlation", keep="first")
+    launches = runtime.select(*ids, "correlation", pl.col("event_id").alias("_launch")).unique(
+        [*ids, "correlation"], keep="first"
+    )
     # Joins run on a narrow frame (ids only) and the two results are attached in row order, so the
     # wide events frame (names, ...) is never copied by a join.
-    n = ev.select("event_id", "kind", "correlation", "external_id")
-    n = n.join(launches, on="correlation", how="left", maintain_order="left").with_columns(
+    n = ev.select(*ids, "event_id", "kind", "correlation", "external_id")
+    n = n.join(launches, on=[*ids, "correlation"], how="left", maintain_order="left").with_columns(
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
         pl.when(pl.col("kind") == "runtime")
         .then(pl.col("event_id"))
@@ -133,20 +141,22 @@ def link_events(ev: pl.DataFrame) -> pl.DataFrame:
         .then(pl.col("_launch"))
         .alias("_launch"),
     )
-    n = n.join(by_ext, on="external_id", how="left", maintain_order="left")
+    n = n.join(by_ext, on=[*ids, "external_id"], how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
     linked = gpu | (pl.col("kind") == "runtime")
     # Containment only for the launches some row cannot link by External id, and only against the
     # ops of their threads (each point's answer depends on nothing else): on modern GPU traces most
     # launches carry a resolvable External id.
-    need = n.filter(linked & ~ext_ok).select(pl.col("_launch").drop_nulls().unique())
-    points = runtime.filter(pl.col("event_id").is_in(need["_launch"].implode())).select(
-        *_KEY, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")
+    need = n.filter(linked & ~ext_ok & pl.col("_launch").is_not_null()).select(
+        *ids, pl.col("_launch").alias("event_id")
     )
-    ops = ops.join(points.select(_KEY).unique(), on=_KEY, how="semi")
-    contained = innermost_enclosing(points, ops)
-    launch_op = contained.select("_launch", pl.col("op").alias("_launch_op"))
-    n = n.join(launch_op, on="_launch", how="left", maintain_order="left")
+    points = runtime.join(need.unique(), on=[*ids, "event_id"], how="semi").select(
+        *key, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")
+    )
+    ops = ops.join(points.select(key).unique(), on=key, how="semi")
+    contained = innermost_enclosing(points, ops, tuple(key))
+    launch_op = contained.select(*ids, "_launch", pl.col("op").alias("_launch_op"))
+    n = n.join(launch_op, on=[*ids, "_launch"], how="left", maintain_order="left")
     op_id = pl.when(linked & ext_ok).then(pl.col("_ext_op")).when(linked).then(pl.col("_launch_op"))
     n = n.select("launch_id", op_id.alias("op_id"))
     return ev.with_columns(n["launch_id"], n["op_id"])

@@ -33,6 +33,8 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import EpTraceError, TraceFormatError
+from ep_trace.parsers.input_guard import NOT_A_TRACE, guarded, rank_for
+from ep_trace.parsers.kineto_files import read_kineto_files
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "FileResult",
     "decode_batch",
     "plan_batches",
+    "read_kineto_files",
     "read_one",
     "run_batches",
     "split_by_rank",
@@ -76,26 +79,13 @@ def read_one(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Res
     from ep_trace.parsers import validate
 
     validate.check_input_path(path, expect_dir=fmt == "nsys" and path.is_dir())
-    try:
-        tables, info = _read(path, fmt, rank_map)
-    except EpTraceError:
-        raise
-    except OSError as exc:
-        raise validate.os_error(path, exc) from None
-    except Exception as exc:  # noqa: BLE001 - MemoryError, RecursionError included: the one-line contract
-        raise validate.unexpected_error(path, exc) from None
+    tables, info = guarded(path, lambda: _read(path, fmt, rank_map))
     return validate.validate_file(path, tables), info
 
 
 def _read(path: Path, fmt: str, rank_map: Mapping[object, int] | None) -> Result:
     """The format's reader (Nsight and CUPTI readers imported lazily)."""
-    rank = None
-    if rank_map:
-        # the path as discovered, its absolute form (--rank-map R=PATH keys both), then the bare name
-        for key in (str(path), str(path.resolve()), path, path.name):
-            if key in rank_map:
-                rank = int(rank_map[key])
-                break
+    rank = rank_for(path, rank_map)
     if fmt == "kineto":
         from ep_trace.parsers.kineto import read_kineto_file
 
@@ -229,10 +219,11 @@ def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTa
 
 
 def _read_file(
-    path: Path, fmt: str, spec: BatchSpec
+    path: Path, fmt: str, spec: BatchSpec, result: Result | None = None
 ) -> tuple[list[schema.TraceTables], FileResult, list[tuple[int, schema.LoadIssue | None]]]:
-    """One file: its per-rank tables with sidecars merged; sidecar errors returned (``skip``) or raised."""
-    tables, info = read_one(path, fmt, spec.rank_map)
+    """One file (or its already read ``result``): its per-rank tables with sidecars merged;
+    sidecar errors returned (``skip``) or raised."""
+    tables, info = result if result is not None else read_one(path, fmt, spec.rank_map)
     out: list[schema.TraceTables] = []
     sc_issues: list[tuple[int, schema.LoadIssue | None]] = []
     for t in split_by_rank(tables):
@@ -253,27 +244,60 @@ def _read_file(
     return out, FileResult(str(path), ranks=ranks, info=info), sc_issues
 
 
+def _kineto_ahead(spec: BatchSpec) -> dict[int, Result | EpTraceError]:
+    """Results of the batch's Kineto files read together (:func:`read_kineto_files`), by position
+    in ``spec.files``; other formats are read one by one in :func:`decode_batch`."""
+    idx = [i for i, (_, fmt) in enumerate(spec.files) if fmt == "kineto"]
+    if len(idx) < 2:
+        return {}
+    got = read_kineto_files([Path(spec.files[i][0]) for i in idx], spec.rank_map, spec.on_error != "skip")
+    return dict(zip(idx, got, strict=False))
+
+
 def _concat(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
     return {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
 
 
-#: Problems that mean "this file is no trace at all" (a config JSON next to the traces), as opposed
-#: to a damaged trace: discovered files with one of them are skipped with a warning.
-NOT_A_TRACE = ("not a Chrome/Kineto trace", "not an Nsight Systems export")
+def _with_kernel_collectives(parts: list[schema.TraceTables]) -> dict[str, pl.DataFrame]:
+    """The parts' tables concatenated, with the EP / custom all-reduce kernel collectives
+    (:func:`ep_trace.parsers.kernel_collectives.with_kernel_collectives`, per rank: ids are per rank).
+
+    One call on the batch when each part is one rank of its own (it is keyed by rank), then each
+    part's new calls moved back behind its own calls: the rows of a call per part, in part order.
+    """
+    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
+
+    ranks = [int(t.ranks["rank"][0]) if t.ranks.height == 1 else None for t in parts]
+    if len(parts) < 2 or None in ranks or len(set(ranks)) != len(ranks):
+        return _concat([with_kernel_collectives(t) for t in parts])
+    cat = _concat(parts)
+    n_before = cat["collectives"].height
+    done = with_kernel_collectives(schema.TraceTables(**cat, load_report=()))  # type: ignore[arg-type]
+    cat["events"] = done.events
+    colls = done.collectives
+    if colls.height > n_before:  # new rows were appended after all parts' rows: back to their part
+        order = {r: i for i, r in enumerate(ranks)}
+        part = pl.col("rank").replace_strict(order, return_dtype=pl.Int64)
+        colls = colls.with_row_index("_row").sort(part, "_row").drop("_row")
+    cat["collectives"] = colls
+    return cat
 
 
 def decode_batch(spec: BatchSpec) -> BatchResult:
     """Run one batch (in any process): see the module doc. Never raises for bad input."""
-    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
     from ep_trace.parsers.routing_splits import routing_from_splits
 
     files: list[FileResult] = []
     parts: list[schema.TraceTables] = []
     sc_issues: list[schema.LoadIssue] = []
     used: list[int] = []
-    for p, fmt in spec.files:
+    ahead = _kineto_ahead(spec)
+    for i, (p, fmt) in enumerate(spec.files):
         try:
-            tabs, res, scs = _read_file(Path(p), fmt, spec)
+            got = ahead.pop(i, None)
+            if isinstance(got, EpTraceError):
+                raise got
+            tabs, res, scs = _read_file(Path(p), fmt, spec, got)
         except TraceFormatError as exc:
             args = (exc.path, exc.problem, exc.fix, exc.record)
             files.append(FileResult(p, error_args=args, error_cls=type(exc)))
@@ -283,8 +307,7 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
             files.append(FileResult(p, error=exc))
         else:
             files.append(res)
-            # EP / custom all-reduce kernels become collectives per rank file (ids are per rank)
-            parts.extend(with_kernel_collectives(t) for t in tabs)
+            parts.extend(tabs)
             for r, issue in scs:
                 used.append(r)
                 if issue is not None:
@@ -295,7 +318,7 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
     issues = [i for t in parts for i in t.load_report]
     if not parts:
         return BatchResult(spec.index, files, issues, sc_issues, used, None, None, {})
-    cat = _concat(parts)
+    cat = _with_kernel_collectives(parts)
     del parts
     splits = None
     if cat["routing_matrix"].height == 0:  # else some rank has a sidecar and splits are not used
@@ -360,10 +383,18 @@ def plan_batches(
     return batches
 
 
+#: Fixed CPU seconds per rank file once its batch is read in one plan (:mod:`ep_trace.parsers.kineto_batch`);
+#: was 0.035 when every file ran its own ~200 small queries (benchmarks/README.md, rank scaling).
+FILE_CPU_S = 0.005
+#: Bytes of JSON read per CPU second (decode + tables), measured on the project machine.
+JSON_BYTES_PER_CPU_S = 70e6
+
+
 def estimated_cpu_s(inputs: list[tuple[Path, str]]) -> float:
-    """Rough decode CPU time of the inputs: 35 ms per file plus 70 MB of JSON per second (measured
-    on the project machine, see benchmarks/README.md); used to decide whether a pool pays."""
-    return sum(0.035 + _json_bytes(p) / 70e6 for p, _ in inputs)
+    """Rough read CPU time of the inputs: :data:`FILE_CPU_S` per file plus
+    :data:`JSON_BYTES_PER_CPU_S` (param DLRM ranks, 0.92 MB: 15 ms estimated, 15.7 ms measured);
+    used to decide whether a pool pays."""
+    return sum(FILE_CPU_S + _json_bytes(p) / JSON_BYTES_PER_CPU_S for p, _ in inputs)
 
 
 def run_batches(

@@ -55,13 +55,17 @@ from ep_trace.parsers.input_guard import (
     check_input_path,
     check_string_table,
     check_strings,
+    guarded,
     inflate_limit,
     os_error,
+    rank_for,
     text_series,
     unexpected_error,
 )
 
 __all__ = [
+    "guarded",
+    "rank_for",
     "MAX_SPAN_NS",
     "MAX_RANK_SKEW_NS",
     "MAX_WORLD_SIZE",
@@ -82,6 +86,8 @@ __all__ = [
     "check_tables",
     "drop_duplicate_events",
     "drop_duplicate_rows",
+    "duplicate_issue",
+    "first_copies",
     "check_sidecar_identity",
     "check_job_clocks",
     "validate_file",
@@ -116,8 +122,9 @@ def _first_bad(df: pl.DataFrame, bad: pl.Expr) -> int | None:
     return int(idx[0]) if idx[1] else None
 
 
-def check_times(path: str | Path, df: pl.DataFrame, table: str) -> None:
-    """``start_ns`` / ``end_ns`` of one file: inside ``±TIME_LIMIT_NS`` and spanning <= ``MAX_SPAN_NS``.
+def check_times(path: str | Path, df: pl.DataFrame, table: str, span: bool = True) -> None:
+    """``start_ns`` / ``end_ns`` of one file: inside ``±TIME_LIMIT_NS`` and spanning <= ``MAX_SPAN_NS``
+    (``span=False``: the range only, for the union of several files whose spans are checked apart).
 
     Raises:
         TraceFormatError: naming the event farthest outside the file's own window.
@@ -141,7 +148,7 @@ def check_times(path: str | Path, df: pl.DataFrame, table: str) -> None:
             "the timestamps or baseTimeNanoseconds are corrupt; re-export the trace",
             record=_record(df, table, i),
         )
-    if stats["hi"] - stats["lo"] <= MAX_SPAN_NS:
+    if not span or stats["hi"] - stats["lo"] <= MAX_SPAN_NS:
         return
     mid = int(stats["mid"])
     far = pl.max_horizontal((s - mid).abs(), (e - mid).abs())
@@ -166,13 +173,14 @@ def _list_bad(col: str, lo: int | None, hi: int | None) -> pl.Expr:
     return pl.any_horizontal(conds).fill_null(False)
 
 
-def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None = None) -> None:
+def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None = None, span: bool = True) -> None:
     """Range checks of every table of one file (or one rank after its sidecar merge).
 
     Args:
         path: File named in the error.
         t: The tables.
         world_size: World size to check ranks against; default the tables' own ``ranks.world_size``.
+        span: Check the events' span (:func:`check_times`); False for several files at once.
 
     Raises:
         TraceFormatError: the first offending record.
@@ -199,7 +207,7 @@ def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None
                 "the rank metadata is corrupt or from another job; pass rank_map to set the rank",
                 record=f"ranks[{bad}]",
             )
-    check_times(path, t.events, "events")
+    check_times(path, t.events, "events", span)
     check_strings(path, t.events, "events", ("name", "category", "domain"))
     check_strings(path, t.ranks, "ranks", ("host", "device", "backend", "job_id"))
     checks: list[tuple[str, pl.DataFrame, pl.Expr, str]] = [
@@ -243,7 +251,7 @@ def check_tables(path: str | Path, t: schema.TraceTables, world_size: int | None
 RAW_DUPLICATE_KEY = ("category", "name", "pid_raw", "tid_raw", "start_ns", "end_ns", "correlation", "external_id")
 
 
-def _first_copies(ev: pl.DataFrame, key: list[str]) -> pl.Series:
+def first_copies(ev: pl.DataFrame, key: list[str]) -> pl.Series:
     """Boolean mask: True for the first row of every group equal in ``key`` (the rows to keep).
 
     Two passes: numeric key columns only first (cheap hashing: ~50 ms per 700k events), then the
@@ -273,18 +281,22 @@ def drop_duplicate_rows(
     """
     if ev.height < 2:
         return ev, None
-    first = _first_copies(ev, list(key))
+    first = first_copies(ev, list(key))
     n_dup = int(first.len() - first.sum())
     if n_dup == 0:
         return ev, None
-    issue = schema.LoadIssue(
+    return ev.filter(first), duplicate_issue(path, rank, n_dup)
+
+
+def duplicate_issue(path: str | Path, rank: int | None, n_dup: int) -> schema.LoadIssue:
+    """The load-report line of ``n_dup`` duplicate events dropped from one file."""
+    return schema.LoadIssue(
         str(path),
         rank,
         "warning",
         f"{n_dup} duplicate events (same rank, name, stream, start and end) dropped; "
         "their time would have been counted twice",
     )
-    return ev.filter(first), issue
 
 
 def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.TraceTables:
@@ -304,7 +316,7 @@ def drop_duplicate_events(t: schema.TraceTables, path: str | Path) -> schema.Tra
     # µs timestamp in 2022-2023 traces (cudaPeekAtLastError pairs in hta_trace_diff) yet are distinct
     # records with their own ids; a copied record repeats its ids too.
     key = ["rank", "kind", "name", "pid", "tid", "stream", "start_ns", "end_ns", "correlation", "external_id"]
-    first = _first_copies(ev, key)
+    first = first_copies(ev, key)
     n_dup = int(first.len() - first.sum())
     if n_dup == 0:
         return t

@@ -12,6 +12,33 @@ EXTERNAL = SHARED / "external"
 SAMPLES = ROOT / "sample_traces"
 
 
+_SESSION_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A session ingest cache in a temporary directory, for what runs outside a test's own fixture
+    (module- and session-scoped fixtures that run ``ep-trace analyze``): nothing in ~/.cache."""
+    import os
+    import tempfile
+
+    _SESSION_CACHE.append(tempfile.mkdtemp(prefix="ep-trace-cache-"))
+    os.environ["EP_TRACE_CACHE_DIR"] = _SESSION_CACHE[-1]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for d in _SESSION_CACHE:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _own_ingest_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own, empty ingest cache (``ep-trace analyze`` caches parsed tables by default):
+    no test reads tables another one cached, none writes into ~/.cache."""
+    monkeypatch.setenv("EP_TRACE_CACHE_DIR", str(tmp_path_factory.mktemp("ep-trace-cache")))
+
+
 @pytest.fixture(scope="session")
 def external_dir() -> Path:
     """``../shared/external`` (CI has ../shared beside the checkout)."""

@@ -133,6 +133,11 @@ def analyze_cmd(
     address: Optional[str] = typer.Option(
         None, "--address", help="Ray cluster address for --engine ray (default: RAY_ADDRESS or a new local Ray)."
     ),
+    cache: bool = typer.Option(
+        True,
+        "--cache/--no-cache",
+        help="Reuse the parsed tables of an unchanged trace directory ($EP_TRACE_CACHE_DIR or ~/.cache/ep-trace); --no-cache always parses and writes no cache.",
+    ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
     record: Optional[Path] = typer.Option(
         None, "--record", help="Also write the run record (docs/run_record.md) as YAML here."
@@ -181,6 +186,7 @@ def analyze_cmd(
             rank_map=parse_rank_map(rank_map),
             jobs=jobs,
             executor=executor,
+            cache=cache,
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

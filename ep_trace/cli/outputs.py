@@ -250,8 +250,11 @@ def build_report(
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
     executor: Executor | None = None,
+    cache: bool = False,
 ) -> Analysis:
-    """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis."""
+    """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis.
+
+    ``cache``: reuse / write the Parquet cache of each trace directory (``ep_trace.load(cache=True)``)."""
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
@@ -261,7 +264,15 @@ def build_report(
         if Path(json_path).resolve() == Path(out_html).resolve():
             raise OutputError(f"--json {json_path}: same file as -o; pass two different paths")
     analysis = load(
-        dirs, config, format=fmt, on_error=on_error, progress=progress, rank_map=rank_map, jobs=jobs, executor=executor
+        dirs,
+        config,
+        format=fmt,
+        on_error=on_error,
+        progress=progress,
+        rank_map=rank_map,
+        jobs=jobs,
+        executor=executor,
+        cache=cache,
     )
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
     return analysis

@@ -245,3 +245,29 @@ def test_build_report_reports_progress(tmp_path, samples_dir):
     stages = list(dict.fromkeys(s for s, _, _ in seen))
     assert stages[0] == "read" and stages[-1] == "render"
     assert ("read", 4, 4) in seen and seen[-1] == ("render", 9, 9)
+
+
+def test_analyze_reuses_the_ingest_cache_and_accepts_an_ingest_directory(capsys, tmp_path, samples_dir, monkeypatch):
+    # a second analyze of an unchanged directory reads the cached tables (no parsing), with the same
+    # summary; --no-cache parses; an `ep-trace ingest` output directory is analysed as it is
+    from ep_trace.parsers import dispatch
+
+    src = samples_dir / "balanced"
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EP_TRACE_CACHE_DIR", str(cache))
+    first, again = tmp_path / "a.json", tmp_path / "b.json"
+    assert _run(capsys, "analyze", str(src), "-o", str(tmp_path / "a.html"), "--json", str(first), "-q")[0] == 0
+    assert len(list(cache.iterdir())) == 1
+    real = dispatch.read_batches
+    monkeypatch.setattr(dispatch, "read_batches", lambda *a, **k: pytest.fail("parsed although cached"))
+    assert _run(capsys, "analyze", str(src), "-o", str(tmp_path / "b.html"), "--json", str(again), "-q")[0] == 0
+    assert orjson.loads(again.read_bytes()) == orjson.loads(first.read_bytes())
+    with pytest.raises(pytest.fail.Exception, match="parsed although cached"):
+        main(["analyze", str(src), "-o", str(tmp_path / "c.html"), "-q", "--no-cache"])
+    monkeypatch.setattr(dispatch, "read_batches", real)
+    tables = tmp_path / "tables"
+    assert _run(capsys, "ingest", str(src), "-o", str(tables))[0] == 0
+    monkeypatch.setattr(dispatch, "read_batches", lambda *a, **k: pytest.fail("parsed an ingest directory"))
+    third = tmp_path / "c.json"
+    assert _run(capsys, "analyze", str(tables), "-o", str(tmp_path / "d.html"), "--json", str(third), "-q")[0] == 0
+    assert orjson.loads(third.read_bytes())["ranks"] == orjson.loads(first.read_bytes())["ranks"]

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
-from ep_trace.parsers.kineto import _concat_columns, _sort_columns
+from ep_trace.parsers.kineto import _concat_columns
+from ep_trace.parsers.kineto_batch import _sort_columns
 
 
 def _frame(n: int, seed: int) -> pl.DataFrame:

@@ -41,10 +41,15 @@ def dlrm_bad(dlrm, tmp_path) -> Path:
 
 
 def test_choose_workers_only_when_a_pool_pays(monkeypatch):
+    monkeypatch.delattr(engines.os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(engines.os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # only this process runs
     monkeypatch.setattr(engines.os, "cpu_count", lambda: 2)
     assert engines.choose_workers(8, 0.5, 8) == 1  # 8 small files: a worker's start-up costs more
     assert engines.choose_workers(8, 2.9, 8) == 1  # 2 CPUs: 1.5 + 2.9 / 2 = 2.95 > 2.9
     assert engines.choose_workers(2, 3.1, 8) == 2
+    monkeypatch.setattr(engines.os, "getloadavg", lambda: (2.2, 1.0, 1.0))  # another job holds a CPU
+    assert engines.choose_workers(2, 60.0, 8) == 1
+    monkeypatch.setattr(engines.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
     monkeypatch.setattr(engines.os, "cpu_count", lambda: 16)
     assert engines.choose_workers(8, 2.9, 8) == 8  # 1.5 + 2.9 / 8 < 2.9
     assert engines.choose_workers(4, 60.0, 3) == 3  # never more workers than batches
