@@ -73,6 +73,10 @@ def _ev(i: int, **over):
         {"name": 12, "cat": "kernel"},
         {"name": 1.5e3},  # printed differently by polars -> orjson path
         {"ts": 4458676522690.655, "dur": 156.777},
+        {"ts": True},  # read as 1.0 by polars: found from the 0 / 1 values -> orjson path -> error
+        {"dur": False},
+        {"ts": 0, "dur": 1},  # real 0 / 1 values: same columns
+        {"ts": 1, "args": {"flag": True, "ts": False}},  # a bool under args is no time
         {"ts": 1694128201435418, "dur": 52},
         {"args": {"correlation": True}},
         {"args": {}},
@@ -112,6 +116,21 @@ def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
         assert str(ei.value) == str(exc)
         return
     _same_decode(p)
+
+
+@pytest.mark.parametrize("n", [10, 400])  # few 0 / 1 times: their events are searched; many: the slice
+@pytest.mark.parametrize("indent", [None, 1])  # "}, {" and "},\n {" event boundaries
+def test_boolean_time_among_unit_durations_gives_the_orjson_error(tmp_path, n, indent):
+    events = [_ev(i, dur=1) for i in range(n)]
+    events[n - 3]["ts"] = True
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}, indent=indent))
+    with pytest.raises(TraceFormatError) as want:
+        kineto._decode(p, columnar=False)
+    with pytest.raises(TraceFormatError) as got:
+        kineto._decode(p, columnar=True)
+    assert str(got.value) == str(want.value)
+    assert f"traceEvents[{n - 3}]: ts has an unusable value 'True'" in str(got.value)
 
 
 def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
