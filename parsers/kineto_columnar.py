@@ -88,8 +88,9 @@ def _track(col: pl.Series, ints: pl.Series) -> pl.Series:
 
 
 def _not_int(e: pl.Expr) -> pl.Expr:
-    """Any float64 value that is not an int exactly representable (fraction, or beyond 2^53)."""
-    return ((e != e.round(0)) | (e.abs() >= 2.0**53)).fill_null(False).any()
+    """Any float64 value that is not an int exactly representable (fraction, or beyond 2^53); null
+    when the column is all null. Two reductions, not an OR of two full masks."""
+    return (e != e.round(0)).any() | (e.abs().max() >= 2.0**53)
 
 
 def _cuts(text: bytes) -> np.ndarray | list[int]:
@@ -192,8 +193,14 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
     checks = [
         (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
         pl.any_horizontal(
-            _not_int(args.field("correlation")), _not_int(args.field("External id")), _not_int(nbytes)
-        ).alias("ints"),
+            # bytes of every X row, not only the memcpy / memset rows that use it: stricter, so
+            # still exact (a fraction anywhere sends the slice to orjson), and no mask to build
+            _not_int(args.field("correlation")),
+            _not_int(args.field("External id")),
+            _not_int(args.field("bytes")),
+        )
+        .fill_null(False)
+        .alias("ints"),
         pl.col("row").filter(zero_one).implode().alias("zero_one"),
     ]
     return cols, checks
