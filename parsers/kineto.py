@@ -95,6 +95,7 @@ _KNOWN_OTHER = frozenset(
     }
 )
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
+_KIND_DTYPE = pl.Enum(schema.EVENT_KINDS)
 
 #: Names whose ``args`` are kept (for the collective builder); all other args are dropped per chunk.
 ARG_KEEP_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
@@ -305,7 +306,9 @@ def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
     ProcessGroupGloo runs the transfer on its own worker threads (torch 2.x, verified 2.13 and the
     2024 ``rank-34`` trace); the caller thread holds ``ProfilerStep#`` / ``c10d::*`` ops instead.
     """
-    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=pl.Utf8)
+    # the schema's Enum from the start (1 byte per row): conform then has no string cast and no
+    # check to run, and the link / collective filters compare bytes, not strings
+    kind = pl.col("category").replace_strict(_KIND_OF_CAT, default="other", return_dtype=_KIND_DTYPE)
     gloo = ev.select("pid", "tid", "category", "name").filter(
         (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:")
     )
@@ -328,7 +331,7 @@ def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
     is_worker = (
         (pl.col("category") == "user_annotation") & pl.col("name").str.starts_with("gloo:") & on_caller.is_null()
     )
-    return pl.when(is_worker).then(pl.lit("comm_worker")).otherwise(kind).alias("kind")
+    return pl.when(is_worker).then(pl.lit("comm_worker", dtype=_KIND_DTYPE)).otherwise(kind).alias("kind")
 
 
 def _default_pg(info: dict[str, Any]) -> tuple[int | None, tuple[int, ...] | None] | None:
