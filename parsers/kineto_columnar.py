@@ -10,10 +10,17 @@ calling thread). Only the few events whose whole ``args`` the collective builder
 by orjson, from their own text.
 
 The result must equal the orjson path's bit for bit, so polars' lenient coercions are checked, and
-any slice where they could differ is handed to the orjson path (same slice, same result or error):
+any slice where they could differ is handed to the orjson path (same slice, same result or error).
+The checks are polars reductions over the slice's X rows (one select, expressions built once per
+process) plus two byte scans (``bytes.count``, and a numpy search of the newlines when some
+event's text is needed); none is a regex over the whole slice text, which cost a third of the
+reader's own time:
 
 * ids / bytes are read as float64: a quoted value is a reader error, a fraction or a value beyond
-  2^53 (an error or another value there) falls back;
+  2^53 (an error or another value there) falls back (``bytes`` checked on every X row);
+* ts / dur are read as float64, and the reader reads ``true`` / ``false`` as 1.0 / 0.0 where the
+  orjson path names the event: the text of the X events whose ts or dur read as 0.0 or 1.0 is
+  searched for a boolean time (the whole slice when there are many such events);
 * pid / tid are read as text: ints and non-numeric labels convert as there; float-looking or bool
   values (whose meaning depends on the other values of the orjson slice) fall back;
 * ``cat`` / ``name`` numbers print differently (``1e3``): numeric-looking float text falls back;
