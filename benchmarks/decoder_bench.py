@@ -9,6 +9,9 @@ so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-s
 * ``ep-trace-warm`` -- the same, timed on a second read of the file in the same process: the
   steady state of a directory of big ranks (the first read also pays one-off costs: the heap's
   first growth, polars' and the allocator's first use);
+* ``polars-read``   -- only the reader ep-trace's decode is built on: ``pl.read_json`` with its
+  schema over the file's ~2 MB ``traceEvents`` slices (``kineto_columnar._read``), no checks, no
+  tables: the floor of ep-trace's own decode;
 * ``orjson``        -- ``orjson.loads`` of the whole text (Python objects, nothing else);
 * ``msgspec``       -- ``msgspec.json.decode`` untyped (Python objects);
 * ``msgspec-typed`` -- ``msgspec.json.decode`` into typed ``Struct`` s of the 8 fields the parser uses;
@@ -41,6 +44,12 @@ if mode in ("ep-trace", "ep-trace-warm"):
     if mode == "ep-trace-warm":
         read_kineto_file(path)
     t = time.process_time(); read_kineto_file(path); dt = time.process_time() - t
+elif mode == "polars-read":
+    from ep_trace.parsers import kineto_columnar, kineto_stream
+    t = time.process_time()
+    for text in kineto_stream.stream_slices(Path(path), {}):
+        kineto_columnar._read(text)
+    dt = time.process_time() - t
 elif mode == "orjson":
     import orjson
     t = time.process_time(); orjson.loads(raw); dt = time.process_time() - t
@@ -74,7 +83,7 @@ elif mode == "simdjson":
 print(dt)
 """
 
-MODES = ("orjson", "ep-trace", "ep-trace-warm", "msgspec", "msgspec-typed", "simdjson")
+MODES = ("orjson", "ep-trace", "ep-trace-warm", "polars-read", "msgspec", "msgspec-typed", "simdjson")
 
 
 def main(argv: list[str] | None = None) -> None:
