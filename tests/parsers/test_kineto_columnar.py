@@ -120,9 +120,12 @@ def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
 
 @pytest.mark.parametrize("n", [10, 400])  # few 0 / 1 times: their events are searched; many: the slice
 @pytest.mark.parametrize("indent", [None, 1])  # "}, {" and "},\n {" event boundaries
-def test_boolean_time_among_unit_durations_gives_the_orjson_error(tmp_path, n, indent):
+@pytest.mark.parametrize("odd_name", [False, True])  # a boundary inside a string: the slice is searched
+def test_boolean_time_among_unit_durations_gives_the_orjson_error(tmp_path, n, indent, odd_name):
     events = [_ev(i, dur=1) for i in range(n)]
     events[n - 3]["ts"] = True
+    if odd_name:
+        events[1]["name"] = 'a}, {"b'  # json.dumps writes the event boundary of indent=None
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": events}, indent=indent))
     with pytest.raises(TraceFormatError) as want:
