@@ -18,6 +18,9 @@ so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-s
 * ``simdjson``      -- ``simdjson.Parser().parse`` (pysimdjson; the parse to its tape only, lazy
   objects: the tokenizer limit, no Python object per event).
 
+The msgspec and simdjson contenders are not ep-trace dependencies: ``pip install msgspec pysimdjson``
+(measured with msgspec 0.22.0, pysimdjson 7.0.2) or leave them out with ``--modes``.
+
 Usage::
 
     python benchmarks/make_large_traces.py --source ../shared/external/kineto/hta_nccl_metadata \\
