@@ -5,12 +5,21 @@ times; the median CPU time (``time.process_time``: user + system of all threads 
 so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-second:
 
 * ``ep-trace``      -- ``ep_trace.parsers.kineto.read_kineto_file`` (all tables: events with links,
-  collectives, ranks; the whole ingest of one rank);
+  collectives, ranks; the whole ingest of one rank), the first file this process reads;
+* ``ep-trace-warm`` -- the same, timed on a second read of the file in the same process: the
+  steady state of a directory of big ranks (the first read also pays one-off costs: the heap's
+  first growth, polars' and the allocator's first use);
+* ``polars-read``   -- only the reader ep-trace's decode is built on: ``pl.read_json`` with its
+  schema over the file's ~2 MB ``traceEvents`` slices (``kineto_columnar._read``), no checks, no
+  tables: the floor of ep-trace's own decode;
 * ``orjson``        -- ``orjson.loads`` of the whole text (Python objects, nothing else);
 * ``msgspec``       -- ``msgspec.json.decode`` untyped (Python objects);
 * ``msgspec-typed`` -- ``msgspec.json.decode`` into typed ``Struct`` s of the 8 fields the parser uses;
 * ``simdjson``      -- ``simdjson.Parser().parse`` (pysimdjson; the parse to its tape only, lazy
   objects: the tokenizer limit, no Python object per event).
+
+The msgspec and simdjson contenders are not ep-trace dependencies: ``pip install msgspec pysimdjson``
+(measured with msgspec 0.22.0, pysimdjson 7.0.2) or leave them out with ``--modes``.
 
 Usage::
 
@@ -33,9 +42,17 @@ import sys, time
 mode, path = sys.argv[1], sys.argv[2]
 from pathlib import Path
 raw = Path(path).read_bytes()
-if mode == "ep-trace":
+if mode in ("ep-trace", "ep-trace-warm"):
     from ep_trace.parsers.kineto import read_kineto_file
+    if mode == "ep-trace-warm":
+        read_kineto_file(path)
     t = time.process_time(); read_kineto_file(path); dt = time.process_time() - t
+elif mode == "polars-read":
+    from ep_trace.parsers import kineto_columnar, kineto_stream
+    t = time.process_time()
+    for text in kineto_stream.stream_slices(Path(path), {}):
+        kineto_columnar._read(text)
+    dt = time.process_time() - t
 elif mode == "orjson":
     import orjson
     t = time.process_time(); orjson.loads(raw); dt = time.process_time() - t
@@ -69,7 +86,7 @@ elif mode == "simdjson":
 print(dt)
 """
 
-MODES = ("orjson", "ep-trace", "msgspec", "msgspec-typed", "simdjson")
+MODES = ("orjson", "ep-trace", "ep-trace-warm", "polars-read", "msgspec", "msgspec-typed", "simdjson")
 
 
 def main(argv: list[str] | None = None) -> None:

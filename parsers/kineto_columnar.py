@@ -10,10 +10,17 @@ calling thread). Only the few events whose whole ``args`` the collective builder
 by orjson, from their own text.
 
 The result must equal the orjson path's bit for bit, so polars' lenient coercions are checked, and
-any slice where they could differ is handed to the orjson path (same slice, same result or error):
+any slice where they could differ is handed to the orjson path (same slice, same result or error).
+The checks are polars reductions over the slice's X rows (one select, expressions built once per
+process) plus two byte scans (``bytes.count``, and a numpy search of the newlines when some
+event's text is needed); none is a regex over the whole slice text, which cost a third of the
+reader's own time:
 
 * ids / bytes are read as float64: a quoted value is a reader error, a fraction or a value beyond
-  2^53 (an error or another value there) falls back;
+  2^53 (an error or another value there) falls back (``bytes`` checked on every X row);
+* ts / dur are read as float64, and the reader reads ``true`` / ``false`` as 1.0 / 0.0 where the
+  orjson path names the event: the text of the X events whose ts or dur read as 0.0 or 1.0 is
+  searched for a boolean time (the whole slice when there are many such events);
 * pid / tid are read as text: ints and non-numeric labels convert as there; float-looking or bool
   values (whose meaning depends on the other values of the orjson slice) fall back;
 * ``cat`` / ``name`` numbers print differently (``1e3``): numeric-looking float text falls back;
@@ -31,7 +38,6 @@ pid / tid reads as that int here but is an error / null there; a quoted negative
 from __future__ import annotations
 
 import functools
-import operator
 import re
 from collections import deque
 from collections.abc import Callable
@@ -89,8 +95,9 @@ def _track(col: pl.Series, ints: pl.Series) -> pl.Series:
 
 
 def _not_int(e: pl.Expr) -> pl.Expr:
-    """Any float64 value that is not an int exactly representable (fraction, or beyond 2^53)."""
-    return ((e != e.round(0)) | (e.abs() >= 2.0**53)).fill_null(False).any()
+    """Any float64 value that is not an int exactly representable (fraction, or beyond 2^53); null
+    when the column is all null. Two reductions, not an OR of two full masks."""
+    return (e != e.round(0)).any() | (e.abs().max() >= 2.0**53)
 
 
 def _cuts(text: bytes) -> np.ndarray | list[int]:
@@ -116,9 +123,9 @@ def _cuts(text: bytes) -> np.ndarray | list[int]:
     return nl[ok] - j
 
 
-def _event_texts(text: bytes, rows: list[int], n: int) -> list[bytes]:
-    """The JSON text of events ``rows`` (ascending) of a slice holding ``n`` events."""
-    cuts = _cuts(text)
+def _event_texts(text: bytes, rows: list[int], n: int, cuts: np.ndarray | list[int]) -> list[bytes]:
+    """The JSON text of events ``rows`` (ascending) of a slice holding ``n`` events (``cuts``: its
+    :func:`_cuts`)."""
     if len(cuts) != n - 1:
         raise _Surprise("boundary inside a string")
     ends = [int(cuts[r]) + 1 if r < n - 1 else len(text) - 1 for r in rows]  # the "]" closes the slice
@@ -140,11 +147,70 @@ def _read(text: bytes) -> pl.DataFrame:
     if b"\n" not in sep:
         return pl.read_json(text, schema=_SCHEMA)
     parts, start = [], 1  # after the "["
-    while (cut := text.find(sep, start + size)) >= 0:
-        parts.append(pl.read_json(b"[" + text[start : cut + 1] + b"]", schema=_SCHEMA))
-        start = cut + len(sep) - 1  # the "{" of the next event
-    parts.append(pl.read_json(b"[" + text[start:], schema=_SCHEMA))  # the slice's own "]" closes it
+    with memoryview(text) as view:  # one copy per piece (``b"[" + text[a:b] + b"]"`` made three)
+        while (cut := text.find(sep, start + size)) >= 0:
+            parts.append(pl.read_json(b"".join((b"[", view[start : cut + 1], b"]")), schema=_SCHEMA))
+            start = cut + len(sep) - 1  # the "{" of the next event
+        parts.append(pl.read_json(b"".join((b"[", view[start:])), schema=_SCHEMA))  # the slice's "]" closes it
     return pl.concat(parts)
+
+
+def _bool_time(text: bytes, rows: list[int], texts: Callable[[list[int]], list[bytes]]) -> bool:
+    """Whether one of events ``rows`` (X events whose ts or dur read as 0.0 or 1.0) holds a boolean
+    ``ts`` / ``dur``, which the JSON reader reads as 1.0 / 0.0 and the orjson path refuses.
+
+    Only those events' text is searched: a regex scan of the whole slice stops at every ``"``
+    (0.06 CPU-s per 50 MB, a third of the reader's own time). Many such rows (int traces where
+    1 µs durations are common) search the whole slice, as does a boundary that cannot be trusted.
+    ``texts``: the event texts of rows (:func:`_event_texts`)."""
+    if len(rows) > 256:
+        return _BOOL_TIME.search(text) is not None
+    try:
+        return any(_BOOL_TIME.search(t) for t in texts(rows))
+    except _Surprise:
+        return _BOOL_TIME.search(text) is not None
+
+
+@functools.lru_cache(maxsize=8)
+def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]]:
+    """The column and check expressions of :func:`_slice_frame`, built once (building them per slice
+    cost ~0.5 ms of Python each time)."""
+    cat, name, args = pl.col("cat"), pl.col("name"), pl.col("args").struct
+    mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
+    nbytes = pl.when(mem).then(args.field("bytes"))
+    # one anchored regex (a literal-prefix set) instead of an OR of starts_with per prefix
+    marks = name.str.contains("^(?:" + "|".join(re.escape(p) for p in keep_prefixes) + ")").fill_null(False)
+    kern = ((cat == "kernel") & args.field("Collective name").is_not_null()).fill_null(False)
+    ts, dur = pl.col("ts"), pl.col("dur")
+    zero_one = ((ts == 0.0) | (ts == 1.0) | (dur == 0.0) | (dur == 1.0)).fill_null(False)  # maybe a bool
+    cols = [
+        pl.col("row").cast(pl.Int64).alias("event_id"),
+        cat.alias("category"),
+        name,
+        pl.col("pid").cast(pl.Int64, strict=False).alias("pid_raw"),
+        pl.col("tid").cast(pl.Int64, strict=False).alias("tid_raw"),
+        ts,
+        dur,
+        args.field("correlation").cast(pl.Int64, strict=False).alias("correlation"),
+        args.field("External id").cast(pl.Int64, strict=False).alias("external_id"),
+        nbytes.cast(pl.Int64, strict=False).alias("bytes"),
+        marks.alias("_mark"),
+        (marks | kern).alias("_cand"),
+    ]
+    checks = [
+        (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
+        pl.any_horizontal(
+            # bytes of every X row, not only the memcpy / memset rows that use it: stricter, so
+            # still exact (a fraction anywhere sends the slice to orjson), and no mask to build
+            _not_int(args.field("correlation")),
+            _not_int(args.field("External id")),
+            _not_int(args.field("bytes")),
+        )
+        .fill_null(False)
+        .alias("ints"),
+        pl.col("row").filter(zero_one).implode().alias("zero_one"),
+    ]
+    return cols, checks
 
 
 def _slice_frame(
@@ -152,71 +218,50 @@ def _slice_frame(
 ) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
-    One polars collect per slice for the checks and the columns."""
-    if (b"true" in text or b"false" in text) and _BOOL_TIME.search(text):
-        # the JSON reader reads a boolean ts / dur as 1.0 / 0.0; the orjson path names the event
-        raise _Surprise("boolean ts or dur")
+    Eager polars on the filtered X rows: one select for the columns, one for the checks (a lazy
+    ``collect_all`` of the same queries cost 30% more in plan building and dispatch)."""
     try:
         df = _read(text)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
         raise _Surprise(str(exc)[:80]) from None
     n = df.height
-    coll = pl.col("args").struct.field("Collective name")
-    lf = df.lazy().with_row_index("row")
-    x = lf.filter(pl.col("ph") == "X")
-    cat, name, args = pl.col("cat"), pl.col("name"), pl.col("args").struct
-    mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
-    nbytes = pl.when(mem).then(args.field("bytes"))
-    pid, tid = pl.col("pid").cast(pl.Int64, strict=False), pl.col("tid").cast(pl.Int64, strict=False)
-    marks = functools.reduce(operator.or_, [name.str.starts_with(p) for p in keep_prefixes]).fill_null(False)
-    kern = ((cat == "kernel") & coll.is_not_null()).fill_null(False)
-    # one collect for the three queries (each collect costs ~0.5 ms of fixed overhead)
-    stats, checks, cols = pl.collect_all(
-        [
-            lf.select(coll.is_not_null().sum().alias("n_coll")),
-            x.select(
-                (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
-                pl.any_horizontal(
-                    _not_int(args.field("correlation")), _not_int(args.field("External id")), _not_int(nbytes)
-                ).alias("ints"),
-                (pid.is_null() & pl.col("pid").is_not_null()).any().alias("pid"),
-                (tid.is_null() & pl.col("tid").is_not_null()).any().alias("tid"),
-            ),
-            x.select(
-                (pl.col("row").cast(pl.Int64) + offset).alias("event_id"),
-                cat.alias("category"),
-                name,
-                pid.alias("pid_raw"),
-                tid.alias("tid_raw"),
-                "ts",
-                "dur",
-                args.field("correlation").cast(pl.Int64, strict=False).alias("correlation"),
-                args.field("External id").cast(pl.Int64, strict=False).alias("external_id"),
-                nbytes.cast(pl.Int64, strict=False).alias("bytes"),
-                marks.alias("_mark"),
-                (marks | kern).alias("_cand"),
-                pl.col("pid").alias("_pid"),
-                pl.col("tid").alias("_tid"),
-            ),
-        ]
-    )
-    if stats.item() != text.count(b'"Collective name"'):
+    n_coll = n - df.get_column("args").struct.field("Collective name").null_count()
+    if n_coll != text.count(b'"Collective name"'):
         raise _Surprise("null or nested Collective name")
-    row = checks.row(0, named=True)
+    col_exprs, check_exprs = _exprs(keep_prefixes)
+    memo: list[np.ndarray | list[int]] = []  # the slice's event boundaries, found once if needed
+
+    def texts(rows: list[int]) -> list[bytes]:
+        if not memo:
+            memo.append(_cuts(text))
+        return _event_texts(text, rows, n, memo[0])
+
+    x = df.with_row_index("row").filter(pl.col("ph") == "X")
+    row = x.select(check_exprs).row(0, named=True)
     if row["text"] or row["ints"]:
         raise _Surprise("numeric text or non-int id")
-    # label strings ("Spans", "stream 7 ") among the ints: rare, per Series
-    track = {c: _track(cols[f"_{c}"], cols[f"{c}_raw"]) if row[c] else cols[f"{c}_raw"] for c in ("pid", "tid")}
-    frame = pl.DataFrame(
-        [track[c[:3]].alias(c) if c in ("pid_raw", "tid_raw") else cols.get_column(c) for c in _FRAME_COLS]
-    )
+    if row["zero_one"] and (b"true" in text or b"false" in text) and _bool_time(text, row["zero_one"], texts):
+        # the JSON reader reads a boolean ts / dur as 1.0 / 0.0; the orjson path names the event
+        raise _Surprise("boolean ts or dur")
+    cols = x.select(col_exprs)
+    if offset:
+        cols = cols.with_columns(pl.col("event_id") + offset)
+    frame = cols.select(_FRAME_COLS)
+    # label strings ("Spans", "stream 7 ") among the ints: the cast made them null (rare, per Series)
+    fixed = [
+        _track(x.get_column(c), frame.get_column(f"{c}_raw")).alias(f"{c}_raw")
+        for c in ("pid", "tid")
+        if frame.get_column(f"{c}_raw").null_count() != x.get_column(c).null_count()
+    ]
+    if fixed:
+        frame = frame.with_columns(fixed)
     cand_rows = cols.get_column("_cand").arg_true()
     kept: list[tuple[int, dict[str, Any]]] = []
     if cand_rows.len():
         cand = cols.select("event_id", "name", "_mark")[cand_rows]
         ids = cand["event_id"].to_list()
         try:
-            evs = [orjson.loads(t) for t in _event_texts(text, [i - offset for i in ids], n)]
+            evs = [orjson.loads(t) for t in texts([i - offset for i in ids])]
         except orjson.JSONDecodeError:
             raise kineto_stream.Fallback("kept event not decodable by orjson") from None  # e.g. > uint64
         if not all(isinstance(e, dict) for e in evs) or [e.get("name") for e in evs] != cand["name"].to_list():

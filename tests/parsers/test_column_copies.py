@@ -58,6 +58,14 @@ def test_sort_columns_golden() -> None:
     assert got.schema == df.schema
 
 
+def test_sort_columns_on_rows_in_event_id_order() -> None:
+    """The one-key path (rows already in event_id order): ties on start_ns in event_id order."""
+    df = pl.DataFrame({"start_ns": [7, 3, 7, 3, 1, 7], "event_id": [0, 1, 2, 5, 6, 9], "name": list("abcdef")})
+    got = _sort_columns([df], "start_ns", "event_id")
+    assert_frame_equal(got, df.sort("start_ns", "event_id"))
+    assert got["event_id"].to_list() == [6, 1, 5, 0, 2, 9]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rows=st.lists(

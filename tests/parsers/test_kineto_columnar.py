@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import kineto, kineto_columnar, kineto_json
@@ -73,6 +76,10 @@ def _ev(i: int, **over):
         {"name": 12, "cat": "kernel"},
         {"name": 1.5e3},  # printed differently by polars -> orjson path
         {"ts": 4458676522690.655, "dur": 156.777},
+        {"ts": True},  # read as 1.0 by polars: found from the 0 / 1 values -> orjson path -> error
+        {"dur": False},
+        {"ts": 0, "dur": 1},  # real 0 / 1 values: same columns
+        {"ts": 1, "args": {"flag": True, "ts": False}},  # a bool under args is no time
         {"ts": 1694128201435418, "dur": 52},
         {"args": {"correlation": True}},
         {"args": {}},
@@ -112,6 +119,24 @@ def test_columnar_equals_orjson_on_odd_events(tmp_path, odd):
         assert str(ei.value) == str(exc)
         return
     _same_decode(p)
+
+
+@pytest.mark.parametrize("n", [10, 400])  # few 0 / 1 times: their events are searched; many: the slice
+@pytest.mark.parametrize("indent", [None, 1])  # "}, {" and "},\n {" event boundaries
+@pytest.mark.parametrize("odd_name", [False, True])  # a boundary inside a string: the slice is searched
+def test_boolean_time_among_unit_durations_gives_the_orjson_error(tmp_path, n, indent, odd_name):
+    events = [_ev(i, dur=1) for i in range(n)]
+    events[n - 3]["ts"] = True
+    if odd_name:
+        events[1]["name"] = 'a}, {"b'  # json.dumps writes the event boundary of indent=None
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}, indent=indent))
+    with pytest.raises(TraceFormatError) as want:
+        kineto._decode(p, columnar=False)
+    with pytest.raises(TraceFormatError) as got:
+        kineto._decode(p, columnar=True)
+    assert str(got.value) == str(want.value)
+    assert f"traceEvents[{n - 3}]: ts has an unusable value 'True'" in str(got.value)
 
 
 def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
@@ -156,3 +181,93 @@ def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch)
     )
     assert len(used) == len(frames) >= 10 and fallback == []
     assert sum(f.height for f in frames) == 26933 and len(kept) == 111
+
+
+_FRACTION = st.integers(-(10**6), 10**6).map(lambda i: i + 0.25)  # (2.0 in an id: a known difference)
+_EVENT = st.fixed_dictionaries(
+    {
+        "ph": st.sampled_from(["X", "X", "X", "f", "M"]),
+        "cat": st.sampled_from(["kernel", "cpu_op", "gpu_memcpy", "gpu_memset", "cuda_runtime", "user_annotation"]),
+        "name": st.sampled_from(["aten::mm", "nccl:all_reduce", "record_param_comms", "ProfilerStep#1", "gloo:x"]),
+        "pid": st.integers(-(2**31), 2**31),
+        "tid": st.integers(-(2**31), 2**31),
+        "ts": st.one_of(st.integers(0, 2**53), st.floats(0, 1e12, allow_nan=False)),
+        "dur": st.one_of(st.integers(0, 10**6), st.floats(0, 1e6, allow_nan=False)),
+    },
+    optional={
+        "args": st.fixed_dictionaries(
+            {},
+            optional={
+                "correlation": st.integers(0, 2**53 - 1),
+                "External id": st.integers(0, 2**53 - 1),
+                "bytes": st.integers(0, 2**40),
+                "Collective name": st.sampled_from(["allreduce", "all_to_allv"]),
+                "flag": st.booleans(),
+            },
+        )
+    },
+)
+# odd values Kineto does not write, each either read identically or handed to the orjson path
+_ODD = st.one_of(
+    st.tuples(st.sampled_from(["ts", "dur"]), st.one_of(st.booleans(), st.none(), st.sampled_from([0, 1, 1.0, "5"]))),
+    st.tuples(
+        st.sampled_from(["pid", "tid"]),
+        # (a quoted negative number, "-5", is a known difference: see the module doc)
+        st.one_of(st.booleans(), _FRACTION, st.sampled_from(["Spans", "stream 7 ", "GPU 0", ""])),
+    ),
+    st.tuples(
+        st.sampled_from(["cat", "name"]),
+        st.one_of(st.integers(0, 99), st.just(1.5e3), st.none(), st.just('a}, {"b'), st.just("true")),
+    ),
+    st.tuples(
+        st.sampled_from(["correlation", "External id", "bytes", "Collective name"]),
+        st.one_of(st.none(), st.booleans(), st.just(2**60), st.sampled_from(["12", "x"])),
+    ),
+    st.tuples(st.sampled_from(["correlation", "External id", "bytes", "pid", "tid"]), _FRACTION),
+    st.just(("Collective name", None)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    events=st.lists(_EVENT, min_size=1, max_size=30),
+    odd=st.lists(st.tuples(st.integers(0, 29), _ODD), min_size=1, max_size=3),
+    indent=st.sampled_from([None, 1]),
+)
+def test_columnar_equals_orjson_on_random_events(tmp_path, events, odd, indent):
+    """Real-looking events with up to three odd values: the same frames and kept args, or the same
+    one-line error."""
+    for i, (field, value) in odd:
+        ev = events[i % len(events)]
+        if i % 2 == 0:  # (on a non-X event an odd value matters less: half the time, make it an X)
+            ev["ph"] = "X"
+            if field == "Collective name":  # a null one matters on a kernel (its args are kept)
+                ev["cat"] = "kernel"
+        if field in ("correlation", "External id", "bytes", "Collective name"):
+            ev.setdefault("args", {})[field] = value
+        else:
+            ev[field] = value
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"traceEvents": events, "baseTimeNanoseconds": 10}, indent=indent))
+    fast: list[bool] = []
+    real = kineto_columnar._work
+    # (patched per example: the function-scoped monkeypatch would stack a wrapper per example)
+    with (
+        mock.patch.object(kineto_json, "CHUNK_BYTES", 1 << 10),  # several slices per file
+        mock.patch.object(kineto_columnar, "_work", lambda *a: (r := real(*a), fast.append(r is not None))[0]),
+    ):
+        try:
+            want = kineto._decode(p, columnar=False)
+        except TraceFormatError as exc:
+            with pytest.raises(TraceFormatError) as got:
+                kineto._decode(p, columnar=True)
+            assert str(got.value) == str(exc)
+            event("same error")
+            return
+        h1, k1, f1 = kineto._decode(p, columnar=True)
+    event(f"same frames, {'some' if any(fast) else 'no'} slice read by polars")
+    h0, k0, f0 = want
+    assert h1 == h0 and list(k1.items()) == list(k0.items())
+    if f0 or f1:
+        a, b = pl.concat(f0), pl.concat(f1)
+        assert b.schema == a.schema and b.equals(a)
