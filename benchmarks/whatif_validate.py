@@ -42,6 +42,7 @@ PAIRS = {
     "straggler": (["--straggler", "1:30"], [], "no_straggler", None, 512, 2),
     "skew": (["--skew", "hot:1:0.45"], [], "balanced_routing", None, 2048, 2),
     "chunks": (["--chunks", "1"], ["--chunks", "4"], "chunked_pipeline", 4, 2048, 2),
+    "chunks8": (["--chunks", "1"], ["--chunks", "8"], "chunked_pipeline", 8, 2048, 2),
     "readme": (["--skew", "zipf:1.2", "--straggler", "2:30"], ["--skew", "zipf:1.2"], "no_straggler", None, 512, 4),
 }
 
