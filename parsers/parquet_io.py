@@ -53,6 +53,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import EpTraceError, OutputError
+from ep_trace.parsers import cache_evict
 from ep_trace.parsers.parquet_read import (
     _MANIFEST,
     _REPORT,
@@ -422,7 +423,9 @@ def load_trace_dir(
     path, size and mtime, so a changed, added or removed rank file is parsed again. On a miss the
     directory is read in memory as without a cache and the tables are then written to the entry
     (~0.4 CPU-s for 1,024 param DLRM ranks, 2.5 M events); on a hit they are read back (~0.3 CPU-s
-    there instead of ~17 s of parsing). An unwritable cache root only logs a warning.
+    there instead of ~17 s of parsing). An unwritable cache root only logs a warning. The cache is
+    capped (``EP_TRACE_CACHE_MAX_BYTES``, default 20 GiB; :mod:`ep_trace.parsers.cache_evict`): least
+    recently used entries go first.
 
     Args:
         path: Trace directory or file (an ingest output directory is read as it is).
@@ -446,6 +449,7 @@ def load_trace_dir(
     cached = _read_cached(entry, key)
     if cached is not None:
         log.info("%s: unchanged since it was cached; reading %s", path, entry)
+        cache_evict.touch(entry)
         return cached
     tables = read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     tmp: Path | None = None
@@ -457,6 +461,7 @@ def load_trace_dir(
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
+        cache_evict.evict(root, keep=entry)
     except OSError as exc:  # a read-only or full disk must not break analysis
         log.warning("could not write the ingest cache under %s: %s", root, exc)
         if tmp is not None:
