@@ -55,6 +55,9 @@ def test_insane_numbers_are_detected() -> None:
     wait = {"ranks": [{"rank": 1, "step_time_ns": 127_000_000, "barrier_wait_ns": 236_600_000}]}
     assert insane(wait) == "barrier_wait_ns=236600000 > step_time_ns=127000000 (rank 1)"
     assert insane({"overall": {"exposed_comm_ns": -7}}) == ".overall.exposed_comm_ns=-7 < 0"
+    # a what-if may be slower than the measured step; a finding never saves a negative time
+    assert insane({"whatif": [{"scenario": "chunked_pipeline", "saving_ns": -5, "predicted_step_ns": 9}]}) is None
+    assert insane({"findings": [{"est_saving_ns": -5}]}) == ".findings[0].est_saving_ns=-5 < 0"
     assert insane({"ranks": [{"overlap_efficiency": 1.5}]}) == ".ranks[0].overlap_efficiency=1.5 not in [0, 1]"
     assert insane({"x": float("nan")}) == ".x=nan"
 
