@@ -102,12 +102,16 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
     seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals
     ov = segment_lengths(seg, ["rank", "step"])
+    del ins, comm, comp  # filtered copies of the activity rows: free them before the next passes
     exposed_iv = subtract(act.filter(pl.col("cls") == "comm"), act.filter(pl.col("cls") == "compute"), ["rank"])
 
     say("stages", 2, total)
     stage_df, detection = _stages(ev, act, mode, windows, exposed_iv, config)
     if config.steps is not None:  # ranges outside the chosen steps are not part of the analysis
         stage_df = stage_df.filter(pl.col("step").is_not_null())
+    # the top CPU ops need only the events, steps and stages: computed while few other frames are
+    # alive, its transient join (~160 MB at 1,024 ranks) does not stack on the later ones
+    ops = top_ops(ev, windows, stage_df)
 
     say("matching", 3, total)
     world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)
@@ -237,7 +241,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     )
     hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
     model = whatif.model(g, rl, config.whatif_chunks, hiding, per_chunk_cost(ev, stage_df, mode))
-    overlap_rows = model.whatif.filter(pl.col("scenario").is_in(["full_overlap", "chunked_pipeline"])).height > 0
+    # only the model's small frames are kept: the graph's node and work tables are freed here
+    replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif
+    del model, g
+    overlap_rows = whatif_rows.filter(pl.col("scenario").is_in(["full_overlap", "chunked_pipeline"])).height > 0
     if overlap_rows and unknown_cores:
         notes.append(UNKNOWN_CORES_NOTE.format(ranks=_rank_list(unknown_cores)))
     short = sorted(r for r, h in hiding.items() if h < 1.0)
@@ -275,7 +282,6 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     )
     breakdown = step_breakdown(windows, act, wait_spans, stalls)
     kernels = top_kernels(act, stage_df)
-    ops = top_ops(ev, windows, stage_df)
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
     partial = Analysis(
         config=config,
@@ -303,9 +309,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         load_report=tables.load_report,
         notes=tuple(notes),
         misaligned=misaligned,
-        replay=model.replay,
-        critical_path=model.critical_path,
-        whatif=model.whatif,
+        replay=replayed,
+        critical_path=critical,
+        whatif=whatif_rows,
         breakdown=breakdown,
         top_kernels=kernels,
         top_ops=ops,
