@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ep_trace.parsers.input_guard import _env_int
+from ep_trace.parsers.input_guard import env_bytes
 
 __all__ = ["CACHE_MAX_BYTES", "cache_limit", "touch", "evict"]
 
@@ -29,7 +29,7 @@ _MANIFEST = "manifest.json"
 
 def cache_limit() -> int:
     """``EP_TRACE_CACHE_MAX_BYTES`` or :data:`CACHE_MAX_BYTES`."""
-    return _env_int("EP_TRACE_CACHE_MAX_BYTES", CACHE_MAX_BYTES)
+    return env_bytes("EP_TRACE_CACHE_MAX_BYTES", CACHE_MAX_BYTES)
 
 
 def touch(entry: Path) -> None:

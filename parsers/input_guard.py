@@ -41,6 +41,7 @@ __all__ = [
     "check_strings",
     "check_string_table",
     "text_series",
+    "env_bytes",
 ]
 
 #: Default cap on decompressed bytes: this many times the compressed size ...
@@ -56,7 +57,12 @@ MAX_STRING_BYTES = 1 << 20
 _FIX_REEXPORT = "re-export the trace or remove the file (--keep-going skips it)"
 
 
-def _env_int(name: str, default: int) -> int:
+def env_bytes(name: str, default: int) -> int:
+    """The byte count in environment variable ``name`` (``default`` when unset; at least 1).
+
+    Raises:
+        ConfigError: the value is not a number.
+    """
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -184,7 +190,7 @@ def inflate_limit(path: str | Path) -> int:
     """
     env = os.environ.get("EP_TRACE_MAX_INFLATE_BYTES")
     if env:
-        return _env_int("EP_TRACE_MAX_INFLATE_BYTES", INFLATE_MAX)
+        return env_bytes("EP_TRACE_MAX_INFLATE_BYTES", INFLATE_MAX)
     try:
         size = os.stat(path).st_size
     except OSError:
@@ -209,7 +215,7 @@ def check_inflated(path: str | Path, produced: int, limit: int) -> None:
 
 def check_strings(path: str | Path, df: pl.DataFrame, table: str, columns: tuple[str, ...]) -> None:
     """Refuse decoded strings longer than ``EP_TRACE_MAX_STRING_BYTES`` (default 1 MiB)."""
-    limit = _env_int("EP_TRACE_MAX_STRING_BYTES", MAX_STRING_BYTES)
+    limit = env_bytes("EP_TRACE_MAX_STRING_BYTES", MAX_STRING_BYTES)
     cols = [c for c in columns if c in df.columns and df.schema[c] in (pl.Utf8, pl.Categorical)]
     if not cols or df.height == 0:
         return
@@ -244,7 +250,7 @@ def check_string_table(path: str | Path, df: pl.DataFrame, table: str, id_col: s
             "the export is corrupt; re-export it with nsys export --type sqlite",
             record=table,
         )
-    limit = _env_int("EP_TRACE_MAX_STRING_BYTES", MAX_STRING_BYTES)
+    limit = env_bytes("EP_TRACE_MAX_STRING_BYTES", MAX_STRING_BYTES)
     n = df.select(pl.col(text_col).str.len_bytes().max()).item()
     if n is not None and n > limit:
         i = int(df.select(pl.col(text_col).str.len_bytes().arg_max()).item())
