@@ -343,16 +343,23 @@ def _work(
                 pl.max_horizontal("start_ns", "w_s").alias("start_ns"),
                 pl.min_horizontal("end_ns", "w_e").alias("end_ns"),
                 "w_s",
+                "w_e",
             )
             .filter(pl.col("end_ns") > pl.col("start_ns"))
-            # nested / overlapping windows: the earlier-starting stage keeps the shared time; ties
-            # (a piece that starts before both windows) broken by window start, then stage and layer,
-            # so that the order of the range join's output (not deterministic) cannot decide
-            .sort("pid", "start_ns", "w_s", "stage", "layer", nulls_last=True)
+            # overlapping windows: the stage whose part of the piece starts first keeps the shared
+            # time; where several start together (the piece began inside all of them) the innermost
+            # window wins (latest start, then earliest end), then stage and layer: a total order, so
+            # the range join's output order (not deterministic) cannot decide. An expert GEMM of
+            # chunk c inside chunk c+1's in-flight dispatch window is expert work
+            .sort(
+                ["pid", "start_ns", "w_s", "w_e", "stage", "layer"],
+                descending=[False, False, True, False, False, False],
+                nulls_last=True,
+            )
             .with_columns(pl.col("end_ns").cum_max().shift(1).over("pid").alias("_pe"))
             .with_columns(pl.max_horizontal("start_ns", pl.col("_pe").fill_null(0)).alias("start_ns"))
             .filter(pl.col("end_ns") > pl.col("start_ns"))
-            .drop("_pe", "w_s")
+            .drop("_pe", "w_s", "w_e")
         )
         rest = _holes(
             pieces.select("pid", "rank", "start_ns", "end_ns"),
