@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
@@ -26,11 +27,6 @@ SCENARIO_WORDS = {
     "chunked_pipeline": "dispatch / experts / combine pipelined over {k} chunks (the best k)",
     "all": "every edit above at once: the bound (do not add the rows)",
 }
-
-
-def _ranks(rs: list[int], limit: int = 6) -> str:
-    head = ", ".join(str(r) for r in rs[:limit])
-    return head if len(rs) <= limit else f"{head} … (+{len(rs) - limit})"
 
 
 def whatif_rows(analysis: Analysis) -> list[list[str]]:
@@ -52,7 +48,7 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
                 fmt_ns(r["predicted_step_ns"]),
                 saving,
                 fmt_pct(sav / b) if b else "–",
-                _ranks([int(x) for x in r["ranks"]]),
+                rank_list([int(x) for x in r["ranks"]], limit=6),
             ]
         )
     return rows

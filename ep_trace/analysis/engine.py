@@ -30,6 +30,7 @@ from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
 from ep_trace.analysis.chunk_cost import per_chunk_cost
 from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
@@ -240,17 +241,17 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         unmatched,
     )
     hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
-    model = whatif.model(g, rl, config.whatif_chunks, hiding, per_chunk_cost(ev, stage_df, mode))
+    model = whatif.model(g, rl, config.whatif_chunks, hiding, lambda: per_chunk_cost(ev, stage_df, mode))
     # only the model's small frames are kept: the graph's node and work tables are freed here
     replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif
     del model, g
     overlap_rows = whatif_rows.filter(pl.col("scenario").is_in(["full_overlap", "chunked_pipeline"])).height > 0
     if overlap_rows and unknown_cores:
-        notes.append(UNKNOWN_CORES_NOTE.format(ranks=_rank_list(unknown_cores)))
+        notes.append(UNKNOWN_CORES_NOTE.format(ranks=rank_list(unknown_cores)))
     short = sorted(r for r, h in hiding.items() if h < 1.0)
     if overlap_rows and short:
         notes.append(
-            f"CPU ranks {_rank_list(short)} have fewer than 2 cores each (cpu_cores, host_cores, ranks per host), so gloo's transfer thread has no "
+            f"CPU ranks {rank_list(short)} have fewer than 2 cores each (cpu_cores, host_cores, ranks per host), so gloo's transfer thread has no "
             "spare core: the overlap and pipelining what-ifs keep the transfers' CPU time in the step"
         )
 
@@ -465,9 +466,3 @@ def _intervals(
         .select(pl.col("rank").cast(pl.Int32), "step", "track", "name", "start_ns", "end_ns")
         .sort(["rank", "track", "start_ns"])
     )
-
-
-def _rank_list(ranks: list[int], limit: int = 8) -> str:
-    """``0, 1, 2`` or ``0, 1, ... (+N more)`` for a note."""
-    head = ", ".join(str(r) for r in ranks[:limit])
-    return head if len(ranks) <= limit else f"{head} ... (+{len(ranks) - limit} more)"

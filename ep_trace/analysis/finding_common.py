@@ -10,7 +10,7 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 
-__all__ = ["severity", "fmt_ns", "num", "wf", "wf_ev", "has_ep_traffic", "waits_measurable"]
+__all__ = ["severity", "fmt_ns", "rank_list", "num", "wf", "wf_ev", "has_ep_traffic", "waits_measurable"]
 
 
 def severity(saving_ns: float, step_ns: float) -> str:
@@ -72,3 +72,9 @@ def waits_measurable(a: Analysis) -> bool:
     """Every matched call has all ranks of its group in the trace set (else wait is unmeasurable)."""
     c = a.calls
     return bool(c.height) and bool(c.filter(pl.col("n_ranks") > 1)["complete"].all()) if c.height else False
+
+
+def rank_list(ranks: list[int], limit: int = 8) -> str:
+    """``0, 1, 2`` or ``0, 1, ... (+N more)`` beyond ``limit`` ranks (notes, table cells)."""
+    head = ", ".join(str(r) for r in ranks[:limit])
+    return head if len(ranks) <= limit else f"{head} ... (+{len(ranks) - limit} more)"

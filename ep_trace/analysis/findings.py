@@ -72,17 +72,17 @@ def with_findings(a: Analysis) -> Analysis:
 def _one_finding_per_whatif(out: list[Finding]) -> list[Finding]:
     """Each simulated saving backs one finding only (the larger; ties: the first): the same edit of the
     graph, e.g. ``fp8_dispatch`` for exposed comm and for a bandwidth-bound fit, is not counted twice."""
-    seen: set[str] = set()
-    keep = []
-    for f in sorted(out, key=lambda f: -f.est_saving_ns):
-        wf = f.evidence.get("whatif") if isinstance(f.evidence, dict) else None
-        sc = wf.get("scenario") if isinstance(wf, dict) else None
-        if sc is not None and sc in seen:
-            continue
-        if sc is not None:
-            seen.add(sc)
-        keep.append(f)
-    return [f for f in out if any(f is k for k in keep)]
+
+    def scenario(f: Finding) -> str | None:
+        wf = f.evidence.get("whatif")
+        return wf.get("scenario") if isinstance(wf, dict) else None
+
+    best: dict[str, Finding] = {}
+    for f in out:
+        sc = scenario(f)
+        if sc is not None and (sc not in best or f.est_saving_ns > best[sc].est_saving_ns):
+            best[sc] = f
+    return [f for f in out if (sc := scenario(f)) is None or best[sc] is f]
 
 
 def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:

@@ -50,19 +50,17 @@ def transfer_hiding(ranks: pl.DataFrame, mode: dict[int, str]) -> tuple[dict[int
         return out, sorted(cpu)
     cols = ranks.select("rank", "host", "cpu_cores", "host_cores")
     per_host = cols.group_by("host").agg(pl.len().alias("_n"))
+    per_rank = (
+        pl.when(pl.col("cpu_cores").is_not_null() & pl.col("host_cores").is_not_null())
+        .then(pl.min_horizontal("cpu_cores", pl.col("host_cores") / pl.col("_n")))
+        .alias("_per_rank")
+    )
     rows = (
         cols.filter(pl.col("rank").is_in(cpu))
         .join(per_host, on="host", how="left", nulls_equal=True)
-        .with_columns(
-            pl.when(pl.col("cpu_cores").is_not_null() & pl.col("host_cores").is_not_null())
-            .then(pl.min_horizontal("cpu_cores", pl.col("host_cores") / pl.col("_n")))
-            .alias("_per_rank")
-        )
+        .select("rank", (per_rank - 1.0).clip(0.0, 1.0).alias("_h"))
     )
-    unknown: list[int] = []
-    for r, per_rank in rows.select("rank", "_per_rank").iter_rows():
-        if per_rank is None:
-            unknown.append(int(r))
-        else:
-            out[int(r)] = min(max(float(per_rank) - 1.0, 0.0), 1.0)
+    known = rows.filter(pl.col("_h").is_not_null())
+    out |= dict(zip(known["rank"].to_list(), known["_h"].to_list(), strict=True))
+    unknown = rows.filter(pl.col("_h").is_null())["rank"].to_list()
     return out, sorted(unknown)

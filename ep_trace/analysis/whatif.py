@@ -32,6 +32,7 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -218,8 +219,30 @@ def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, l
     return z, heavy
 
 
+def _chunk_pairs(g: StepGraph) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(combine nodes, their dispatch nodes)`` of every (rank, step, layer) whose combine call
+    directly follows its dispatch call; None when there is none."""
+    calls = g.nodes.filter(pl.col("kind") == "call").select("node", "rank", "step", "layer", "direction", "pred")
+    d = calls.filter(pl.col("direction") == "dispatch").select("rank", "step", "layer", pl.col("node").alias("_d"))
+    c = calls.filter(pl.col("direction") == "combine").join(d, on=["rank", "step", "layer"], how="inner")
+    c = c.filter(pl.col("pred") == pl.col("_d"))
+    return None if c.is_empty() else (c["node"].to_numpy(), c["_d"].to_numpy())
+
+
+def _by_rank(g: StepGraph, values: dict[int, float], default: float) -> np.ndarray:
+    """``values[rank]`` of every node of ``g`` (``default`` for ranks not in it), row order = node id."""
+    return (
+        g.nodes["rank"].replace_strict(values, default=default, return_dtype=pl.Float64).to_numpy().astype(np.float64)
+    )
+
+
 def chunked(
-    g: StepGraph, p: Prepared, k: int, overhead_ns: float | np.ndarray, hide: np.ndarray | None = None
+    g: StepGraph,
+    p: Prepared,
+    k: int,
+    overhead_ns: float | np.ndarray,
+    hide: np.ndarray | None = None,
+    pairs: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """Edited (gap, transfer) of ``chunked_pipeline`` with ``k`` chunks; None when no layer applies.
 
@@ -227,16 +250,13 @@ def chunked(
     (the 1-chunk data path: dispatch -> expert work -> combine). ``hide`` is the hidden fraction of
     each node's transfer (:func:`ep_trace.analysis.resources.transfer_hiding`; default 1): the span
     is ``h x pipelined + (1 - h) x serial`` plus ``k - 1`` times the cost of one more chunk
-    (``overhead_ns``: one figure, or one per node).
+    (``overhead_ns``: one figure, or one per node). ``pairs``: :func:`_chunk_pairs` of ``g``, when
+    the caller already has them.
     """
-    n = g.nodes
-    calls = n.filter(pl.col("kind") == "call").select("node", "rank", "step", "layer", "direction", "pred")
-    d = calls.filter(pl.col("direction") == "dispatch").select("rank", "step", "layer", pl.col("node").alias("_d"))
-    c = calls.filter(pl.col("direction") == "combine").join(d, on=["rank", "step", "layer"], how="inner")
-    c = c.filter(pl.col("pred") == pl.col("_d"))
-    if c.is_empty():
+    pairs = pairs if pairs is not None else _chunk_pairs(g)
+    if pairs is None:
         return None
-    ci, di = c["node"].to_numpy(), c["_d"].to_numpy()
+    ci, di = pairs
     gap, tr = p.gap.copy(), p.transfer.copy()
     tD, X, tC = tr[di], gap[ci], tr[ci]
     h = np.ones(ci.size) if hide is None else hide[ci]
@@ -268,7 +288,7 @@ def model(
     rank_load: pl.DataFrame,
     chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8),
     hiding: dict[int, float] | None = None,
-    chunk_cost: dict[int, float] | None = None,
+    chunk_cost: Callable[[], dict[int, float]] | None = None,
 ) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
@@ -278,8 +298,9 @@ def model(
         chunk_counts: k values ``chunked_pipeline`` tries.
         hiding: Hidden fraction of each rank's transfers when overlapped (``full_overlap``,
             ``chunked_pipeline``, ``all``); default 1 for every rank.
-        chunk_cost: Fixed cost of one more chunk's ops per rank, ns
-            (:func:`ep_trace.analysis.chunk_cost.per_chunk_cost`), on top of its two extra calls.
+        chunk_cost: Returns the fixed cost of one more chunk's ops per rank, ns
+            (:func:`ep_trace.analysis.chunk_cost.per_chunk_cost`), on top of its two extra calls;
+            called only when some layer can be chunked.
 
     Returns:
         The :class:`Model`.
@@ -296,8 +317,7 @@ def model(
     expert = _per_node(g, (pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
     gap_all, tr_all = p.gap.copy(), p.transfer.copy()
     edits = False
-    hmap = hiding or {}
-    hide = np.array([hmap.get(int(r), 1.0) for r in n["rank"].to_list()], dtype=np.float64)
+    hide = _by_rank(g, hiding or {}, 1.0)
 
     def run(gap: np.ndarray | None = None, tr: np.ndarray | None = None, overlap: bool | np.ndarray = False) -> float:
         return _step_stat(g, p, replay(p, gap, tr, overlap).step_end)
@@ -345,16 +365,16 @@ def model(
         rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))
         if helps():
             gap_all -= 0.5 * perm
-    cc = chunk_cost or {}
-    ovh = _overhead(g) + np.array([cc.get(int(r), 0.0) for r in n["rank"].to_list()], dtype=np.float64)
+    pairs = _chunk_pairs(g)
     best: tuple[float, int] | None = None
-    for k in chunk_counts:
-        e = chunked(g, p, k, ovh, hide)
-        if e is None:
-            break
-        t = run(*e)
-        if best is None or t < best[0]:
-            best = (t, k)
+    if pairs is not None:
+        ovh = _overhead(g) + _by_rank(g, chunk_cost() if chunk_cost else {}, 0.0)
+        for k in chunk_counts:
+            e = chunked(g, p, k, ovh, hide, pairs)
+            assert e is not None  # the pairs exist
+            t = run(*e)
+            if best is None or t < best[0]:
+                best = (t, k)
     if best is not None:
         rows.append(("chunked_pipeline", best[0], all_ranks, best[1]))
     if rows and edits or len(rows) > 1:
