@@ -101,6 +101,10 @@ class DominantStage:
 #: :data:`_MINOR_SAVING` of the step (an expert GEMM that is 90% of the step is the answer).
 DOMINANT_SHARE = 0.6
 _MINOR_SAVING = 0.10
+#: Below this share of the mean step no finding heads the verdict: a 27 µs host stall in a 222 ms
+#: step (hta_nccl_metadata) is not what anyone should act on first; the verdict says where the time
+#: goes and names the largest saving as minor.
+NEGLIGIBLE_SAVING = 0.01
 _REMEDY_OF_STAGE = {
     "expert": "the layer is compute-bound in the expert GEMMs, not in EP communication: use a grouped / fused "
     "expert GEMM (one launch for all local experts), FP8 or BF16 tensor-core kernels, larger tiles, or spread the "
@@ -178,6 +182,15 @@ def verdict(analysis: Analysis) -> Verdict:
         )
     top = found[0]
     share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
+    if ss.mean_ns and top_share < NEGLIGIBLE_SAVING:
+        where = _where_time_goes(analysis)
+        lead = f"No EP bottleneck worth {fmt_pct(NEGLIGIBLE_SAVING)} of the step"
+        return Verdict(
+            f"{lead}: {where}." if where else f"{lead}.",
+            f"The largest simulated saving is {fmt_ns(top.est_saving_ns)} per step{share}: {top.title}",
+            context,
+            "none",
+        )
     detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
     wf = analysis.whatif
     if wf is not None and wf.height and (wf["scenario"] == "all").any():

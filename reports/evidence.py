@@ -25,6 +25,7 @@ SECTION_OF_KIND: dict[str, str] = {
     "straggler_wait": "wait",
     "routing_imbalance": "routing",
     "host_stall": "stalls",
+    "host_bound": "breakdown",
     "small_message_latency": "alphabeta",
     "bandwidth_bound": "alphabeta",
     "pack_unpack_overhead": "stages",

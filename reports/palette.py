@@ -47,6 +47,7 @@ STAGE_COLORS: dict[str, str] = {
 #: timeline tracks, the overlap and wait figures and the critical path.
 CAUSE_COLORS: dict[str, str] = {
     "compute": "#117733",  # green
+    "copy": "#999933",  # olive
     "overlapped_comm": "#44AA99",  # teal
     "exposed_comm": "#882255",  # wine
     "barrier_wait": "#CC6677",  # rose

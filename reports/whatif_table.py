@@ -23,6 +23,7 @@ SCENARIO_WORDS = {
     "full_overlap": "every transfer behind the work that follows it (as far as the rank has a resource for it)",
     "fp8_dispatch": "dispatch transfers halved (half the bytes)",
     "no_host_stalls": "blocking host calls and the count exchange removed",
+    "no_launch_gaps": "the device never waits for the host (GPU ranks; bound of CUDA graphs)",
     "fused_permute": "permute / unpermute compute halved",
     "chunked_pipeline": "dispatch / experts / combine pipelined over {k} chunks (the best k)",
     "all": "every edit above at once: the bound (do not add the rows)",

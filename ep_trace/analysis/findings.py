@@ -12,6 +12,7 @@ different findings come from one model and rank against each other (they still o
   rank whose lateness balancing the routing recovers by half or more is routing imbalance instead;
 * routing_imbalance <- ``balanced_routing``;
 * host_stall <- ``no_host_stalls``;
+* host_bound <- ``no_launch_gaps`` (GPU ranks whose device waits for a busy host, :mod:`finding_host`);
 * bandwidth_bound <- ``fp8_dispatch`` (EP traffic only);
 * pack_unpack_overhead <- ``fused_permute``;
 * small_message_latency: upper bound calls per step x alpha (no graph edit), only from a fit with
@@ -38,6 +39,7 @@ from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, severity, w
 from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
+from ep_trace.analysis.finding_host import host_bound
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.result import Analysis, Finding
 
@@ -59,6 +61,7 @@ def with_findings(a: Analysis) -> Analysis:
     out += _straggler(a, step_ns, n_steps)
     out += _imbalance(a, step_ns)
     out += _stalls(a, step_ns, n_steps)
+    out += host_bound(a, step_ns)
     out += alpha_beta(a, step_ns, n_steps)
     out += _pack(a, step_ns)
     # no finding without a positive saving heads (or joins) the performance list

@@ -18,8 +18,9 @@ the comm with overlapping comm on other streams left independent. The time betwe
 predecessor's end and the node's start is the node's **lead gap**: work the rank does before it can
 start the node. Lead gaps are measured edges, decomposed into ``compute`` per stage and layer (the
 rank's compute intervals, coalesced: one piece per contiguous compute run and stage, never one node
-per kernel), ``host_stall`` (blocking host calls while the device idles, ``analysis.host_stalls``)
-and ``launch_gap`` (neither: launch latency, Python, idle) in :attr:`StepGraph.work`.
+per kernel), ``copy`` (device memcpy / memset where no kernel computes), ``host_stall`` (blocking
+host calls while the device idles, ``analysis.host_stalls``) and ``launch_gap`` (none of these:
+launch latency, Python, idle) in :attr:`StepGraph.work`.
 
 Replaying the graph with the measured gaps and transfers reproduces every measured start, end and
 step end (:mod:`ep_trace.analysis.replay`); edits of the gaps and transfers are the what-ifs
@@ -76,7 +77,7 @@ class StepGraph:
             -1 = the step start), ``peer`` (node of ``waited_for`` in the same call, -1 if none),
             ``gap_ns`` (lead gap), ``group`` (nodes joined by one call share it).
         starts: ``rank, step, start_ns, end_ns`` (aligned step windows; ``rs`` = row index).
-        work: Decomposition of the lead gaps: ``node, rank, step, cause`` ('compute' |
+        work: Decomposition of the lead gaps: ``node, rank, step, cause`` ('compute' | 'copy' |
             'host_stall' | 'launch_gap'), ``stage`` (nullable), ``layer`` (nullable),
             ``start_ns, end_ns`` (aligned, disjoint within a node; they tile its gap).
     """
@@ -242,6 +243,26 @@ def _link(nodes: pl.DataFrame, starts: pl.DataFrame) -> pl.DataFrame:
     return out.join(gid, on="_g").drop("_g").sort("node")
 
 
+def _within(iv: pl.DataFrame, free: pl.DataFrame) -> pl.DataFrame:
+    """The parts of ``iv`` (``node, rank, start_ns, end_ns``) inside the ``free`` spans of the same node."""
+    j = range_join(
+        iv,
+        free.rename({"start_ns": "f_s", "end_ns": "f_e"}).drop("rank"),
+        ("start_ns", "end_ns"),
+        ("f_s", "f_e"),
+        by=("node",),
+    )
+    return union(
+        j.select(
+            "node",
+            "rank",
+            pl.max_horizontal("start_ns", "f_s").alias("start_ns"),
+            pl.min_horizontal("end_ns", "f_e").alias("end_ns"),
+        ).filter(pl.col("end_ns") > pl.col("start_ns")),
+        ["node", "rank"],
+    )
+
+
 def _work(
     nodes: pl.DataFrame,
     starts: pl.DataFrame,
@@ -250,7 +271,7 @@ def _work(
     stages: pl.DataFrame,
     stalls: pl.DataFrame,
 ) -> pl.DataFrame:
-    """Tile every lead gap with compute / host_stall / launch_gap pieces, split by stage windows."""
+    """Tile every lead gap with compute / copy / host_stall / launch_gap pieces, split by stage windows."""
     schema: dict[str, PolarsDataType] = {
         "node": pl.Int64,
         "rank": pl.Int32,
@@ -277,6 +298,12 @@ def _work(
         ),
         ["rank"],
     )
+    mem = union(
+        to_aligned(
+            activity.filter(pl.col("cls") == "memory").select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns")
+        ),
+        ["rank"],
+    )
     stl = to_aligned(stalls.select(pl.col("rank").cast(pl.Int32), "start_ns", "end_ns"))
 
     def clip_to_gaps(iv: pl.DataFrame) -> pl.DataFrame:
@@ -290,32 +317,21 @@ def _work(
 
     spans = g.select("node", "rank", pl.col("g_s").alias("start_ns"), pl.col("g_e").alias("end_ns"))
     c = clip_to_gaps(comp)  # disjoint within a node: the rank's compute union, clipped
+    # device copies / memsets where no kernel computes: device work too (a blocking cudaMemcpy's H2D
+    # copy is the copy's time, not a stall: nsys pipit_saxpy, 286 ms of copies under 15 cudaMemcpy)
+    cp = _within(clip_to_gaps(mem), _holes(spans, c, "node")) if mem.height else c.head(0)
+    dev = union(pl.concat([c, cp.select(c.columns)]), ["node", "rank"]) if cp.height else c
     if stl.height:
-        # stall = blocking call with no compute under it: the stall intervals within the compute holes
-        free = _holes(spans, c, "node")
-        j = range_join(
-            clip_to_gaps(stl),
-            free.rename({"start_ns": "f_s", "end_ns": "f_e"}).drop("rank"),
-            ("start_ns", "end_ns"),
-            ("f_s", "f_e"),
-            by=("node",),
-        )
-        h = union(
-            j.select(
-                "node",
-                "rank",
-                pl.max_horizontal("start_ns", "f_s").alias("start_ns"),
-                pl.min_horizontal("end_ns", "f_e").alias("end_ns"),
-            ).filter(pl.col("end_ns") > pl.col("start_ns")),
-            ["node", "rank"],
-        )
+        # stall = blocking call with no device work under it: the stall intervals within the holes
+        h = _within(clip_to_gaps(stl), _holes(spans, dev, "node"))
     else:
         h = c.head(0)
-    busy = union(pl.concat([c, h.select(c.columns)]), ["node", "rank"])
+    busy = union(pl.concat([dev, h.select(c.columns)]), ["node", "rank"])
     idle = _holes(spans, busy, "node")
     pieces = pl.concat(
         [
             c.with_columns(pl.lit("compute").alias("cause")),
+            cp.select(c.columns).with_columns(pl.lit("copy").alias("cause")),
             h.select(c.columns).with_columns(pl.lit("host_stall").alias("cause")),
             idle.select(c.columns).with_columns(pl.lit("launch_gap").alias("cause")),
         ]

@@ -16,6 +16,12 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 * ``fp8_dispatch``: the dispatch transfers halved (half the bytes).
 * ``no_host_stalls``: host-stall pieces of the gaps removed; the blocking count exchange (direction
   ``count``) takes no time (device-side split layout).
+* ``no_launch_gaps``: on GPU ranks, each launch-gap piece of the gaps cut to the rank's device gap
+  floor (:mod:`ep_trace.analysis.launch_floor`: the gap the device leaves between kernels that were
+  queued in time, ~1-9 µs on the real traces): the device never waits for a host that is not
+  blocked (launch latency, Python, data loading between kernels). The bound of CUDA-graph capture /
+  fewer, fused launches (removed entirely where the floor cannot be measured). Not on CPU ranks:
+  there such gaps are the compute thread's own Python between ops, not a device starved by its host.
 * ``fused_permute``: permute / unpermute compute halved (fused kernels).
 * ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
@@ -84,6 +90,28 @@ def _per_node(g: StepGraph, mask: pl.Expr) -> np.ndarray:
     out = np.zeros(g.nodes.height)
     if w.height:
         out[w["node"].to_numpy()] = w["_d"].to_numpy()
+    return out
+
+
+def _launch_excess(g: StepGraph, gpu_ranks: frozenset[int], floor: dict[int, float]) -> np.ndarray:
+    """Per node: the launch-gap time of GPU ranks above the rank's device gap floor (per piece)."""
+    out = np.zeros(g.nodes.height)
+    if not gpu_ranks:
+        return out
+    fl = pl.DataFrame(
+        {"rank": list(floor), "_floor": list(floor.values())}, schema={"rank": pl.Int32, "_floor": pl.Float64}
+    )
+    w = (
+        g.work.filter((pl.col("cause") == "launch_gap") & pl.col("rank").is_in(sorted(gpu_ranks)))
+        .join(fl, on="rank", how="left")
+        .with_columns(
+            (pl.col("end_ns") - pl.col("start_ns") - pl.col("_floor").fill_null(0.0)).clip(lower_bound=0.0).alias("_x")
+        )
+        .group_by("node")
+        .agg(pl.col("_x").sum())
+    )
+    if w.height:
+        out[w["node"].to_numpy()] = w["_x"].to_numpy()
     return out
 
 
@@ -289,6 +317,8 @@ def model(
     chunk_counts: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8),
     hiding: dict[int, float] | None = None,
     chunk_cost: Callable[[], dict[int, float]] | None = None,
+    gpu_ranks: frozenset[int] = frozenset(),
+    launch_floor: dict[int, float] | None = None,
 ) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
@@ -301,6 +331,8 @@ def model(
         chunk_cost: Returns the fixed cost of one more chunk's ops per rank, ns
             (:func:`ep_trace.analysis.chunk_cost.per_chunk_cost`), on top of its two extra calls;
             called only when some layer can be chunked.
+        gpu_ranks: Ranks whose work is device kernels (``no_launch_gaps`` edits only these).
+        launch_floor: Device gap floor per GPU rank, ns (``launch_floor.device_gap_floor``); 0 where absent.
 
     Returns:
         The :class:`Model`.
@@ -359,6 +391,12 @@ def model(
         if helps():
             gap_all -= stall
             tr_all[count] = 0.0
+    lg = _launch_excess(g, gpu_ranks, launch_floor or {})
+    if lg.any():
+        ranks = sorted({int(r) for r in n.filter(pl.Series(lg > 0))["rank"].unique()})
+        rows.append(("no_launch_gaps", run(p.gap - lg), ranks, None))
+        if helps():
+            gap_all -= lg
     perm = _per_node(g, (pl.col("cause") == "compute") & pl.col("stage").is_in(["permute", "unpermute"]))
     if perm.any():
         ranks = sorted({int(r) for r in n.filter(pl.Series(perm > 0))["rank"].unique()})

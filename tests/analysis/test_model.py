@@ -21,8 +21,8 @@ def _frames(spec: dict) -> dict[str, pl.DataFrame]:
     """Frames for build_graph from a per-rank timeline: every call is joined by all ranks (full arrival).
 
     spec = {"windows": {rank: (start, end)}, "calls": [{"dir": str, "layer": int, "ranks": {rank: (s, e)}}],
-    "compute": [(rank, s, e)], "stages": [(rank, stage, layer, s, e)], "stalls": [(rank, s, e)]}; times
-    relative to T0.
+    "compute": [(rank, s, e)], "memory": [(rank, s, e)] (memcpy / memset), "stages": [(rank, stage, layer, s, e)],
+    "stalls": [(rank, s, e)]}; times relative to T0.
     """
     win = pl.DataFrame(
         [(r, 0, T0 + s, T0 + e) for r, (s, e) in spec["windows"].items()],
@@ -62,7 +62,8 @@ def _frames(spec: dict) -> dict[str, pl.DataFrame]:
         orient="row",
     )
     act = pl.DataFrame(
-        [(r, "compute", T0 + s, T0 + e) for r, s, e in spec.get("compute", [])],
+        [(r, "compute", T0 + s, T0 + e) for r, s, e in spec.get("compute", [])]
+        + [(r, "memory", T0 + s, T0 + e) for r, s, e in spec.get("memory", [])],
         schema={"rank": pl.Int32, "cls": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64},
         orient="row",
     )
@@ -145,6 +146,7 @@ def test_golden_replay_and_critical_path():
     assert c["total_ns"] == 600
     assert c["by_cause"] == {
         "compute": 400,
+        "copy": 0,
         "transfer": 100,
         "barrier_wait": 0,
         "host_stall": 0,
@@ -207,6 +209,55 @@ def test_golden_host_stall_piece():
         (0, 100, "compute"),
         (100, 200, "host_stall"),
     ]
+
+
+def test_golden_copy_under_a_blocking_call_is_not_a_stall():
+    # each rank: compute [0, 100), then a blocking cudaMemcpy [100, 200) whose copy runs [100, 180):
+    # the device copies for 80 ns and idles 20 ns; both call at 200
+    spec = {
+        "windows": {0: (0, 400), 1: (0, 400)},
+        "calls": [{"ranks": {0: (200, 300), 1: (200, 300)}}],
+        "compute": [(0, 0, 100), (1, 0, 100)],
+        "memory": [(0, 100, 180), (1, 100, 180)],
+        "stalls": [(0, 100, 200), (1, 100, 200)],
+    }
+    g = _graph(spec)
+    w = g.work.filter(pl.col("rank") == 0).sort("start_ns")
+    assert w.select((pl.col("start_ns") - T0), (pl.col("end_ns") - T0), "cause").rows()[:3] == [
+        (0, 100, "compute"),
+        (100, 180, "copy"),
+        (180, 200, "host_stall"),
+    ]
+    m = whatif.model(g, _load([]))
+    w2 = {r["scenario"]: r for r in m.whatif.iter_rows(named=True)}
+    # only the 20 ns without device work go (both arrive at 180); counting the copy as a stall would
+    # have claimed the whole 100 ns call
+    assert w2["no_host_stalls"]["saving_ns"] == 20
+
+
+# GPU ranks: compute [0, 100) and [150, 200) with a 50 ns launch gap between, the call [200, 300),
+# then 100 ns of idle (launch gap) before the step end at 400
+HOST_BOUND = {
+    "windows": {0: (0, 400), 1: (0, 400)},
+    "calls": [{"ranks": {0: (200, 300), 1: (200, 300)}}],
+    "compute": [(0, 0, 100), (0, 150, 200), (1, 0, 100), (1, 150, 200)],
+}
+
+
+def test_golden_no_launch_gaps_keeps_the_device_gap_floor():
+    g = _graph(HOST_BOUND)
+    m = whatif.model(g, _load([]), gpu_ranks=frozenset({0, 1}), launch_floor={0: 10.0, 1: 10.0})
+    w = {r["scenario"]: r for r in m.whatif.iter_rows(named=True)}
+    # each launch gap cut to the 10 ns floor: the call starts at 100 + 10 + 50 = 160, ends 260, the
+    # step ends 10 ns later: 270 (saving 130)
+    assert w["no_launch_gaps"]["predicted_step_ns"] == 270 and w["no_launch_gaps"]["saving_ns"] == 130
+    assert w["no_launch_gaps"]["ranks"] == [0, 1]
+    # without a measured floor the gaps go entirely (the bound): 100 + 50 + 100 = 250
+    bound = whatif.model(g, _load([]), gpu_ranks=frozenset({0, 1}))
+    assert bound.whatif.filter(pl.col("scenario") == "no_launch_gaps")["predicted_step_ns"].item() == 250
+    # CPU ranks: such gaps are the compute thread's own Python, not a starved device: absent
+    cpu = whatif.model(g, _load([]))
+    assert "no_launch_gaps" not in cpu.whatif["scenario"].to_list()
 
 
 @st.composite

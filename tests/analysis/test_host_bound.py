@@ -1,0 +1,160 @@
+"""Host-bound GPU steps: the device gap floor, the ``no_launch_gaps`` what-if and its finding."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import polars as pl
+import pytest
+
+from ep_trace.analysis import analyze
+from ep_trace.analysis.launch_floor import MIN_QUEUED_PAIRS, device_gap_floor
+from ep_trace.analysis.result import Finding
+from ep_trace.reports import digest
+
+from .conftest import T0, build
+
+US = 1_000
+
+
+def _kernels(rank: int, spans: list[tuple[int, int, int]], eid0: int = 0, stream: int = 7) -> list[dict]:
+    """Kernels ``(launch_end_us, start_us, end_us)`` with their cudaLaunchKernel rows (1 µs each)."""
+    out = []
+    for i, (le, s, e) in enumerate(spans):
+        lid = eid0 + 2 * i
+        out.append(
+            {
+                "rank": rank,
+                "event_id": lid,
+                "kind": "runtime",
+                "name": "cudaLaunchKernel",
+                "tid": 1,
+                "start_ns": T0 + (le - 1) * US,
+                "end_ns": T0 + le * US,
+            }
+        )
+        out.append(
+            {
+                "rank": rank,
+                "event_id": lid + 1,
+                "kind": "gpu_kernel",
+                "name": f"gemm_{i}",
+                "stream": stream,
+                "start_ns": T0 + s * US,
+                "end_ns": T0 + e * US,
+                "launch_id": lid,
+            }
+        )
+    return out
+
+
+def _step(rank: int, end_us: int, eid: int) -> dict:
+    return {
+        "rank": rank,
+        "event_id": eid,
+        "kind": "cpu_annotation",
+        "name": "ProfilerStep#1",
+        "tid": 1,
+        "start_ns": T0,
+        "end_ns": T0 + end_us * US,
+        "seq": 1,
+    }
+
+
+def test_device_gap_floor_is_the_queued_pairs_25th_percentile():
+    # 12 queued pairs (launched while the previous kernel ran): 9 with a 2 µs gap, 3 gated 50 µs by
+    # another stream; then 4 pairs launched late (host-bound): ignored, whatever their gap
+    spans, t = [], 0
+    for i in range(13):
+        gap = 50 if i in (4, 8, 12) else 2
+        s = t + (gap if i else 0)
+        spans.append((s - 5 if i else 0, s, s + 10))
+        t = s + 10
+    for _ in range(4):
+        spans.append((t + 100, t + 101, t + 111))
+        t += 111
+    tables = build([{"rank": 0, "world_size": 1}], [_step(0, t + 10, 10_000), *_kernels(0, spans)], [])
+    assert device_gap_floor(tables.events) == {0: pytest.approx(2 * US)}
+
+
+def test_device_gap_floor_needs_enough_queued_pairs():
+    spans = [(0, 0, 10)] + [(10 * i + 5, 10 * i + 12, 10 * i + 20) for i in range(1, MIN_QUEUED_PAIRS)]
+    tables = build([{"rank": 0, "world_size": 1}], [_step(0, 200, 10_000), *_kernels(0, spans)], [])
+    assert device_gap_floor(tables.events) == {}  # MIN_QUEUED_PAIRS - 1 pairs: no floor
+
+
+def _host_bound_job(graphs: bool = False):
+    """One GPU rank, a 1,000 µs step: 10 kernels of 10 µs, each launched 90 µs after the previous
+    ended while the host runs ``aten::index_put_`` (the device waits for a busy host)."""
+    spans = [(100 * i + 89, 100 * i + 90, 100 * i + 100) for i in range(10)]
+    ev = [_step(0, 1000, 10_000), *_kernels(0, spans)]
+    ev += [
+        {
+            "rank": 0,
+            "event_id": 20_000 + i,
+            "kind": "cpu_op",
+            "name": "aten::index_put_",
+            "tid": 1,
+            "start_ns": T0 + (100 * i) * US,
+            "end_ns": T0 + (100 * i + 88) * US,
+        }
+        for i in range(10)
+    ]
+    if graphs:
+        ev.append(
+            {
+                "rank": 0,
+                "event_id": 30_000,
+                "kind": "runtime",
+                "name": "cudaGraphLaunch",
+                "tid": 1,
+                "start_ns": T0 + 5 * US,
+                "end_ns": T0 + 6 * US,
+            }
+        )
+    return build([{"rank": 0, "world_size": 1}], ev, [])
+
+
+def test_host_bound_step_is_the_verdict_with_its_simulated_saving():
+    a = analyze(_host_bound_job())
+    w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
+    # no queued pair: no floor, every launch gap goes: the step shrinks to its 10 x 10 µs of kernels
+    assert w["no_launch_gaps"] == 900 * US
+    top = a.findings[0]
+    assert top.kind == "host_bound" and top.ranks == (0,) and top.est_saving_ns == 900 * US
+    assert top.title == (
+        "Rank 0's device waits for its host 900 µs per step on the critical path, outside blocking calls; a device "
+        "that never waits for the host would save 900 µs per step (simulated bound)."
+    )
+    assert top.evidence["host_ranges_in_gaps_ns"] == {"aten::index_put_": 880 * US}
+    assert "Capture the step in a CUDA graph" in top.remedy
+    assert top.remedy.endswith("The host was inside aten::index_put_ during those gaps.")
+
+
+def test_host_bound_remedy_when_the_step_already_replays_cuda_graphs():
+    top = analyze(_host_bound_job(graphs=True)).findings[0]
+    assert top.kind == "host_bound" and top.evidence["cuda_graph_launches"] == 1
+    assert "The step already replays CUDA graphs" in top.remedy and "Capture the step in a CUDA graph" not in top.remedy
+
+
+def test_no_host_bound_finding_on_a_whole_trace_window():
+    # no ProfilerStep: the window is the whole capture (start-up, tear-down), not a step's host overhead
+    t = _host_bound_job()
+    ev = t.events.filter(pl.col("name") != "ProfilerStep#1")
+    a = analyze(dataclasses.replace(t, events=ev))
+    assert "no_launch_gaps" not in a.whatif["scenario"].to_list()
+    assert all(f.kind != "host_bound" for f in a.findings)
+
+
+def test_a_negligible_top_finding_does_not_head_the_verdict():
+    a = analyze(_host_bound_job())
+    tiny = Finding(
+        "host_stall", "low", "Rank 0's device is idle 5.00 µs per step while the host blocks.", 5 * US, {}, "x"
+    )
+    v = digest.verdict(dataclasses.replace(a, findings=(tiny,)))
+    assert v.headline.startswith("No EP bottleneck worth 1.0% of the step: rank 0's step (P50 1.00 ms) is ")
+    assert v.detail == (
+        "The largest simulated saving is 5.00 µs per step (0.5% of the mean step): Rank 0's device is idle 5.00 µs "
+        "per step while the host blocks."
+    )
+    assert v.severity == "none"
