@@ -8,6 +8,7 @@ renderers (``reports.units``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import polars as pl
 
@@ -227,7 +228,7 @@ def _unmeasured_exposed(analysis: Analysis) -> str | None:
     slow = rs.sort(["step_time_ns", "rank"], descending=[True, False]).row(0, named=True)
     mine = bd.filter(pl.col("rank") == slow["rank"])
     total = float(mine["step_time_ns"].sum())
-    exposed = float(mine["exposed_comm_ns"].sum() + mine["barrier_wait_ns"].sum())
+    exposed = float(cast(float, mine["exposed_comm_ns"].sum())) + float(cast(float, mine["barrier_wait_ns"].sum()))
     if total <= 0 or exposed / total < UNMEASURED_COMM_SHARE:
         return None
     return (
