@@ -112,10 +112,15 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
         else "Capture the step in a CUDA graph (torch.compile mode='reduce-overhead', vLLM / SGLang CUDA-graph "
         "capture, TensorRT-LLM CUDA graphs)"
     )
+    # serving engines overlap the next batch's host work (scheduling, input preparation, sampling
+    # bookkeeping) with the device: vLLM --async-scheduling (vllm-project/vllm#27679), SGLang's
+    # zero-overhead overlap scheduler (lmsys.org/blog/2024-12-04-sglang-v0-4), TensorRT-LLM's overlap
+    # scheduler (on unless disable_overlap_scheduler; nvidia.github.io/TensorRT-LLM/features/overlap-scheduler)
     remedy = (
         f"The step is host-bound: keep the device fed. {capture}, fuse small kernels into fewer launches, and move "
         "Python, data loading and per-step host work (logging, .cpu(), CPU-side optimizer or bucket flattening) off "
-        f"the step's critical path.{where}"
+        "the step's critical path; in serving, overlap the scheduler's host work with the device (vLLM "
+        f"--async-scheduling, SGLang's overlap scheduler, TensorRT-LLM's overlap scheduler).{where}"
     )
     return [
         Finding(
