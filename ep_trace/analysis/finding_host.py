@@ -99,29 +99,28 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
         "whatif": _wf_ev(r),
         "saving_rule": "simulated: launch gaps of the GPU ranks removed (the bound of CUDA graphs / fewer launches)",
     }
-    doing = ", ".join(list(busy)[:3])
+    # the remedy stays under the report's 512-character display limit (cli/outputs.DISPLAY_CHARS)
+    doing = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in list(busy)[:3])
     where = f" The host was inside {doing} during those gaps." if doing else ""
     graphs = a.tables.events.filter(
         (pl.col("rank") == rank) & (pl.col("kind") == "runtime") & pl.col("name").str.starts_with("cudaGraphLaunch")
     ).height
     ev["cuda_graph_launches"] = int(graphs)
     capture = (
-        "The step already replays CUDA graphs: the gaps are outside them, so capture more of the step in the graph "
-        "(full instead of piecewise capture, the batch sizes that fall back to eager mode)"
+        "The step already replays CUDA graphs: capture more of it (full, not piecewise; the batch sizes that run eager)"
         if graphs
-        else "Capture the step in a CUDA graph (torch.compile mode='reduce-overhead', vLLM / SGLang CUDA-graph "
-        "capture, TensorRT-LLM CUDA graphs)"
+        else "Capture the step in a CUDA graph (torch.compile mode='reduce-overhead', or the serving engine's)"
     )
     # serving engines overlap the next batch's host work (scheduling, input preparation, sampling
     # bookkeeping) with the device: vLLM --async-scheduling (vllm-project/vllm#27679), SGLang's
     # zero-overhead overlap scheduler (lmsys.org/blog/2024-12-04-sglang-v0-4), TensorRT-LLM's overlap
     # scheduler (on unless disable_overlap_scheduler; nvidia.github.io/TensorRT-LLM/features/overlap-scheduler)
     remedy = (
-        f"The step is host-bound: keep the device fed. {capture}, fuse small kernels into fewer launches, and move "
-        "Python, data loading and per-step host work (logging, .cpu(), CPU-side optimizer or bucket flattening) off "
-        "the step's critical path; in serving, overlap the scheduler's host work with the device (vLLM "
-        f"--async-scheduling, SGLang's overlap scheduler, TensorRT-LLM's overlap scheduler).{where}"
+        f"Host-bound: keep the device fed. {capture}; fuse small kernels; move Python, data loading and per-step host "
+        "work (logging, .cpu(), a CPU-side optimizer) off the critical path; in serving, overlap scheduling with the "
+        "device (vLLM --async-scheduling, the SGLang / TensorRT-LLM overlap schedulers)."
     )
+    remedy += where if len(remedy) + len(where) <= 512 else ""
     return [
         Finding(
             "host_bound",

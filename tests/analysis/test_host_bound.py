@@ -128,7 +128,7 @@ def test_host_bound_step_is_the_verdict_with_its_simulated_saving():
         "that never waits for the host would save 900 µs per step (simulated bound)."
     )
     assert top.evidence["host_ranges_in_gaps_ns"] == {"aten::index_put_": 880 * US}
-    assert "Capture the step in a CUDA graph" in top.remedy
+    assert "Capture the step in a CUDA graph" in top.remedy and len(top.remedy) <= 512
     assert top.remedy.endswith("The host was inside aten::index_put_ during those gaps.")
 
 
@@ -136,6 +136,7 @@ def test_host_bound_remedy_when_the_step_already_replays_cuda_graphs():
     top = analyze(_host_bound_job(graphs=True)).findings[0]
     assert top.kind == "host_bound" and top.evidence["cuda_graph_launches"] == 1
     assert "The step already replays CUDA graphs" in top.remedy and "Capture the step in a CUDA graph" not in top.remedy
+    assert len(top.remedy) <= 512  # the report's display limit (cli/outputs.DISPLAY_CHARS)
 
 
 def test_no_host_bound_finding_on_a_whole_trace_window():
