@@ -194,3 +194,32 @@ def test_real_single_rank_comm_says_wait_cannot_be_measured(external_dir):
         "not in the trace set, so how much of it is waiting for them cannot be measured and no saving is simulated"
     )
     assert "No EP bottleneck" not in v.headline and not a.findings
+
+
+def test_device_gap_floor_from_cuda_graph_kernels():
+    # a cudaGraphLaunch replays 10 kernels 1.5 µs apart: every kernel links to the one launch call,
+    # which returned before the first ran, so all 9 pairs are queued
+    launch = {
+        "rank": 0,
+        "event_id": 0,
+        "kind": "runtime",
+        "name": "cudaGraphLaunch",
+        "tid": 1,
+        "start_ns": T0,
+        "end_ns": T0 + 5 * US,
+    }
+    kernels = [
+        {
+            "rank": 0,
+            "event_id": 1 + i,
+            "kind": "gpu_kernel",
+            "name": f"k{i}",
+            "stream": 7,
+            "start_ns": T0 + 10 * US + i * 11_500,
+            "end_ns": T0 + 10 * US + i * 11_500 + 10 * US,
+            "launch_id": 0,
+        }
+        for i in range(10)
+    ]
+    tables = build([{"rank": 0, "world_size": 1}], [_step(0, 200, 10_000), launch, *kernels], [])
+    assert device_gap_floor(tables.events) == {0: pytest.approx(1_500)}
