@@ -71,7 +71,7 @@ _FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|f
 _BOOL_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*(?:true|false)')
 _FRAME_COLS = ("event_id", "category", "name", "pid_raw", "tid_raw", "ts", "dur", "correlation", "external_id", "bytes")
 _PIPELINE = 4  # slices decoded ahead of the one being consumed
-_PARTS = 8  # JSON reader calls per slice (see _read)
+_PARTS = 8  # JSON pieces per slice (see _read)
 
 ChunkFrame = Callable[[list[Any], int, Path, dict[int, dict[str, Any]]], pl.DataFrame]
 
@@ -123,64 +123,74 @@ def _cuts(text: bytes) -> np.ndarray | list[int]:
     return nl[ok] - j
 
 
-def _event_texts(text: bytes, rows: list[int], n: int, cuts: np.ndarray | list[int]) -> list[bytes]:
-    """The JSON text of events ``rows`` (ascending) of a slice holding ``n`` events (``cuts``: its
-    :func:`_cuts`)."""
-    if len(cuts) != n - 1:
-        raise _Surprise("boundary inside a string")
-    ends = [int(cuts[r]) + 1 if r < n - 1 else len(text) - 1 for r in rows]  # the "]" closes the slice
-    return [text[(text.find(b"{", int(cuts[r - 1]) + 1) if r else 1) : e] for r, e in zip(rows, ends, strict=False)]
+class _Texts:
+    """The JSON text of single events of a slice, by row (events located through the pieces'
+    boundaries, found once per piece when first needed)."""
+
+    def __init__(self, sl: kineto_stream.Slice, heights: list[int]) -> None:
+        self._sl = sl
+        self._starts = np.cumsum([0, *heights])  # first row of each piece
+        self._cuts: dict[int, np.ndarray | list[int]] = {}
+
+    def __call__(self, rows: list[int]) -> list[bytes]:
+        """The texts of slice rows ``rows`` (ascending).
+
+        Raises:
+            _Surprise: a piece's boundaries do not match its event count (one inside a string).
+        """
+        out = []
+        piece_of = np.searchsorted(self._starts, rows, side="right") - 1
+        for r, j in zip(rows, piece_of.tolist(), strict=True):
+            text = self._sl.pieces[j]
+            n = int(self._starts[j + 1] - self._starts[j])
+            cuts = self._cuts.get(j)
+            if cuts is None:
+                cuts = self._cuts[j] = _cuts(text)
+                if len(cuts) != n - 1:
+                    raise _Surprise("boundary inside a string")
+            k = r - int(self._starts[j])
+            end = int(cuts[k]) + 1 if k < n - 1 else len(text) - 1  # the "]" closes the piece
+            out.append(text[(text.find(b"{", int(cuts[k - 1]) + 1) if k else 1) : end])
+        return out
 
 
-def _read(text: bytes) -> pl.DataFrame:
-    """``pl.read_json`` of a slice, in :data:`_PARTS` pieces of about equal size.
+def _read(sl: kineto_stream.Slice) -> tuple[pl.DataFrame, list[int]]:
+    """``pl.read_json`` of each piece of a slice, concatenated; and the pieces' event counts.
 
     The reader holds ~9x its input while it parses (polars 2.1: 19 MB for a 2 MB slice) and
-    jemalloc keeps freed pages resident for a while (see :mod:`ep_trace.parsers.allocator`); pieces bound that
-    (and parse faster). Pieces are cut only at the slice's event separator when it holds a newline
-    (Kineto's ``},\n  {``): JSON strings hold no raw newline, so the cut is an event boundary;
-    compact JSON is read whole. A wrong cut could only make a piece unreadable (an unclosed object),
-    and then the orjson path decodes the whole slice."""
-    size = len(text) // _PARTS
-    first = kineto_json._BOUNDARY_RE.search(text) if _PARTS > 1 else None
-    sep = first.group() if first is not None else b""
-    if b"\n" not in sep:
-        return pl.read_json(text, schema=_SCHEMA)
-    parts, start = [], 1  # after the "["
-    with memoryview(text) as view:  # one copy per piece (``b"[" + text[a:b] + b"]"`` made three)
-        while (cut := text.find(sep, start + size)) >= 0:
-            parts.append(pl.read_json(b"".join((b"[", view[start : cut + 1], b"]")), schema=_SCHEMA))
-            start = cut + len(sep) - 1  # the "{" of the next event
-        parts.append(pl.read_json(b"".join((b"[", view[start:])), schema=_SCHEMA))  # the slice's "]" closes it
-    return pl.concat(parts)
+    jemalloc keeps freed pages resident for a while (see :mod:`ep_trace.parsers.allocator`); pieces
+    of ~256 KB bound that and parse faster (0.15 vs 0.21 CPU-s per 55 MB)."""
+    parts = [pl.read_json(p, schema=_SCHEMA) for p in sl.pieces]
+    heights = [f.height for f in parts]
+    return (parts[0] if len(parts) == 1 else pl.concat(parts)), heights
 
 
-def _bool_time(text: bytes, rows: list[int], texts: Callable[[list[int]], list[bytes]]) -> bool:
+def _bool_time(sl: kineto_stream.Slice, rows: list[int], texts: _Texts) -> bool:
     """Whether one of events ``rows`` (X events whose ts or dur read as 0.0 or 1.0) holds a boolean
     ``ts`` / ``dur``, which the JSON reader reads as 1.0 / 0.0 and the orjson path refuses.
 
     Only those events' text is searched: a regex scan of the whole slice stops at every ``"``
     (0.06 CPU-s per 50 MB, a third of the reader's own time). Many such rows (int traces where
-    1 µs durations are common) search the whole slice, as does a boundary that cannot be trusted.
-    ``texts``: the event texts of rows (:func:`_event_texts`)."""
-    if len(rows) > 256:
-        return _BOOL_TIME.search(text) is not None
-    try:
-        return any(_BOOL_TIME.search(t) for t in texts(rows))
-    except _Surprise:
-        return _BOOL_TIME.search(text) is not None
+    1 µs durations are common) search the whole slice, as does a boundary that cannot be trusted."""
+    if len(rows) <= 256:
+        try:
+            return any(_BOOL_TIME.search(t) for t in texts(rows))
+        except _Surprise:
+            pass
+    return any(_BOOL_TIME.search(p) for p in sl.pieces)
 
 
 @functools.lru_cache(maxsize=8)
 def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]]:
     """The column and check expressions of :func:`_slice_frame`, built once (building them per slice
-    cost ~0.5 ms of Python each time)."""
-    cat, name, args = pl.col("cat"), pl.col("name"), pl.col("args").struct
+    cost ~0.5 ms of Python each time). They read the ``args`` fields as plain columns (the struct
+    is unnested before the X rows are filtered: filtering the struct cost twice its fields)."""
+    cat, name = pl.col("cat"), pl.col("name")
     mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
-    nbytes = pl.when(mem).then(args.field("bytes"))
+    nbytes = pl.when(mem).then(pl.col("bytes"))
     # one anchored regex (a literal-prefix set) instead of an OR of starts_with per prefix
     marks = name.str.contains("^(?:" + "|".join(re.escape(p) for p in keep_prefixes) + ")").fill_null(False)
-    kern = ((cat == "kernel") & args.field("Collective name").is_not_null()).fill_null(False)
+    kern = ((cat == "kernel") & pl.col("Collective name").is_not_null()).fill_null(False)
     ts, dur = pl.col("ts"), pl.col("dur")
     zero_one = ((ts == 0.0) | (ts == 1.0) | (dur == 0.0) | (dur == 1.0)).fill_null(False)  # maybe a bool
     cols = [
@@ -191,8 +201,8 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
         pl.col("tid").cast(pl.Int64, strict=False).alias("tid_raw"),
         ts,
         dur,
-        args.field("correlation").cast(pl.Int64, strict=False).alias("correlation"),
-        args.field("External id").cast(pl.Int64, strict=False).alias("external_id"),
+        pl.col("correlation").cast(pl.Int64, strict=False),
+        pl.col("External id").cast(pl.Int64, strict=False).alias("external_id"),
         nbytes.cast(pl.Int64, strict=False).alias("bytes"),
         marks.alias("_mark"),
         (marks | kern).alias("_cand"),
@@ -202,9 +212,9 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
         pl.any_horizontal(
             # bytes of every X row, not only the memcpy / memset rows that use it: stricter, so
             # still exact (a fraction anywhere sends the slice to orjson), and no mask to build
-            _not_int(args.field("correlation")),
-            _not_int(args.field("External id")),
-            _not_int(args.field("bytes")),
+            _not_int(pl.col("correlation")),
+            _not_int(pl.col("External id")),
+            _not_int(pl.col("bytes")),
         )
         .fill_null(False)
         .alias("ints"),
@@ -214,36 +224,39 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
 
 
 def _slice_frame(
-    text: bytes, offset: int, keep_prefixes: tuple[str, ...]
+    sl: kineto_stream.Slice, offset: int, keep_prefixes: tuple[str, ...]
 ) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
     Eager polars on the filtered X rows: one select for the columns, one for the checks (a lazy
     ``collect_all`` of the same queries cost 30% more in plan building and dispatch)."""
     try:
-        df = _read(text)
+        df, heights = _read(sl)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
         raise _Surprise(str(exc)[:80]) from None
     n = df.height
-    n_coll = n - df.get_column("args").struct.field("Collective name").null_count()
-    if n_coll != text.count(b'"Collective name"'):
+    df = df.unnest("args")
+    n_coll = n - df.get_column("Collective name").null_count()
+    if n_coll != sum(p.count(b'"Collective name"') for p in sl.pieces):
         raise _Surprise("null or nested Collective name")
     col_exprs, check_exprs = _exprs(keep_prefixes)
-    memo: list[np.ndarray | list[int]] = []  # the slice's event boundaries, found once if needed
-
-    def texts(rows: list[int]) -> list[bytes]:
-        if not memo:
-            memo.append(_cuts(text))
-        return _event_texts(text, rows, n, memo[0])
+    texts = _Texts(sl, heights)
 
     x = df.with_row_index("row").filter(pl.col("ph") == "X")
     row = x.select(check_exprs).row(0, named=True)
     if row["text"] or row["ints"]:
         raise _Surprise("numeric text or non-int id")
-    if row["zero_one"] and (b"true" in text or b"false" in text) and _bool_time(text, row["zero_one"], texts):
+    cols = x.select(col_exprs)
+    cand_rows = cols.get_column("_cand").arg_true()
+    if (
+        row["zero_one"]
+        # (when kept events are located anyway, their boundaries serve the search too: no
+        # whole-slice scan for the words; kernel names hold "true" / "false" in templates)
+        and (cand_rows.len() or any(b"true" in p or b"false" in p for p in sl.pieces))
+        and _bool_time(sl, row["zero_one"], texts)
+    ):
         # the JSON reader reads a boolean ts / dur as 1.0 / 0.0; the orjson path names the event
         raise _Surprise("boolean ts or dur")
-    cols = x.select(col_exprs)
     if offset:
         cols = cols.with_columns(pl.col("event_id") + offset)
     frame = cols.select(_FRAME_COLS)
@@ -255,7 +268,6 @@ def _slice_frame(
     ]
     if fixed:
         frame = frame.with_columns(fixed)
-    cand_rows = cols.get_column("_cand").arg_true()
     kept: list[tuple[int, dict[str, Any]]] = []
     if cand_rows.len():
         cand = cols.select("event_id", "name", "_mark")[cand_rows]
@@ -275,11 +287,11 @@ def _slice_frame(
 
 
 def _work(
-    text: bytes, keep_prefixes: tuple[str, ...]
+    sl: kineto_stream.Slice, keep_prefixes: tuple[str, ...]
 ) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
     """One slice in a worker thread; None: decode it with orjson instead (exact by construction)."""
     try:
-        return _slice_frame(text, 0, keep_prefixes)
+        return _slice_frame(sl, 0, keep_prefixes)
     except (_Surprise, pl.exceptions.PolarsError):  # a polars complaint on odd data is a surprise too
         return None
 
@@ -303,12 +315,12 @@ def decode_columnar(
     frames: list[pl.DataFrame] = []
     offset = 0
 
-    def consume(text: bytes, fut: Future) -> None:
+    def consume(sl: kineto_stream.Slice, fut: Future) -> None:
         nonlocal offset
         res = fut.result()
         if res is None:  # the orjson path, on the very same slice
             try:
-                evs = orjson.loads(text)
+                evs = orjson.loads(sl.text)
             except orjson.JSONDecodeError:
                 raise kineto_stream.Fallback("slice boundary inside a string") from None
             if evs:
@@ -322,11 +334,12 @@ def decode_columnar(
             kept_args[i + offset] = a
         offset += n
 
-    pending: deque[tuple[bytes, Future]] = deque()
+    pending: deque[tuple[kineto_stream.Slice, Future]] = deque()
+    piece = max(1, kineto_json.CHUNK_BYTES // _PARTS)
     with ThreadPoolExecutor(max_workers=2) as pool:
         try:
-            for text in kineto_stream.stream_slices(path, header):
-                pending.append((text, pool.submit(_work, text, keep_prefixes)))
+            for sl in kineto_stream.stream_pieces(path, header, piece_bytes=piece):
+                pending.append((sl, pool.submit(_work, sl, keep_prefixes)))
                 while len(pending) > _PIPELINE:
                     consume(*pending.popleft())
         finally:

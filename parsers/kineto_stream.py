@@ -27,7 +27,7 @@ import orjson
 
 from ep_trace.parsers import kineto_json, validate
 
-__all__ = ["Fallback", "stream_events", "stream_slices"]
+__all__ = ["Fallback", "Slice", "stream_events", "stream_pieces", "stream_slices"]
 
 _READ = 1 << 20
 
@@ -105,14 +105,58 @@ def _last_boundary(buf: bytearray) -> re.Match[bytes] | None:
     return None
 
 
-def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[bytes]:
-    """Yield the JSON text of ``traceEvents`` slices (``[`` ... ``]``, whole events); fill ``header``
-    when the stream ends.
+class Slice:
+    """One ``traceEvents`` slice as JSON-array *pieces* of about ``piece_bytes`` each.
 
-    Args:
-        path: A ``.json`` / ``.json.gz`` trace.
-        header: Receives every top-level key except ``traceEvents`` (before the last slice).
-        chunk_bytes: Slice size; default :data:`ep_trace.parsers.kineto_json.CHUNK_BYTES`.
+    ``pieces[i]`` is ``[`` + some whole events + ``]``, and ``seps[i]`` the text (``,`` and
+    whitespace) that separated ``pieces[i]`` from ``pieces[i + 1]`` in the file, so :attr:`text`
+    rebuilds the slice byte for byte. A slice of one piece is exactly the text
+    :func:`stream_slices` yields. polars' JSON reader parses a ~256 KB piece ~1.4x faster than a
+    2 MB one (its parse buffers stay in cache), and cutting here costs one copy of the text instead
+    of a second copy per piece later.
+    """
+
+    __slots__ = ("pieces", "seps")
+
+    def __init__(self, pieces: list[bytes], seps: list[bytes]) -> None:
+        self.pieces = pieces
+        self.seps = seps
+
+    @property
+    def text(self) -> bytes:
+        """The slice's JSON text (``[`` ... ``]``), rebuilt from the pieces."""
+        if len(self.pieces) == 1:
+            return self.pieces[0]
+        parts = [self.pieces[0][:-1]]
+        for sep, piece in zip(self.seps, self.pieces[1:], strict=True):
+            parts += (sep, piece[1:-1])
+        parts.append(b"]")
+        return b"".join(parts)
+
+
+def _cut(buf: bytearray, end: int, piece_bytes: int | None) -> Slice:
+    """``buf[:end]`` (whole events, ``end`` just after the last one's ``}``) as a :class:`Slice`.
+
+    Pieces are cut at event boundaries (``}`` ``,`` ``{``) found forward from every
+    ``piece_bytes``; a boundary inside a string would make a piece invalid JSON (the text before
+    the cut ends inside that string), never a different valid one, and the reader then hands the
+    slice to orjson."""
+    pieces, seps = [], []
+    pos = 0
+    with memoryview(buf) as view:
+        while piece_bytes and (m := kineto_json._BOUNDARY_RE.search(buf, pos + piece_bytes, end)) is not None:
+            pieces.append(b"".join((b"[", view[pos : m.start() + 1], b"]")))
+            seps.append(bytes(view[m.start() + 1 : m.end() - 1]))
+            pos = m.end() - 1  # the "{" of the next event
+        pieces.append(b"".join((b"[", view[pos:end], b"]")))
+    return Slice(pieces, seps)
+
+
+def stream_pieces(
+    path: Path, header: dict[str, Any], chunk_bytes: int | None = None, piece_bytes: int | None = None
+) -> Iterator[Slice]:
+    """Yield the ``traceEvents`` slices of :func:`stream_slices` (the same cuts), each as pieces of
+    about ``piece_bytes`` (None: one piece); fill ``header`` when the stream ends.
 
     Raises:
         Fallback: see the module doc (possibly after some slices were yielded: discard them).
@@ -137,10 +181,8 @@ def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = 
         last = _last_boundary(buf)  # slices of about `size`, the buffer stays below size + 1 MB
         if last is None:
             continue  # one huge event: keep reading
-        with memoryview(buf) as view:  # one copy of the slice instead of three
-            text = b"".join((b"[", view[: last.start() + 1], b"]"))
-        yield text
-        del text, buf[: last.end() - 1]
+        yield _cut(buf, last.start() + 1, piece_bytes)
+        del buf[: last.end() - 1]
     end = kineto_json._array_end(buf, 0)
     if end is None:
         raise Fallback("no end of traceEvents")
@@ -152,7 +194,23 @@ def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = 
         raise Fallback("not an object")
     doc.pop("traceEvents", None)
     header.update(doc)
-    yield b"[" + buf[:end] + b"]"
+    yield _cut(buf, end, piece_bytes)
+
+
+def stream_slices(path: Path, header: dict[str, Any], chunk_bytes: int | None = None) -> Iterator[bytes]:
+    """Yield the JSON text of ``traceEvents`` slices (``[`` ... ``]``, whole events); fill ``header``
+    when the stream ends.
+
+    Args:
+        path: A ``.json`` / ``.json.gz`` trace.
+        header: Receives every top-level key except ``traceEvents`` (before the last slice).
+        chunk_bytes: Slice size; default :data:`ep_trace.parsers.kineto_json.CHUNK_BYTES`.
+
+    Raises:
+        Fallback: see the module doc (possibly after some slices were yielded: discard them).
+    """
+    for sl in stream_pieces(path, header, chunk_bytes):
+        yield sl.pieces[0]
 
 
 def stream_events(
