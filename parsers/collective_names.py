@@ -18,6 +18,7 @@ distinct name.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import polars as pl
@@ -60,6 +61,12 @@ def normalise_collective(name: str | None) -> str:
     ``'_reduce_scatter_base'`` -> ``'reduce_scatter'``, ``'ncclBcast'`` -> ``'broadcast'``;
     anything else -> ``'unknown'``.
     """
+    # a few dozen distinct names per trace, each met once per call (x4 per collective): cached
+    return _normalise(name) if name.__class__ is str else _normalise.__wrapped__(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalise(name: str | None) -> str:
     if not name:
         return "unknown"
     token = _NCCL_API.sub("", name.split("::")[-1].split(":")[-1]).lower().strip("_")

@@ -17,6 +17,7 @@ keeps it when it still contains the point. The deepest containing level wins.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 __all__ = ["innermost_enclosing", "link_events"]
@@ -78,6 +79,9 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
     ops = ops.drop_nulls(by)
     if ops.height == 0 or points.height == 0:
         return out
+    packed = _packed_enclosing(points, ops, by)
+    if packed is not None:
+        return out.with_columns(pl.Series("op", packed, dtype=ops.schema["op"]))
     lops = _depths(ops, by).lazy()
     pts = points.lazy().select(*by, "t")
     # one query for all levels (each level an as-of join in points' order), not ~6 eager calls per
@@ -94,6 +98,56 @@ def innermost_enclosing(points: pl.DataFrame, ops: pl.DataFrame, key: tuple[str,
     hits = pl.concat(levels, how="horizontal").collect()
     # the deepest level that contains the point wins
     return out.with_columns(hits.select(pl.coalesce(list(reversed(hits.columns))).alias("op")).to_series())
+
+
+def _packed_enclosing(points: pl.DataFrame, ops: pl.DataFrame, by: list[str]) -> pl.Series | None:
+    """:func:`innermost_enclosing`'s answer (``op`` per point, in ``points``' order) computed on one
+    int64 key per row, ``thread * 2^bits + (time - lo)``, with numpy sorts and binary searches
+    instead of multi-column polars sorts and as-of joins by thread (those cost 11-13 ms each on
+    100k ops: a 55 MB GPU trace's links spent 0.04 CPU-s here, now ~0.01).
+
+    The same answer, step by step: nesting depth = ops earlier in (thread, start, end descending,
+    op) order minus ops of the thread that ended strictly before the op's start; per depth level
+    the last op starting at or before the point, kept when it still contains it; the deepest such
+    level wins. None (use the as-of path) when the packed key could overflow, a time is null, or an
+    op ends before it starts (depths could then tie within a level)."""
+    s, e, t = ops.get_column("start_ns"), ops.get_column("end_ns"), points.get_column("t")
+    if s.null_count() or e.null_count() or t.null_count() or bool((e < s).any()):
+        return None
+    lo, hi = int(s.min()), int(e.max())  # type: ignore[arg-type]
+    # thread ids in key order (dense rank of the key struct: exact, no hash)
+    gid = ops.select(pl.struct(by).rank("dense").cast(pl.Int64) - 1).to_series()
+    n_threads = int(gid.max()) + 1  # type: ignore[arg-type]
+    bits = (hi - lo + 1).bit_length()
+    if (n_threads << bits) >= 2**62:
+        return None
+    threads = ops.select(by).with_columns(gid.alias("_g")).unique(by)
+    g = gid.to_numpy()
+    base = g << bits
+    ps = base + (s.to_numpy() - lo)
+    pe = base + (e.to_numpy() - lo)
+    op = ops.get_column("op").to_numpy()
+    order = np.lexsort((op, -pe, ps))  # thread, start, end descending, op
+    ps, pe, g, op = ps[order], pe[order], g[order], op[order]
+    first_of_thread = np.searchsorted(g, np.arange(n_threads), side="left")
+    pos = np.arange(len(ps)) - first_of_thread[g]
+    ends = np.sort(pe)
+    ended = np.searchsorted(ends, ps, side="left") - np.searchsorted(ends, g << bits, side="left")
+    depth = pos - ended  # >= 0: every op that ended before this start also started before it
+    # each point on its thread's axis; a point outside [lo, hi] is contained by no op
+    pg = points.select(by).join(threads, on=by, how="left", maintain_order="left").get_column("_g")
+    tt = t.to_numpy()
+    valid = (pg.is_not_null().to_numpy()) & (tt >= lo) & (tt <= hi)
+    pt = np.where(valid, (pg.fill_null(0).to_numpy() << bits) + (tt - lo), -1)
+    answer = np.full(len(tt), -1, dtype=np.int64)  # row of the op in the sorted arrays
+    for d in range(int(depth.max()) + 1):
+        rows = np.flatnonzero(depth == d)  # ascending packed start within the level (distinct)
+        j = np.searchsorted(ps[rows], pt, side="right") - 1
+        cand = rows[np.maximum(j, 0)]
+        hit = valid & (j >= 0) & (g[cand] == (pt >> bits)) & (pe[cand] >= pt)
+        answer = np.where(hit, cand, answer)  # deeper levels overwrite: the deepest wins
+    found = pl.Series("op", op[np.maximum(answer, 0)], dtype=ops.schema["op"])
+    return found.scatter(np.flatnonzero(answer < 0), None)
 
 
 def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:

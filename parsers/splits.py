@@ -12,6 +12,7 @@ Third-party exporters sometimes write real JSON arrays; both are accepted.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ep_trace.dtypes import itemsize
@@ -45,6 +46,17 @@ def parse_int_list(value: object, full_length: int | None = None) -> ParsedList 
         ``None`` when ``value`` is missing or not a list; otherwise the parsed list (empty for
         ``"[]"``).
     """
+    if value.__class__ is str:  # the same few strings on every call of a trace ("[0, 1]", "[]"): cached
+        return _parse_text(value, full_length)  # type: ignore[arg-type]
+    return _parse(value, full_length)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str, full_length: int | None) -> ParsedList | None:
+    return _parse(value, full_length)
+
+
+def _parse(value: object, full_length: int | None) -> ParsedList | None:
     if value is None:
         return None
     if isinstance(value, list):

@@ -54,3 +54,36 @@ def test_innermost_enclosing_equals_brute_force(seed, threads):
         ]
         want = max(inside, key=lambda r: r["d"])["op"] if inside else None
         assert got[i] == want, (t, inside)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(-3, 40), st.integers(0, 12)), min_size=1, max_size=40
+    ),  # (thread, start, duration): overlapping, equal and zero-length intervals, not nested
+    ts=st.lists(st.integers(-5, 60), min_size=1, max_size=20),
+    offset=st.sampled_from([0, 1_700_000_000_000_000_000]),  # epoch ns: the packed key stays exact
+)
+def test_packed_enclosing_equals_asof_path_on_any_intervals(ops, ts, offset):
+    """The numpy path (one packed key, binary searches) gives the as-of join path's answer on every
+    input it accepts, improperly nested ops included (old traces have some: hta_torchrec16_rank0)."""
+    from unittest import mock
+
+    from ep_trace.parsers import kineto_links
+
+    ops_df = pl.DataFrame(
+        {
+            "pid": [1] * len(ops),
+            "tid": [t for t, _, _ in ops],
+            "start_ns": [offset + s for _, s, _ in ops],
+            "end_ns": [offset + s + d for _, s, d in ops],
+            "op": [100 + i for i in range(len(ops))],
+        }
+    )
+    pts = pl.DataFrame({"pid": [1] * len(ts), "tid": [i % 4 for i in range(len(ts))], "t": [offset + t for t in ts]})
+    pts = pts.with_row_index("i")
+    assert kineto_links._packed_enclosing(pts.sort("t"), ops_df, ["pid", "tid"]) is not None
+    got = innermost_enclosing(pts, ops_df)
+    with mock.patch.object(kineto_links, "_packed_enclosing", lambda *a: None):
+        want = innermost_enclosing(pts, ops_df)
+    assert got.equals(want), (got, want)
