@@ -69,7 +69,19 @@ _SCHEMA: dict[str, Any] = {
 }
 _FLOATISH = r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?$|^(?:true|false)$"
 _BOOL_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*(?:true|false)')
-_FRAME_COLS = ("event_id", "category", "name", "pid_raw", "tid_raw", "ts", "dur", "correlation", "external_id", "bytes")
+_FRAME_SCHEMA = {
+    "event_id": pl.Int64,
+    "category": pl.Utf8,
+    "name": pl.Utf8,
+    "pid_raw": pl.Int64,
+    "tid_raw": pl.Int64,
+    "ts": pl.Float64,
+    "dur": pl.Float64,
+    "correlation": pl.Int64,
+    "external_id": pl.Int64,
+    "bytes": pl.Int64,
+}
+_FRAME_COLS = tuple(_FRAME_SCHEMA)
 _PIPELINE = 4  # slices decoded ahead of the one being consumed
 _PARTS = 8  # JSON pieces per slice (see _read)
 
@@ -193,10 +205,12 @@ def _bool_time(sl: kineto_stream.Slice, rows: list[int], texts: _Texts) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]]:
-    """The column and check expressions of :func:`_slice_frame`, built once (building them per slice
-    cost ~0.5 ms of Python each time). They read the ``args`` fields as plain columns (the struct
-    is unnested before the X rows are filtered: filtering the struct cost twice its fields)."""
+def _exprs(keep_prefixes: tuple[str, ...]) -> list[pl.Expr]:
+    """The expressions of :func:`_slice_frame`'s one select over a slice's X rows, built once
+    (building them per slice cost ~0.5 ms of Python each time): the columns, the two checks (a
+    boolean each, broadcast) and the rows whose ts or dur may be a boolean. They read the ``args``
+    fields as plain columns (the struct is unnested before the X rows are filtered: filtering the
+    struct cost twice its fields)."""
     cat, name = pl.col("cat"), pl.col("name")
     mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
     nbytes = pl.when(mem).then(pl.col("bytes"))
@@ -205,8 +219,7 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
     kern = ((cat == "kernel") & pl.col("Collective name").is_not_null()).fill_null(False)
     ts, dur = pl.col("ts"), pl.col("dur")
     zero_one = ((ts == 0.0) | (ts == 1.0) | (dur == 0.0) | (dur == 1.0)).fill_null(False)  # maybe a bool
-    cols = [
-        pl.col("row").cast(pl.Int64).alias("event_id"),
+    return [
         cat.alias("category"),
         name,
         pl.col("pid").cast(pl.Int64, strict=False).alias("pid_raw"),
@@ -218,9 +231,8 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
         nbytes.cast(pl.Int64, strict=False).alias("bytes"),
         marks.alias("_mark"),
         (marks | kern).alias("_cand"),
-    ]
-    checks = [
-        (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("text"),
+        zero_one.alias("_zero_one"),
+        (cat.str.contains(_FLOATISH) | name.str.contains(_FLOATISH)).fill_null(False).any().alias("_text"),
         pl.any_horizontal(
             # bytes of every X row, not only the memcpy / memset rows that use it: stricter, so
             # still exact (a fraction anywhere sends the slice to orjson), and no mask to build
@@ -229,10 +241,8 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> tuple[list[pl.Expr], list[pl.Expr]
             _not_int(pl.col("bytes")),
         )
         .fill_null(False)
-        .alias("ints"),
-        pl.col("row").filter(zero_one).implode().alias("zero_one"),
+        .alias("_ints"),
     ]
-    return cols, checks
 
 
 def _slice_frame(
@@ -240,8 +250,9 @@ def _slice_frame(
 ) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]]:
     """Columns of the X events of one slice, the slice's event count and the kept args, in order.
 
-    Eager polars on the filtered X rows: one select for the columns, one for the checks (a lazy
-    ``collect_all`` of the same queries cost 30% more in plan building and dispatch)."""
+    Eager polars: one filter and one select over the X rows, everything else on Series (each
+    DataFrame query costs ~0.1 ms of planning and dispatch whatever its size; a lazy
+    ``collect_all`` of the same queries cost 30% more)."""
     try:
         df, heights = _read(sl)
     except Exception as exc:  # noqa: BLE001 - any reader complaint means: let orjson decide
@@ -251,27 +262,29 @@ def _slice_frame(
     n_coll = n - df.get_column("Collective name").null_count()
     if n_coll != sum(p.count(b'"Collective name"') for p in sl.pieces):
         raise _Surprise("null or nested Collective name")
-    col_exprs, check_exprs = _exprs(keep_prefixes)
     texts = _Texts(sl, heights)
 
-    x = df.with_row_index("row").filter(pl.col("ph") == "X")
-    row = x.select(check_exprs).row(0, named=True)
-    if row["text"] or row["ints"]:
+    is_x = df.get_column("ph") == "X"
+    x = df.filter(is_x)
+    rows = is_x.arg_true().cast(pl.Int64)  # slice-local event index of each X row
+    if x.height == 0:
+        return pl.DataFrame(schema=_FRAME_SCHEMA), n, []
+    cols = x.select(_exprs(keep_prefixes))
+    if cols.get_column("_text")[0] or cols.get_column("_ints")[0]:
         raise _Surprise("numeric text or non-int id")
-    cols = x.select(col_exprs)
     cand_rows = cols.get_column("_cand").arg_true()
+    zero_one = cols.get_column("_zero_one")
     if (
-        row["zero_one"]
+        zero_one.any()
         # (when kept events are located anyway, their boundaries serve the search too: no
         # whole-slice scan for the words; kernel names hold "true" / "false" in templates)
         and (cand_rows.len() or any(b"true" in p or b"false" in p for p in sl.pieces))
-        and _bool_time(sl, row["zero_one"], texts)
+        and _bool_time(sl, rows.filter(zero_one).to_list(), texts)
     ):
         # the JSON reader reads a boolean ts / dur as 1.0 / 0.0; the orjson path names the event
         raise _Surprise("boolean ts or dur")
-    if offset:
-        cols = cols.with_columns(pl.col("event_id") + offset)
-    frame = cols.select(_FRAME_COLS)
+    ids = rows + offset if offset else rows
+    frame = pl.DataFrame([ids.alias("event_id"), *(cols.get_column(c) for c in _FRAME_COLS[1:])])
     # label strings ("Spans", "stream 7 ") among the ints: the cast made them null (rare, per Series)
     fixed = [
         _track(x.get_column(c), frame.get_column(f"{c}_raw")).alias(f"{c}_raw")
@@ -282,23 +295,23 @@ def _slice_frame(
         frame = frame.with_columns(fixed)
     kept: list[tuple[int, dict[str, Any]]] = []
     if cand_rows.len():
-        cand = cols.select("event_id", "name", "_mark")[cand_rows]
-        ids = cand["event_id"].to_list()
+        cand_ids = rows.gather(cand_rows).to_list()
         try:  # one orjson call for all of them (per-event calls cost ~1 µs each more)
-            evs = orjson.loads(b"[" + b",".join(texts([i - offset for i in ids])) + b"]")
+            evs = orjson.loads(b"[" + b",".join(texts(cand_ids)) + b"]")
         except orjson.JSONDecodeError:
             raise kineto_stream.Fallback("kept event not decodable by orjson") from None  # e.g. > uint64
         if (
-            len(evs) != len(ids)
+            len(evs) != len(cand_ids)
             or not all(isinstance(e, dict) for e in evs)
-            or [e.get("name") for e in evs] != cand["name"].to_list()
+            or [e.get("name") for e in evs] != cols.get_column("name").gather(cand_rows).to_list()
         ):
             raise _Surprise("kept event text misplaced")
-        is_mark = cand["_mark"].to_list()
+        ids_l = [i + offset for i in cand_ids]
+        is_mark = cols.get_column("_mark").gather(cand_rows).to_list()
         arg = [e.get("args") for e in evs]
         # same order and tests as _chunk_frame: name marks first, then kernels with a metadata copy
-        kept = [(i, a) for i, a, m in zip(ids, arg, is_mark, strict=False) if m and a]
-        kept += [(i, a) for i, a, m in zip(ids, arg, is_mark, strict=False) if not m and a and "Collective name" in a]
+        kept = [(i, a) for i, a, m in zip(ids_l, arg, is_mark, strict=False) if m and a]
+        kept += [(i, a) for i, a, m in zip(ids_l, arg, is_mark, strict=False) if not m and a and "Collective name" in a]
     return frame, n, kept
 
 
