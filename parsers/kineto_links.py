@@ -127,7 +127,9 @@ def _packed_enclosing(points: pl.DataFrame, ops: pl.DataFrame, by: list[str]) ->
     ps = base + (s.to_numpy() - lo)
     pe = base + (e.to_numpy() - lo)
     op = ops.get_column("op").to_numpy()
-    order = np.lexsort((op, -pe, ps))  # thread, start, end descending, op
+    order = np.argsort(ps, kind="stable")
+    if len(ps) > 1 and not (np.diff(ps[order]) > 0).all():  # equal starts on a thread: full key
+        order = np.lexsort((op, -pe, ps))  # thread, start, end descending, op
     ps, pe, g, op = ps[order], pe[order], g[order], op[order]
     first_of_thread = np.searchsorted(g, np.arange(n_threads), side="left")
     pos = np.arange(len(ps)) - first_of_thread[g]
@@ -140,8 +142,10 @@ def _packed_enclosing(points: pl.DataFrame, ops: pl.DataFrame, by: list[str]) ->
     valid = (pg.is_not_null().to_numpy()) & (tt >= lo) & (tt <= hi)
     pt = np.where(valid, (pg.fill_null(0).to_numpy() << bits) + (tt - lo), -1)
     answer = np.full(len(tt), -1, dtype=np.int64)  # row of the op in the sorted arrays
-    for d in range(int(depth.max()) + 1):
-        rows = np.flatnonzero(depth == d)  # ascending packed start within the level (distinct)
+    by_level = np.argsort(depth, kind="stable")  # levels contiguous, ascending start within each
+    bounds = np.searchsorted(depth[by_level], np.arange(int(depth.max()) + 2), side="left")
+    for d in range(len(bounds) - 1):
+        rows = by_level[bounds[d] : bounds[d + 1]]  # (start values distinct within a level)
         j = np.searchsorted(ps[rows], pt, side="right") - 1
         cand = rows[np.maximum(j, 0)]
         hit = valid & (j >= 0) & (g[cand] == (pt >> bits)) & (pe[cand] >= pt)
