@@ -9,17 +9,17 @@ so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-s
 * ``ep-trace-warm`` -- the same, timed on a second read of the file in the same process: the
   steady state of a directory of big ranks (the first read also pays one-off costs: the heap's
   first growth, polars' and the allocator's first use);
-* ``polars-read``   -- only the reader ep-trace's decode is built on: ``pl.read_json`` with its
-  schema over the file's ~2 MB ``traceEvents`` slices (``kineto_columnar._read``), no checks, no
-  tables: the floor of ep-trace's own decode;
+* ``polars-read``   -- only the reader ep-trace's decode is built on: the file streamed in its
+  ~256 KB ``traceEvents`` pieces and ``pl.read_json`` with its schema over each
+  (``kineto_columnar._read``), no checks, no tables: the floor of ep-trace's own decode;
 * ``orjson``        -- ``orjson.loads`` of the whole text (Python objects, nothing else);
 * ``msgspec``       -- ``msgspec.json.decode`` untyped (Python objects);
 * ``msgspec-typed`` -- ``msgspec.json.decode`` into typed ``Struct`` s of the 8 fields the parser uses;
 * ``simdjson``      -- ``simdjson.Parser().parse`` (pysimdjson; the parse to its tape only, lazy
   objects: the tokenizer limit, no Python object per event).
 
-The msgspec and simdjson contenders are not ep-trace dependencies: ``pip install msgspec pysimdjson``
-(measured with msgspec 0.22.0, pysimdjson 7.0.2) or leave them out with ``--modes``.
+The msgspec and simdjson contenders are not ep-trace dependencies: ``pip install 'ep-trace[bench]'``
+(msgspec 0.22.0, pysimdjson 7.0.2) or leave them out with ``--modes``.
 
 Usage::
 
@@ -48,10 +48,11 @@ if mode in ("ep-trace", "ep-trace-warm"):
         read_kineto_file(path)
     t = time.process_time(); read_kineto_file(path); dt = time.process_time() - t
 elif mode == "polars-read":
-    from ep_trace.parsers import kineto_columnar, kineto_stream
+    from ep_trace.parsers import kineto_columnar, kineto_json, kineto_stream
+    piece = kineto_json.CHUNK_BYTES // kineto_columnar._PARTS
     t = time.process_time()
-    for text in kineto_stream.stream_slices(Path(path), {}):
-        kineto_columnar._read(text)
+    for sl in kineto_stream.stream_pieces(Path(path), {}, piece_bytes=piece):
+        kineto_columnar._read(sl)
     dt = time.process_time() - t
 elif mode == "orjson":
     import orjson

@@ -309,7 +309,10 @@ def read_batches(
         batches = plan_batches(inputs, workers)
     else:
         workers = getattr(executor, "workers", None) or getattr(executor, "_max_workers", None) or 1
-        batches = plan_batches(inputs, workers if executor is not None else 1)
+        # an engine may ask for one task per big file (RayExecutor.alone_bytes; None elsewhere)
+        batches = plan_batches(
+            inputs, workers if executor is not None else 1, alone_bytes=getattr(executor, "alone_bytes", None)
+        )
     specs = [
         BatchSpec(
             index=i,

@@ -2,7 +2,7 @@
 
 The readers take a :class:`concurrent.futures.Executor` (only ``submit`` is used), so any engine
 with that interface works: :func:`local_executor` (spawn processes on this machine),
-:class:`RayExecutor` (one Ray task per batch of rank files; ``pip install 'ep-trace[ray]'``), or
+:class:`RayExecutor` (one Ray task per big rank file, small files batched; ``pip install 'ep-trace[ray]'``), or
 Dask's ``distributed.Client(...).get_executor()``. Tasks are :func:`ep_trace.parsers.read_pool.decode_batch`
 calls on plain picklable specs; workers must have ep-trace installed (Ray: the same virtual
 environment, or ``runtime_env={"pip": ["ep-trace"]}``) and, for ``ingest``, the output directory
@@ -30,6 +30,14 @@ ENGINES: tuple[str, ...] = ("local", "ray")
 #: CPU seconds a spawned worker spends before its first file (import of polars + readers), measured
 #: 1.0-1.6 s on the project machine; a pool of N is used only when the work saves more than that.
 SPAWN_CPU_S = 1.5
+#: Rank files of at least this much JSON get one Ray task each (:class:`RayExecutor`); smaller
+#: ones are batched. Measured on 1,024 param DLRM ranks (0.92 MB each) on a local 2-CPU Ray,
+#: ``ingest``: one task per file 52-55 CPU-s / 60-63 s wall, batches 27 CPU-s / 34-43 s (median
+#: of 3, load 7-11; benchmarks/README.md): each task costs ~25 ms of CPU more than a file of a
+#: batch (Ray's task round trip, a Parquet partition per table, the per-file fixed cost that a
+#: batch's one plan amortises). From 8 MB (~0.08 CPU-s of decode) that is <= 30% of the file's
+#: own work, and big files gain from their own task: no waiting on a batch, one partition each.
+RAY_ALONE_BYTES = 8 << 20
 
 
 def free_cpus() -> int:
@@ -92,21 +100,34 @@ class RayExecutor(Executor):
     """``concurrent.futures.Executor`` over Ray tasks: ``submit(fn, ...)`` runs ``fn`` as a Ray task
     (1 CPU, no retries: a bad file fails the same way every time) and returns its future.
 
+    The readers ask it for :attr:`alone_bytes`: every rank file of at least that much JSON is a
+    task of its own (decode -> its tables or Parquet partitions), the smaller files are batched as
+    on a local pool (:data:`RAY_ALONE_BYTES`: one task per small file cost twice the CPU).
+
     Args:
         address: Ray cluster to join (``'auto'``, ``'ray://head:10001'``); None = ``RAY_ADDRESS`` or a
             new local Ray.
         num_cpus: CPUs of a new local Ray (ignored when joining a cluster).
         runtime_env: Passed to ``ray.init`` (e.g. ``{"pip": ["ep-trace"]}`` on a bare cluster).
+        alone_bytes: Files of at least this many estimated JSON bytes get one task each; 0: one
+            task per file whatever its size; None: batches only (the local pool's plan).
 
     Raises:
         ImportError: Ray is not installed (``pip install 'ep-trace[ray]'``).
     """
 
     def __init__(
-        self, address: str | None = None, num_cpus: int | None = None, runtime_env: dict[str, Any] | None = None
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        alone_bytes: int | None = RAY_ALONE_BYTES,
     ) -> None:
         import ray
 
+        #: Rank files of at least this many JSON bytes get one task each (read by the reader's
+        #: batch planner, ``read_pool.plan_batches``); smaller ones are batched. 0: one task per file.
+        self.alone_bytes = alone_bytes
         self._ray = ray
         self._owns = not ray.is_initialized()
         if self._owns:

@@ -349,7 +349,11 @@ def _json_bytes(path: Path) -> int:
 
 
 def plan_batches(
-    inputs: list[tuple[Path, str]], workers: int = 1, batch_bytes: int | None = None, batch_files: int | None = None
+    inputs: list[tuple[Path, str]],
+    workers: int = 1,
+    batch_bytes: int | None = None,
+    batch_files: int | None = None,
+    alone_bytes: int | None = None,
 ) -> list[list[int]]:
     """Group input indices into batches of consecutive files.
 
@@ -360,6 +364,8 @@ def plan_batches(
         batch_bytes: Estimated JSON bytes per batch at most (a bigger file is alone); default
             :data:`BATCH_BYTES`.
         batch_files: Files per batch at most; default :data:`BATCH_FILES`.
+        alone_bytes: A file of at least this many estimated JSON bytes is a batch of its own
+            whatever ``batch_bytes`` (0: every file alone, one task per file); None: no such rule.
 
     Returns:
         Lists of indices into ``inputs``, in order, covering every file once.
@@ -373,6 +379,12 @@ def plan_batches(
     cur: list[int] = []
     acc = 0
     for i, s in enumerate(sizes):
+        if alone_bytes is not None and s >= alone_bytes:
+            if cur:
+                batches.append(cur)
+                cur, acc = [], 0
+            batches.append([i])
+            continue
         if cur and (acc + s > batch_bytes or len(cur) >= batch_files):
             batches.append(cur)
             cur, acc = [], 0

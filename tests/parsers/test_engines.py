@@ -66,6 +66,9 @@ def test_plan_batches_groups_small_files_and_splits_for_workers(tmp_path):
     assert plan_batches(files, batch_bytes=1000, batch_files=2) == [[0, 1], [2, 3], [4]]
     # 2 workers: batches of at most 140 / 8 bytes, so every file alone here
     assert plan_batches(files, workers=2, batch_bytes=1000) == [[0], [1], [2], [3], [4]]
+    # a big file is a task of its own, the small ones around it stay batched (Ray's plan)
+    assert plan_batches(files, batch_bytes=1000, alone_bytes=50) == [[0, 1, 2], [3], [4]]
+    assert plan_batches(files, batch_bytes=1000, alone_bytes=0) == [[0], [1], [2], [3], [4]]
 
 
 def test_any_executor_gives_the_serial_tables(samples_dir, dlrm):
@@ -137,12 +140,42 @@ def ray_pool():
     pool.shutdown()
 
 
-def test_ray_summary_identical_to_local(ray_pool, samples_dir, dlrm):
+def _count_tasks(pool, monkeypatch) -> list[int]:
+    """Spy on ``pool.submit``: the returned list grows by one per Ray task."""
+    tasks: list[int] = []
+    real = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda fn, *a, **k: tasks.append(1) or real(fn, *a, **k))
+    return tasks
+
+
+@pytest.mark.parametrize("alone_bytes", [engines.RAY_ALONE_BYTES, 0])
+def test_ray_summary_identical_to_local(ray_pool, samples_dir, dlrm, monkeypatch, alone_bytes):
+    """Default plan (small files batched) and one task per rank file give the local summary."""
+    monkeypatch.setattr(ray_pool, "alone_bytes", alone_bytes)
+    tasks = _count_tasks(ray_pool, monkeypatch)
     for d in (samples_dir / "balanced", dlrm):
+        tasks.clear()
         assert ep_trace.load(d, executor=ray_pool).summary() == ep_trace.load(d).summary(), d
+        n_files = len([f for f in d.iterdir() if ".pt.trace.json" in f.name])
+        if alone_bytes == 0:
+            assert len(tasks) == n_files, d
+        else:  # small files batched: at most one task per file
+            assert 1 <= len(tasks) <= n_files, d
 
 
-def test_ray_bad_file_same_one_line_error_and_keep_going(ray_pool, dlrm_bad, tmp_path):
+def test_ray_one_task_per_big_rank_file(ray_pool, dlrm, tmp_path, monkeypatch):
+    """Files of at least ``alone_bytes`` of JSON are one task (and one partition) each."""
+    monkeypatch.setattr(ray_pool, "alone_bytes", 1)  # every rank file counts as big here
+    tasks = _count_tasks(ray_pool, monkeypatch)
+    res = ingest_to(dlrm, tmp_path / "out", executor=ray_pool)
+    assert len(tasks) == 8 and len(list((tmp_path / "out" / "events").iterdir())) == 8
+    _same(read_parquet(tmp_path / "out"), read_trace_dir(dlrm))
+    assert res.rows["ranks"] == 8
+
+
+@pytest.mark.parametrize("alone_bytes", [engines.RAY_ALONE_BYTES, 0])
+def test_ray_bad_file_same_one_line_error_and_keep_going(ray_pool, dlrm_bad, tmp_path, monkeypatch, alone_bytes):
+    monkeypatch.setattr(ray_pool, "alone_bytes", alone_bytes)
     with pytest.raises(TraceFormatError) as serial:
         read_trace_dir(dlrm_bad)
     with pytest.raises(TraceFormatError) as on_ray:
