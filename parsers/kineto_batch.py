@@ -173,6 +173,14 @@ def _sort_columns(holder: list[pl.DataFrame], *by: str) -> pl.DataFrame:
     return pl.DataFrame(cols).with_columns(empty).select(names)
 
 
+def _step_seq(name: pl.Series) -> pl.Series:
+    """The step number of ``ProfilerStep#<n>`` rows (null elsewhere), the regex run on those rows
+    only (on every name it cost 4.1 ms per 190k events; the rows are a handful)."""
+    rows = name.str.starts_with("ProfilerStep#").arg_true()
+    seq = name.gather(rows).str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64)
+    return pl.repeat(None, name.len(), dtype=pl.Int64, eager=True).scatter(rows, seq)
+
+
 def _per_file(df: pl.DataFrame, n_files: int) -> list[int]:
     """Rows of each file in ``df`` (sorted by :data:`FILE`), as a list indexed by file."""
     counts = dict(df.group_by(FILE).len().iter_rows()) if df.height else {}
@@ -228,7 +236,7 @@ def finish_files(files: Sequence[Decoded]) -> list[tuple[schema.TraceTables, Any
         rank.alias("rank"),
         pl.when(gpu).then(pl.col("pid")).cast(pl.Int32).alias("device"),
         pl.when(gpu).then(pl.col("tid")).alias("stream"),
-        pl.col("name").str.extract(r"^ProfilerStep#(\d+)$").cast(pl.Int64).alias("seq"),
+        _step_seq(ev.get_column("name")).alias("seq"),
     )
     ev = link_events(ev, FILE)
     ctx = [FileContext(d.kept_args, d.rank, d.dist, str(d.path)) for d in files]

@@ -221,7 +221,7 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
     op_id = pl.when(ext_ok).then(pl.col("_ext_op")).otherwise(pl.col("_launch_op"))
     n = n.select("_row", "launch_id", op_id.alias("op_id"))
     rows = n.get_column("_row")
-    empty = pl.Series([None], dtype=ev.schema["event_id"]).extend_constant(None, ev.height - 1)
+    empty = pl.repeat(None, ev.height, dtype=ev.schema["event_id"], eager=True)
     return ev.with_columns(
         empty.scatter(rows, n.get_column("launch_id")).alias("launch_id"),
         empty.scatter(rows, n.get_column("op_id")).alias("op_id"),
