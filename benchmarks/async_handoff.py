@@ -90,7 +90,9 @@ def main() -> None:
     print("| compute C ms | KB per peer | sync median / mean / p90 ms | wait after C: median / mean / p90 ms |")
     print("|---|---|---|---|")
     for (c_ms, r), (s, w) in sorted(res.items()):
-        print(f"| {c_ms:g} | {r * 256 * 4 // 1024} | {s[0]:.3f} / {s[1]:.3f} / {s[2]:.3f} | {w[0]:.3f} / {w[1]:.3f} / {w[2]:.3f} |")
+        print(
+            f"| {c_ms:g} | {r * 256 * 4 // 1024} | {s[0]:.3f} / {s[1]:.3f} / {s[2]:.3f} | {w[0]:.3f} / {w[1]:.3f} / {w[2]:.3f} |"
+        )
 
 
 if __name__ == "__main__":
