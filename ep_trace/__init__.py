@@ -133,7 +133,7 @@ def load(
             executor=executor,
         )
     tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs, executor, reader)
-    if tables.events.height == 0:
+    if tables.n_events() == 0:
         names = ", ".join(map(str, dirs))
         raise NothingToAnalyzeError(
             f"{names}: no trace events found; point ep-trace at a directory of rank*.pt.trace.json.gz or *.sqlite files"

@@ -375,10 +375,26 @@ class TraceTables:
     placement: pl.DataFrame = field(default_factory=lambda: empty("placement"))
     stages: pl.DataFrame = field(default_factory=lambda: empty("stages"))
     load_report: tuple[LoadIssue, ...] = ()
+    #: The events, when they stay on disk: a lazy scan of an ingest directory's ``events/`` Parquet
+    #: partitions (``events`` is then empty). The analysis reads them a block of ranks at a time
+    #: (:mod:`ep_trace.analysis.rank_pass`), so that its memory does not grow with the ranks.
+    events_scan: pl.LazyFrame | None = field(default=None, compare=False)
 
     def table(self, name: TableName) -> pl.DataFrame:
-        """The table called ``name``."""
-        return getattr(self, name)
+        """The table called ``name`` (``events``: every event, read from ``events_scan`` if set)."""
+        if name == "events" and self.events_scan is not None:
+            return self.events_scan.collect()
+        return cast(pl.DataFrame, getattr(self, name))
+
+    def scan_events(self) -> pl.LazyFrame:
+        """The events as a lazy frame: ``events_scan``, or the in-memory ``events``."""
+        return self.events_scan if self.events_scan is not None else self.events.lazy()
+
+    def n_events(self) -> int:
+        """Number of events (a count over ``events_scan`` when the events stay on disk)."""
+        if self.events_scan is None:
+            return self.events.height
+        return int(self.events_scan.select(pl.len()).collect().item())
 
     def validate(self, source: str = "<tables>") -> TraceTables:
         """Validate every table; returns self."""

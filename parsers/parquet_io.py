@@ -208,12 +208,12 @@ def _finish(out: Path, issues: tuple[schema.LoadIssue, ...], manifest: dict[str,
     return [out / _REPORT, out / _MANIFEST]
 
 
-def _read_cached(out: Path, key: str) -> schema.TraceTables | None:
+def _read_cached(out: Path, key: str, lazy_events: bool = False) -> schema.TraceTables | None:
     """The tables of a cache entry holding ``key``; ``None`` when absent, stale or damaged (rebuilt)."""
     if not _cached(out, key):
         return None
     try:
-        return read_parquet(out)
+        return read_parquet(out, lazy_events=lazy_events)
     except EpTraceError as exc:
         log.warning("%s: damaged cache, rebuilding it: %s", out, exc)
         return None
@@ -421,9 +421,10 @@ def load_trace_dir(
 
     The key (:func:`input_key`) covers the ep-trace version, the options and every input file's
     path, size and mtime, so a changed, added or removed rank file is parsed again. On a miss the
-    directory is read in memory as without a cache and the tables are then written to the entry
-    (~0.4 CPU-s for 1,024 param DLRM ranks, 2.5 M events); on a hit they are read back (~0.3 CPU-s
-    there instead of ~17 s of parsing). An unwritable cache root only logs a warning. The cache is
+    rank files are streamed into the entry batch by batch (:func:`ingest_to`'s path: never every
+    rank's events in memory at once); either way the tables are read back with the events left on
+    disk (``TraceTables.events_scan``: the analysis reads them a block of ranks at a time), the
+    small tables in memory. An unwritable cache root only logs a warning and reads in memory. The cache is
     capped (``EP_TRACE_CACHE_MAX_BYTES``, default 20 GiB; :mod:`ep_trace.parsers.cache_evict`): least
     recently used entries go first.
 
@@ -433,11 +434,12 @@ def load_trace_dir(
         use_cache: False = always parse (and do not write the cache).
         format, on_error, progress, rank_map, jobs, executor: As for ``read_trace_dir``.
     """
-    from ep_trace import __version__
     from ep_trace.parsers.dispatch import read_trace_dir
 
     p = Path(path)
-    if not use_cache or is_ingest_dir(p) or not (p.is_dir() or p.is_file()):
+    if use_cache and is_ingest_dir(p):
+        return read_parquet(p, lazy_events=True)
+    if not use_cache or not (p.is_dir() or p.is_file()):
         # (a FIFO, a device, a missing path: read_trace_dir refuses it with its own message)
         return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     try:
@@ -446,24 +448,35 @@ def load_trace_dir(
         return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
-    cached = _read_cached(entry, key)
+    cached = _read_cached(entry, key, lazy_events=True)
     if cached is not None:
         log.info("%s: unchanged since it was cached; reading %s", path, entry)
         cache_evict.touch(entry)
         return cached
-    tables = read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    # a miss streams the batches into the entry (as `ep-trace ingest` does: one partition per batch,
+    # written as it is decoded), then the events are read back lazily: neither the read nor the
+    # analysis holds every rank's events at once (docs/scale.md)
     tmp: Path | None = None
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=root))
-        man = {"ep_trace_version": __version__, "input_key": key, "source": str(path), "inputs": files}
-        write_parquet(tables, tmp, man)
+    except OSError as exc:  # a read-only or full disk must not break analysis
+        log.warning("could not write the ingest cache under %s: %s", root, exc)
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    try:
+        _ingest_locked(path, tmp, key, files, format, on_error, progress, rank_map, False, jobs, executor)
         if entry.exists():
             shutil.rmtree(entry, ignore_errors=True)
         os.replace(tmp, entry)
-        cache_evict.evict(root, keep=entry)
-    except OSError as exc:  # a read-only or full disk must not break analysis
+    except OSError as exc:
         log.warning("could not write the ingest cache under %s: %s", root, exc)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    cache_evict.evict(root, keep=entry)
+    tables = _read_cached(entry, key, lazy_events=True)
+    if tables is None:  # removed under us (another process' eviction): read it in memory
+        return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     return tables

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
@@ -50,16 +51,29 @@ def table_files(out_dir: str | Path, name: str) -> list[Path]:
     raise TraceFormatError(out / name, "missing table file", "re-run ep-trace ingest into this directory")
 
 
-def read_parquet(out_dir: str | Path) -> schema.TraceTables:
+def read_parquet(out_dir: str | Path, lazy_events: bool = False) -> schema.TraceTables:
     """Read a directory written by :func:`write_parquet` back into validated tables.
+
+    Args:
+        out_dir: The ingest directory (or cache entry).
+        lazy_events: Leave the events on disk: ``TraceTables.events_scan`` is a lazy scan of the
+            ``events/`` partitions (``events`` empty), each partition read and checked here one at a
+            time (schema, ranges), so memory holds one partition at most. Directories of an older
+            layout are read in memory as without it.
 
     Raises:
         TraceFormatError: a table file is missing or does not match the canonical schema.
     """
     out = Path(out_dir)
     frames = {}
+    scan = None
     for name in TABLE_NAMES:
         files = table_files(out, name)
+        if lazy_events and name == "events" and (out / name).is_dir():
+            scan = _scan_events(files)
+            if scan is not None:
+                frames[name] = schema.empty("events")
+                continue
         p = files[0] if len(files) == 1 else out / name
         df = pl.concat([_read_one(f) for f in files], how="vertical") if files else schema.empty(name)  # type: ignore[arg-type]
         # conform first: directories written before a layout change (e.g. kind as String) still read
@@ -85,7 +99,28 @@ def read_parquet(out_dir: str | Path) -> schema.TraceTables:
     from ep_trace.parsers.validate import check_tables
 
     check_tables(str(out), tables)  # a cache is an input like any other: same ranges as the readers
-    return tables
+    if scan is None:
+        return tables
+    for f in table_files(out, "events"):  # the same checks, one partition in memory at a time
+        part = schema.validate("events", _read_one(f), str(f))
+        check_tables(str(f), replace(tables, events=part))
+        del part
+    return replace(tables, events_scan=scan)
+
+
+def _scan_events(files: list[Path]) -> pl.LazyFrame | None:
+    """A lazy scan of the events partitions; ``None`` when some partition has another layout (read it
+    in memory, conformed)."""
+    for f in files:
+        try:
+            got = pl.read_parquet_schema(f)
+        except Exception:  # noqa: BLE001 - a damaged file: the in-memory read names it
+            return None
+        if dict(got) != dict(schema.EVENTS):
+            return None
+    if not files:
+        return schema.empty("events").lazy()
+    return pl.scan_parquet(files, schema=schema.EVENTS)
 
 
 def _read_one(p: Path) -> pl.DataFrame:

@@ -253,7 +253,7 @@ def _meta(pid: int, tid: int | None, kind: str, name: str) -> dict:
 
 
 def _aligned_events(analysis: Analysis) -> pl.DataFrame:
-    ev = analysis.tables.events
+    ev = analysis.tables.table("events")  # read from disk when the tables keep the events there
     return ev.join(rank_offsets(analysis), on="rank", how="left").with_columns(
         pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0)
     )
@@ -329,7 +329,8 @@ def annotated_trace(
         off = rank_offsets(analysis).filter(pl.col("rank") == rank)["offset_ns"]
         shift = int(off[0]) if off.len() else 0
         own = a.with_columns(pl.col("start_ns") - shift, pl.col("end_ns") - shift)
-        used = set(analysis.tables.events.filter(pl.col("rank") == rank)["pid"].drop_nulls().unique().to_list())
+        pids = analysis.tables.scan_events().filter(pl.col("rank") == rank).select(pl.col("pid").drop_nulls().unique())
+        used = set(pids.collect()["pid"].to_list())
         pid = next(p for p in range(ANALYSIS_PID, ANALYSIS_PID + 1000) if p not in used)
         extra = _track_lines(own, pid, original.base_ns) + [orjson.dumps(m) for m in _analysis_meta(rank, pid)]
         return original.with_events(extra)

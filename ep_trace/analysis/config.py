@@ -22,6 +22,10 @@ class AnalysisConfig:
         representative_step: Step shown in the report timeline; ``None`` = the median-length step.
         max_timeline_ranks: Ranks drawn in the timeline before sampling (large jobs stay openable).
         whatif_chunks: Chunk counts the ``chunked_pipeline`` what-if tries (it reports the best).
+        block_events: Events per block of the per-rank passes (:mod:`ep_trace.analysis.rank_pass`):
+            consecutive ranks are analysed together up to about this many events. Larger blocks
+            pay polars' fixed cost per query fewer times; smaller ones hold less memory. The
+            result does not depend on it.
     """
 
     steps: tuple[int, int] | None = None
@@ -32,3 +36,4 @@ class AnalysisConfig:
     representative_step: int | None = None
     max_timeline_ranks: int = 16
     whatif_chunks: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
+    block_events: int = 400000

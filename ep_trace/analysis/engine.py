@@ -21,22 +21,19 @@ from ep_trace.analysis import (
     graph,
     imbalance,
     matching,
+    rank_pass,
     rank_tables,
-    stage_families,
-    stages,
     whatif,
 )
-from ep_trace.analysis.activity import device_activity
-from ep_trace.analysis.breakdown import step_breakdown, top_kernels, top_ops
-from ep_trace.analysis.chunk_cost import per_chunk_cost
+from ep_trace.analysis.breakdown import step_breakdown
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.host_stalls import host_stalls
-from ep_trace.analysis.intervals import overlay, range_join, segment_lengths, subtract, union
+from ep_trace.analysis.intervals import range_join, union
 from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
 from ep_trace.analysis.result import Analysis
-from ep_trace.analysis.steps import assign_step, select_steps, step_windows
+from ep_trace.analysis.steps import assign_step, select_steps
 from ep_trace.errors import NothingToAnalyzeError
 from ep_trace.schema import STAGES as STAGES_SCHEMA
 from ep_trace.schema import TraceTables
@@ -76,44 +73,43 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     """
     total = 9
     say = progress or (lambda stage, done, tot: None)
-    ev, coll, ranks = tables.events, tables.collectives, tables.ranks
-    if ev.is_empty():
+    coll, ranks = tables.collectives, tables.ranks
+    blocks, n_events = rank_pass.rank_blocks(tables, config.block_events)
+    if n_events == 0:
         raise NothingToAnalyzeError(
             "the trace set holds no events; profile at least one step (check the profiler schedule)"
         )
     say("steps", 0, total)
-    windows = step_windows(ev, config.steps)
+    # the per-rank passes read the events a block of ranks at a time (rank_pass); nothing below
+    # holds every rank's events or their intermediates at once
+    first_pass = rank_pass.first_pass(tables, blocks, config.steps)
+    windows = first_pass.all_windows
+    if config.steps is not None:
+        windows = windows.filter(pl.col("step").is_between(config.steps[0], config.steps[1]))
     if windows.is_empty():
         assert config.steps is not None  # the unfiltered windows are never empty for a non-empty trace
         first, last = config.steps
         raise NothingToAnalyzeError(
             f"--steps {first}:{last}: no profiler step in that range; the trace has steps "
-            f"{_step_list(step_windows(ev, None))}"
+            f"{_step_list(first_pass.all_windows)}"
         )
     notes: list[str] = []
     if (windows["method"] == "whole_trace").any():
         notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
 
     say("overlap", 1, total)
-    act, mode = device_activity(ev, coll, windows)
+    act, mode = first_pass.activity, first_pass.mode
     if config.steps is None:
         windows, dropped = select_steps(windows, assign_step(act, windows, "anchor_ns")["step"])
         notes += dropped
     act = assign_step(act, windows, "anchor_ns")
-    ins = act.filter(pl.col("step").is_not_null())
-    comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
-    seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals
-    ov = segment_lengths(seg, ["rank", "step"])
-    del ins, comm, comp  # filtered copies of the activity rows: free them before the next passes
-    exposed_iv = subtract(act.filter(pl.col("cls") == "comm"), act.filter(pl.col("cls") == "compute"), ["rank"])
 
     say("stages", 2, total)
-    stage_df, detection = _stages(ev, act, mode, windows, exposed_iv, config)
-    if config.steps is not None:  # ranges outside the chosen steps are not part of the analysis
-        stage_df = stage_df.filter(pl.col("step").is_not_null())
-    # the top CPU ops need only the events, steps and stages: computed while few other frames are
-    # alive, its transient join (~160 MB at 1,024 ranks) does not stack on the later ones
-    ops = top_ops(ev, windows, stage_df)
+    second = rank_pass.second_pass(tables, blocks, act, mode, windows, config)
+    ov, exposed_iv, stage_df, detection = second.overlap, second.exposed_iv, second.stages, second.detection
+    ops, kernels = second.top_ops, second.top_kernels
+    # the passes after this one read the activity's times and classes, never its kernel names
+    act = act.drop("name")
 
     say("matching", 3, total)
     world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)
@@ -225,7 +221,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         .join(rank_off, on="rank")
         .select("rank", "coll_id", (pl.col("arrival_ns") - pl.col("offset_ns")).alias("arrival_ns"))
     )
-    stalls = host_stalls(ev, matched, act, mode, arrivals)
+    stalls = host_stalls(first_pass.blocking, matched, act, mode, arrivals)
     stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
 
     say("model", 7, total)
@@ -247,10 +243,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         rl,
         config.whatif_chunks,
         hiding,
-        lambda: per_chunk_cost(ev, stage_df, mode),
+        lambda: rank_pass.chunk_cost(tables, blocks, stage_df, mode),
         # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
         frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") == "profiler_step")["rank"].to_list()),
-        device_gap_floor(ev) if gpu_ranks else None,
+        device_gap_floor(tables.table("events")) if gpu_ranks else None,
     )
     # only the model's small frames are kept: the graph's node and work tables are freed here
     replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif
@@ -270,12 +266,11 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     if config.hta_compatible:
         from ep_trace.analysis.hta_compat import hta_overlap
 
-        hta = hta_overlap(ev)
+        hta = hta_overlap(tables.table("events"))
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
     # every step's exposed comm, as steps.exposed_comm_ns measures it (compute of the same step)
     exposed_comm = (
-        union(seg.filter(pl.col("state") == 1), ["rank", "step"])
-        .join(rank_off, on="rank", how="left")
+        second.exposed_union.join(rank_off, on="rank", how="left")
         .select(
             pl.col("rank").cast(pl.Int32),
             pl.col("step").cast(pl.Int64),
@@ -292,7 +287,6 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         (pl.min_horizontal("arrival_ns", "end_ns") - pl.col("offset_ns").fill_null(0)).alias("end_ns"),
     )
     breakdown = step_breakdown(windows, act, wait_spans, stalls)
-    kernels = top_kernels(act, stage_df)
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
     partial = Analysis(
         config=config,
@@ -331,36 +325,6 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))
     say("done", total, total)
     return out
-
-
-def _stages(
-    ev: pl.DataFrame,
-    act: pl.DataFrame,
-    mode: dict[int, str],
-    windows: pl.DataFrame,
-    exposed_iv: pl.DataFrame,
-    config: AnalysisConfig,
-) -> tuple[pl.DataFrame, str]:
-    """Stage rows of every rank: stage ranges (tiers layered per window), then kernel families for the
-    kernels no range claimed (:mod:`ep_trace.analysis.stage_families`); and the most common method."""
-    presets = stages.load_presets(config.stage_presets)
-    ranges = stages.detect_ranges(ev, presets)
-    cont = stage_families.container_index(stages.detect_containers(ev, presets), windows)
-    act = act.with_row_index("aid")
-    st, att = stages.attribute(ranges, act, mode, windows, exposed_iv)
-    st = stage_families.layers_from_containers(st, cont)
-    parts = [st] if st.height else []
-    fam = stage_families.family_rows(act, att["aid"], cont)
-    if fam.height:
-        fr = stage_families.family_ranges(fam)
-        fatt = fam.join(fr.select("rank", "run", "sid"), on=["rank", "run"], how="inner")
-        parts.append(stages.measure(fr.drop("run"), fatt, exposed_iv))
-    if not parts:
-        return st, "none"
-    out = pl.concat([p.with_columns(pl.col("sid").cast(pl.Int64)) for p in parts], how="vertical_relaxed")
-    out = out.sort(["rank", "cpu_start_ns"])
-    methods = out["method"].value_counts(sort=True)
-    return out, str(methods["method"][0])
 
 
 def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:

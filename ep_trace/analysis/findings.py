@@ -216,14 +216,14 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         per_step.group_by("rank")
         .agg(pl.col("stall_ns").median().alias("p50"), pl.col("stall_ns").sum())
         .join(hs.group_by("rank").agg(pl.len().alias("n")), on="rank")
-        .sort("p50", descending=True)
+        .sort(["p50", "rank"], descending=[True, False])
     )
     w = per.row(0, named=True)
     names = (
         hs.filter(pl.col("rank") == w["rank"])
         .group_by("name")
         .agg(pl.col("stall_ns").sum())
-        .sort("stall_ns", descending=True)
+        .sort(["stall_ns", "name"], descending=[True, False])  # ties by name: not by the group order
     )
     ev = {
         "rank": w["rank"],

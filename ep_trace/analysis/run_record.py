@@ -38,9 +38,9 @@ _FUSED_MOE = r"(?i)fused_moe|moe_?gemm|cutlass\w*grouped|grouped_?gemm"
 
 def kernel_family(a: Analysis) -> str | None:
     """The all-to-all implementation seen: a kernel family on GPU ranks, else the CPU backend (``gloo``)."""
-    ev = a.tables.events
+    ev = a.tables.scan_events()  # the events may stay on disk (TraceTables.events_scan)
     k = ev.filter((pl.col("kind") == "gpu_kernel") & pl.col("coll_id").is_not_null()).select(pl.col("name").unique())
-    names = k["name"].to_list()
+    names = k.collect()["name"].to_list()
     for fam, rx in _FAMILIES:
         if any(re.search(rx, n) for n in names):
             return fam
@@ -53,8 +53,8 @@ def kernel_family(a: Analysis) -> str | None:
 
 
 def _fused_moe(a: Analysis) -> bool | None:
-    ev = a.tables.events
-    names = ev.filter(pl.col("kind").is_in(["gpu_kernel", "cpu_op"])).select(pl.col("name").unique())["name"]
+    ev = a.tables.scan_events()
+    names = ev.filter(pl.col("kind").is_in(["gpu_kernel", "cpu_op"])).select(pl.col("name").unique()).collect()["name"]
     if names.len() and names.str.contains(_FUSED_MOE).any():
         return True
     st = a.stages

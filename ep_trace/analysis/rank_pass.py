@@ -1,0 +1,251 @@
+"""Per-rank passes over blocks of ranks: the analyses whose rows never mix ranks.
+
+Step windows, device activity, overlap, stage attribution, the top ops / kernels, the blocking host
+calls and the chunk cost are computed rank by rank; only the collectives (matching, waits,
+clocks) and the step graph need every rank at once, and they read small tables. So the events are
+read one *block* of consecutive ranks at a time (about :attr:`AnalysisConfig.block_events` rows:
+enough ranks to amortise polars' fixed cost per query, few enough that a block's intermediates stay
+small), and only each block's small results are kept: the peak memory of the analysis is one
+block's working set plus the cross-rank tables, not every rank's events and intermediates at once
+(1,024 param DLRM ranks: the analysis' own peak went ~1,074 -> ~xxx MB).
+
+The events come from :meth:`TraceTables.scan_events`: an in-memory frame, or the Parquet partitions
+of an ingest directory read lazily (a block reads only its ranks' row groups). Every pass's result
+equals the same pass over all ranks at once (``tests/analysis/test_rank_pass.py``, real multi-rank
+traces with one rank per block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import polars as pl
+
+from ep_trace.analysis import stage_families, stages
+from ep_trace.analysis.activity import device_activity
+from ep_trace.analysis.breakdown import top_kernels, top_ops
+from ep_trace.analysis.chunk_cost import per_chunk_cost
+from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.host_stalls import BLOCKING_RE
+from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, union
+from ep_trace.analysis.steps import step_windows
+from ep_trace.schema import TraceTables
+
+__all__ = ["Blocks", "FirstPass", "SecondPass", "rank_blocks", "first_pass", "second_pass", "chunk_cost"]
+
+Blocks = tuple[tuple[int, int], ...]
+
+
+def rank_blocks(tables: TraceTables, max_rows: int) -> tuple[Blocks, int]:
+    """Inclusive ``(first_rank, last_rank)`` ranges of consecutive ranks holding about ``max_rows``
+    events each (a rank is never split: one big rank is a block alone); and the total event count.
+    """
+    counts = tables.scan_events().group_by("rank").agg(pl.len().alias("n")).sort("rank").collect()
+    blocks: list[tuple[int, int]] = []
+    first = last = None
+    rows = 0
+    for r, n in counts.iter_rows():
+        if first is not None and rows + n > max_rows:
+            blocks.append((first, last))  # type: ignore[arg-type]
+            first, rows = None, 0
+        if first is None:
+            first = r
+        last, rows = r, rows + n
+    if first is not None:
+        blocks.append((first, last))  # type: ignore[arg-type]
+    return tuple(blocks), int(counts["n"].sum()) if counts.height else 0
+
+
+def _in(block: tuple[int, int]) -> pl.Expr:
+    return pl.col("rank").is_between(block[0], block[1])
+
+
+def _events(tables: TraceTables, blocks: Blocks) -> Iterator[tuple[tuple[int, int], pl.DataFrame]]:
+    """The events of each block; one block of an in-memory frame is the frame itself (no copy)."""
+    if len(blocks) == 1 and tables.events_scan is None:
+        yield blocks[0], tables.events
+        return
+    scan = tables.scan_events()
+    for b in blocks:
+        yield b, scan.filter(_in(b)).collect()
+
+
+def _of(df: pl.DataFrame, block: tuple[int, int], single: bool) -> pl.DataFrame:
+    return df if single else df.filter(_in(block))
+
+
+def _concat(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    return parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
+
+
+def _own_strings(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with its String columns in buffers of their own.
+
+    A polars String column is a view array: a filter or a join keeps pointing into the buffers of the
+    frame it came from. A block's few top-kernel names would then keep the whole block's kernel-name
+    text alive (~110 MB over 1,024 param DLRM ranks, measured); the round trip through a
+    Categorical copies out the distinct values only.
+    """
+    strs = [c for c, t in df.schema.items() if t == pl.Utf8]
+    return df.with_columns(pl.col(c).cast(pl.Categorical()).cast(pl.Utf8) for c in strs) if strs else df
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """What the first pass keeps of every rank.
+
+    Attributes:
+        all_windows: Step windows of every step (``step_windows(events, None)``).
+        activity: Device activity (:data:`~ep_trace.analysis.activity.ACT_COLS`; ``name``
+            Categorical: a kernel name is ~350 bytes of text, repeated on every launch).
+        mode: ``rank -> 'gpu' | 'cpu'``.
+        blocking: The blocking host calls (``rank, kind, name, start_ns, end_ns``), the events
+            :func:`~ep_trace.analysis.host_stalls.host_stalls` reads.
+    """
+
+    all_windows: pl.DataFrame
+    activity: pl.DataFrame
+    mode: dict[int, str]
+    blocking: pl.DataFrame
+
+
+def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | None) -> FirstPass:
+    """Step windows, device activity and blocking host calls, block by block.
+
+    Args:
+        tables: The canonical tables.
+        blocks: :func:`rank_blocks`.
+        steps: ``AnalysisConfig.steps`` (the activity reads the windows of these steps only).
+    """
+    single = len(blocks) == 1
+    wins, acts, blks = [], [], []
+    mode: dict[int, str] = {}
+    for b, ev in _events(tables, blocks):
+        w = step_windows(ev, None)
+        wf = w if steps is None else w.filter(pl.col("step").is_between(steps[0], steps[1]))
+        act, m = device_activity(ev, _of(tables.collectives, b, single), wf)
+        wins.append(w)
+        acts.append(act.with_columns(pl.col("name").cast(pl.Categorical())))
+        mode |= m
+        blocking = ev.filter(pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE))
+        blks.append(_own_strings(blocking.select("rank", "kind", "name", "start_ns", "end_ns")))
+    return FirstPass(_concat(wins), _concat(acts), mode, _concat(blks))
+
+
+@dataclass(frozen=True)
+class SecondPass:
+    """What the second pass keeps of every rank (frames as the engine's all-ranks passes made them).
+
+    Attributes:
+        overlap: ``segment_lengths`` of the comm / compute overlay per ``(rank, step)``.
+        exposed_union: The union of the comm-only segments per ``(rank, step)`` (own clock).
+        exposed_iv: Comm minus compute per rank, all steps (own clock).
+        stages: Stage rows (``sid`` unique within a block only), filtered to the analysed steps when
+            ``steps`` is set.
+        detection: The most common stage detection method (``'none'`` without stage rows).
+        top_ops: :func:`~ep_trace.analysis.breakdown.top_ops`.
+        top_kernels: :func:`~ep_trace.analysis.breakdown.top_kernels`.
+    """
+
+    overlap: pl.DataFrame
+    exposed_union: pl.DataFrame
+    exposed_iv: pl.DataFrame
+    stages: pl.DataFrame
+    detection: str
+    top_ops: pl.DataFrame
+    top_kernels: pl.DataFrame
+
+
+def second_pass(
+    tables: TraceTables,
+    blocks: Blocks,
+    act: pl.DataFrame,
+    mode: dict[int, str],
+    windows: pl.DataFrame,
+    config: AnalysisConfig,
+) -> SecondPass:
+    """Overlap, stages, top ops and kernels, block by block.
+
+    Args:
+        tables: The canonical tables.
+        blocks: :func:`rank_blocks`.
+        act: The first pass' activity with ``step`` assigned (the analysed steps' windows).
+        mode: ``rank -> 'gpu' | 'cpu'``.
+        windows: The analysed steps' windows.
+        config: Analysis knobs (stage presets, steps).
+    """
+    single = len(blocks) == 1
+    presets = stages.load_presets(config.stage_presets)
+    out: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ov", "xu", "xiv", "st", "ops", "kern")}
+    for b, ev in _events(tables, blocks):
+        a = _of(act, b, single).with_columns(pl.col("name").cast(pl.Utf8))
+        w = _of(windows, b, single)
+        ins = a.filter(pl.col("step").is_not_null())
+        comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
+        seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals
+        del ins, comm, comp
+        out["ov"].append(segment_lengths(seg, ["rank", "step"]))
+        out["xu"].append(union(seg.filter(pl.col("state") == 1), ["rank", "step"]))
+        del seg
+        xiv = subtract(a.filter(pl.col("cls") == "comm"), a.filter(pl.col("cls") == "compute"), ["rank"])
+        out["xiv"].append(xiv)
+        st = _own_strings(_stage_rows(ev, a, mode, w, xiv, presets))
+        out["st"].append(st)
+        if config.steps is not None:  # ranges outside the chosen steps are not part of the analysis
+            st = st.filter(pl.col("step").is_not_null())
+        out["ops"].append(_own_strings(top_ops(ev, w, st)))
+        out["kern"].append(_own_strings(top_kernels(a, st)))
+    st_all = _concat(out["st"])
+    detection = "none"
+    if st_all.height and "method" in st_all.columns:
+        methods = st_all["method"].value_counts(sort=True)
+        detection = str(methods["method"][0])
+    if config.steps is not None:
+        st_all = st_all.filter(pl.col("step").is_not_null())
+    return SecondPass(
+        _concat(out["ov"]),
+        _concat(out["xu"]),
+        _concat(out["xiv"]),
+        st_all,
+        detection,
+        _concat(out["ops"]),
+        _concat(out["kern"]),
+    )
+
+
+def _stage_rows(
+    ev: pl.DataFrame,
+    act: pl.DataFrame,
+    mode: dict[int, str],
+    windows: pl.DataFrame,
+    exposed_iv: pl.DataFrame,
+    presets: list[dict],  # type: ignore[type-arg]
+) -> pl.DataFrame:
+    """Stage rows of the ranks of ``ev``: stage ranges (tiers layered per window), then kernel
+    families for the kernels no range claimed (:mod:`ep_trace.analysis.stage_families`)."""
+    ranges = stages.detect_ranges(ev, presets)
+    cont = stage_families.container_index(stages.detect_containers(ev, presets), windows)
+    act = act.with_row_index("aid")
+    st, att = stages.attribute(ranges, act, mode, windows, exposed_iv)
+    st = stage_families.layers_from_containers(st, cont)
+    parts = [st] if st.height else []
+    fam = stage_families.family_rows(act, att["aid"], cont)
+    if fam.height:
+        fr = stage_families.family_ranges(fam)
+        fatt = fam.join(fr.select("rank", "run", "sid"), on=["rank", "run"], how="inner")
+        parts.append(stages.measure(fr.drop("run"), fatt, exposed_iv))
+    if not parts:
+        return st
+    out = pl.concat([p.with_columns(pl.col("sid").cast(pl.Int64)) for p in parts], how="vertical_relaxed")
+    return out.sort(["rank", "cpu_start_ns"])
+
+
+def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode: dict[int, str]) -> dict[int, float]:
+    """:func:`~ep_trace.analysis.chunk_cost.per_chunk_cost`, block by block (read again: it is only
+    needed when some layer can be chunked)."""
+    single = len(blocks) == 1
+    out: dict[int, float] = {}
+    for b, ev in _events(tables, blocks):
+        out |= per_chunk_cost(ev, _of(stage_df, b, single), mode)
+    return out
