@@ -236,6 +236,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         stage_df,
         stalls.filter(pl.col("rank").is_in(gpu_ranks)),
         unmatched,
+        rank_blocks=blocks,
     )
     hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
     model = whatif.model(
@@ -286,7 +287,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         (pl.col("start_ns") - pl.col("offset_ns").fill_null(0)).alias("start_ns"),
         (pl.min_horizontal("arrival_ns", "end_ns") - pl.col("offset_ns").fill_null(0)).alias("end_ns"),
     )
-    breakdown = step_breakdown(windows, act, wait_spans, stalls)
+    breakdown = rank_pass.by_block(blocks, step_breakdown, windows, act, wait_spans, stalls)
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
     partial = Analysis(
         config=config,

@@ -29,6 +29,7 @@ step end (:mod:`ep_trace.analysis.replay`); edits of the gaps and transfers are 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -127,6 +128,7 @@ def build_graph(
     stages: pl.DataFrame,
     stalls: pl.DataFrame,
     unmatched: pl.DataFrame | None = None,
+    rank_blocks: Sequence[tuple[int, int]] = (),
 ) -> StepGraph:
     """Build the dependency graph of every analysed step.
 
@@ -140,6 +142,10 @@ def build_graph(
         stalls: Host stalls (own clock): ``rank, start_ns, end_ns`` (the device-idle blocking calls).
         unmatched: Collectives that could not be matched (``rank, step, collective, start_ns,
             end_ns``; own clock): kept as local nodes.
+        rank_blocks: Inclusive rank ranges (:func:`ep_trace.analysis.rank_pass.rank_blocks`): the
+            work pieces (rank-local: a node's gap is tiled with its own rank's activity) are built
+            one block at a time, so their intermediates never hold every rank's activity at once.
+            Empty: all ranks together. The result is the same.
 
     Returns:
         The :class:`StepGraph`.
@@ -209,7 +215,17 @@ def build_graph(
         .with_columns(pl.col("node").cast(pl.Int64))
     )
     nodes = _link(nodes, starts)
-    work = _work(nodes, starts, off, activity, stages, stalls)
+    if len(rank_blocks) > 1:
+        # node ids grow with the rank (nodes are sorted by rank first): the blocks' works, each sorted
+        # by node, concatenate in node order
+        def of(df: pl.DataFrame, b: tuple[int, int]) -> pl.DataFrame:
+            return df.filter(pl.col("rank").is_between(b[0], b[1]))
+
+        work = pl.concat(
+            [_work(of(nodes, b), starts, off, of(activity, b), of(stages, b), of(stalls, b)) for b in rank_blocks]
+        )
+    else:
+        work = _work(nodes, starts, off, activity, stages, stalls)
     return StepGraph(nodes=nodes, starts=starts, work=work)
 
 

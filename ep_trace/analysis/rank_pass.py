@@ -17,7 +17,7 @@ traces with one rank per block).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import polars as pl
@@ -32,7 +32,7 @@ from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, unio
 from ep_trace.analysis.steps import step_windows
 from ep_trace.schema import TraceTables
 
-__all__ = ["Blocks", "FirstPass", "SecondPass", "rank_blocks", "first_pass", "second_pass", "chunk_cost"]
+__all__ = ["Blocks", "FirstPass", "SecondPass", "rank_blocks", "first_pass", "second_pass", "by_block", "chunk_cost"]
 
 Blocks = tuple[tuple[int, int], ...]
 
@@ -239,6 +239,14 @@ def _stage_rows(
         return st
     out = pl.concat([p.with_columns(pl.col("sid").cast(pl.Int64)) for p in parts], how="vertical_relaxed")
     return out.sort(["rank", "cpu_start_ns"])
+
+
+def by_block(blocks: Blocks, fn: Callable[..., pl.DataFrame], *frames: pl.DataFrame) -> pl.DataFrame:
+    """``fn(*frames)`` of a per-rank analysis, computed on each block's rows of ``frames`` (all with a
+    ``rank`` column) and concatenated in rank order: its intermediates hold one block at a time."""
+    if len(blocks) <= 1:
+        return fn(*frames)
+    return _concat([fn(*(f.filter(_in(b)) for f in frames)) for b in blocks])
 
 
 def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode: dict[int, str]) -> dict[int, float]:
