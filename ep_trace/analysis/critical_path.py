@@ -135,7 +135,7 @@ class _Labels:
     """``labels[k]``: the k-th value of a String column (None for null), stored as integer codes."""
 
     def __init__(self, s: pl.Series) -> None:
-        text: list[str] = s.drop_nulls().unique().sort().to_list()
+        text: list[str] = s.drop_nulls().unique().cast(pl.Utf8).sort().to_list()
         self.values: list[str | None] = [*text, None]
         codes = s.cast(pl.Enum(text)).to_physical().fill_null(len(text))
         self.codes = codes.to_numpy()

@@ -42,7 +42,6 @@ __all__ = ["analyze"]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
-_CLS = pl.Enum(["comm", "compute", "memory"])  # activity.device_activity's classes
 _TOL_FLOOR_NS = 10_000  # 10 µs: below any collective's launch jitter, above µs rounding of old traces
 
 
@@ -99,19 +98,16 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
 
     say("overlap", 1, total)
-    act, mode = first_pass.activity, first_pass.mode
+    mode = first_pass.mode
     if config.steps is None:
-        windows, dropped = select_steps(windows, assign_step(act, windows, "anchor_ns")["step"])
+        windows, dropped = select_steps(windows, first_pass.active_steps)
         notes += dropped
-    act = assign_step(act, windows, "anchor_ns")
 
     say("stages", 2, total)
-    second = rank_pass.second_pass(tables, blocks, act, mode, windows, config)
+    second = rank_pass.second_pass(tables, blocks, first_pass, windows, config)
     ov, exposed_iv, stage_df, detection = second.overlap, second.exposed_iv, second.stages, second.detection
     ops, kernels = second.top_ops, second.top_kernels
-    # the passes after this one read only the activity's rank, step, class and times (an Enum
-    # class: 1 byte a row where a String costs 16); 1.15 M rows over 4,096 param DLRM ranks
-    act = act.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step")
+    act = second.activity  # rank, cls, start_ns, end_ns, step: what the cross-rank passes read
 
     say("matching", 3, total)
     world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)

@@ -29,12 +29,13 @@ from ep_trace.analysis.chunk_cost import per_chunk_cost
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import BLOCKING_RE
 from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, union
-from ep_trace.analysis.steps import step_windows
+from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.schema import TraceTables
 
 __all__ = ["Blocks", "FirstPass", "SecondPass", "rank_blocks", "first_pass", "second_pass", "by_block", "chunk_cost"]
 
 Blocks = tuple[tuple[int, int], ...]
+_CLS = pl.Enum(["comm", "compute", "memory"])  # activity.device_activity's classes
 
 
 def rank_blocks(tables: TraceTables, max_rows: int) -> tuple[Blocks, int]:
@@ -97,15 +98,16 @@ class FirstPass:
 
     Attributes:
         all_windows: Step windows of every step (``step_windows(events, None)``).
-        activity: Device activity (:data:`~ep_trace.analysis.activity.ACT_COLS`; ``name``
-            Categorical: a kernel name is ~350 bytes of text, repeated on every launch).
+        active_steps: The steps holding device activity on some rank (what
+            :func:`~ep_trace.analysis.steps.select_steps` needs of the activity; the activity
+            itself is rebuilt block by block in the second pass, never held for every rank).
         mode: ``rank -> 'gpu' | 'cpu'``.
         blocking: The blocking host calls (``rank, kind, name, start_ns, end_ns``), the events
             :func:`~ep_trace.analysis.host_stalls.host_stalls` reads.
     """
 
     all_windows: pl.DataFrame
-    activity: pl.DataFrame
+    active_steps: pl.Series
     mode: dict[int, str]
     blocking: pl.DataFrame
 
@@ -119,18 +121,22 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
         steps: ``AnalysisConfig.steps`` (the activity reads the windows of these steps only).
     """
     single = len(blocks) == 1
-    wins, acts, blks = [], [], []
+    wins, active, blks = [], [], []
     mode: dict[int, str] = {}
     for b, ev in _events(tables, blocks):
         w = step_windows(ev, None)
-        wf = w if steps is None else w.filter(pl.col("step").is_between(steps[0], steps[1]))
+        wf = _steps(w, steps)
         act, m = device_activity(ev, _of(tables.collectives, b, single), wf)
         wins.append(w)
-        acts.append(act.with_columns(pl.col("name").cast(pl.Categorical())))
+        active.append(assign_step(act, wf, "anchor_ns")["step"].drop_nulls().unique())
         mode |= m
         blocking = ev.filter(pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE))
         blks.append(_own_strings(blocking.select("rank", "kind", "name", "start_ns", "end_ns")))
-    return FirstPass(_concat(wins), _concat(acts), mode, _concat(blks))
+    return FirstPass(_concat(wins), pl.concat(active).unique().sort(), mode, _concat(blks))
+
+
+def _steps(windows: pl.DataFrame, steps: tuple[int, int] | None) -> pl.DataFrame:
+    return windows if steps is None else windows.filter(pl.col("step").is_between(steps[0], steps[1]))
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,9 @@ class SecondPass:
     """What the second pass keeps of every rank (frames as the engine's all-ranks passes made them).
 
     Attributes:
+        activity: Device activity of every rank with ``step`` (analysed steps), only the columns the
+            cross-rank passes read: ``rank, cls`` (an Enum: 1 byte a row where a String costs 16)
+            ``, start_ns, end_ns, step``.
         overlap: ``segment_lengths`` of the comm / compute overlay per ``(rank, step)``.
         exposed_union: The union of the comm-only segments per ``(rank, step)`` (own clock).
         exposed_iv: Comm minus compute per rank, all steps (own clock).
@@ -148,6 +157,7 @@ class SecondPass:
         top_kernels: :func:`~ep_trace.analysis.breakdown.top_kernels`.
     """
 
+    activity: pl.DataFrame
     overlap: pl.DataFrame
     exposed_union: pl.DataFrame
     exposed_iv: pl.DataFrame
@@ -160,27 +170,29 @@ class SecondPass:
 def second_pass(
     tables: TraceTables,
     blocks: Blocks,
-    act: pl.DataFrame,
-    mode: dict[int, str],
+    first: FirstPass,
     windows: pl.DataFrame,
     config: AnalysisConfig,
 ) -> SecondPass:
-    """Overlap, stages, top ops and kernels, block by block.
+    """Activity (again: as in the first pass), overlap, stages, top ops and kernels, block by block.
 
     Args:
         tables: The canonical tables.
         blocks: :func:`rank_blocks`.
-        act: The first pass' activity with ``step`` assigned (the analysed steps' windows).
-        mode: ``rank -> 'gpu' | 'cpu'``.
-        windows: The analysed steps' windows.
+        first: :func:`first_pass`.
+        windows: The analysed steps' windows (after ``select_steps``).
         config: Analysis knobs (stage presets, steps).
     """
-    single = len(blocks) == 1
+    single, mode = len(blocks) == 1, first.mode
     presets = stages.load_presets(config.stage_presets)
-    out: dict[str, list[pl.DataFrame]] = {k: [] for k in ("ov", "xu", "xiv", "st", "ops", "kern")}
+    out: dict[str, list[pl.DataFrame]] = {k: [] for k in ("act", "ov", "xu", "xiv", "st", "ops", "kern")}
     for b, ev in _events(tables, blocks):
-        a = _of(act, b, single).with_columns(pl.col("name").cast(pl.Utf8))
+        # the first pass' activity of these ranks (same windows), then the analysed steps
+        wf = _steps(_of(first.all_windows, b, single), config.steps)
+        a, _ = device_activity(ev, _of(tables.collectives, b, single), wf)
         w = _of(windows, b, single)
+        a = assign_step(a, w, "anchor_ns")
+        out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step"))
         ins = a.filter(pl.col("step").is_not_null())
         comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
         seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals
@@ -204,6 +216,7 @@ def second_pass(
     if config.steps is not None:
         st_all = st_all.filter(pl.col("step").is_not_null())
     return SecondPass(
+        _concat(out["act"]),
         _concat(out["ov"]),
         _concat(out["xu"]),
         _concat(out["xiv"]),
