@@ -7,7 +7,8 @@ read one *block* of consecutive ranks at a time (about :attr:`AnalysisConfig.blo
 enough ranks to amortise polars' fixed cost per query, few enough that a block's intermediates stay
 small), and only each block's small results are kept: the peak memory of the analysis is one
 block's working set plus the cross-rank tables, not every rank's events and intermediates at once
-(1,024 param DLRM ranks: the analysis' own peak went ~1,074 -> ~xxx MB).
+(1,024 param DLRM ranks, 2.53 M events: the process peak during the analysis went ~1,074 -> ~360
+MB with the events on disk; benchmarks/README.md, rank-scaling).
 
 The events come from :meth:`TraceTables.scan_events`: an in-memory frame, or the Parquet partitions
 of an ingest directory read lazily (a block reads only its ranks' row groups). Every pass's result
