@@ -30,7 +30,6 @@ from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import range_join, union
-from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import assign_step, select_steps
@@ -247,7 +246,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         lambda: rank_pass.chunk_cost(tables, blocks, stage_df, mode),
         # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
         frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") == "profiler_step")["rank"].to_list()),
-        device_gap_floor(tables.table("events")) if gpu_ranks else None,
+        first_pass.gap_floor if gpu_ranks else None,
     )
     # only the model's small frames are kept: the graph's node and work tables are freed here
     replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif

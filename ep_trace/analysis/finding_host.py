@@ -42,7 +42,7 @@ def host_ops_in_gaps(a: Analysis, rank: int, gaps: pl.DataFrame, top: int = 5) -
     Returns:
         ``name -> overlap ns`` of the ``top`` host ops / annotations (step-wide wrappers excluded).
     """
-    ev = a.tables.events
+    ev = a.tables.scan_events().filter(pl.col("rank") == rank).collect()  # the events may stay on disk
     host = a.tables.ranks.filter(pl.col("rank") == rank)["host"] if "host" in a.tables.ranks.columns else None
     off = 0
     if host is not None and host.len() and a.clock.height and "offset_ns" in a.clock.columns:
@@ -102,9 +102,15 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
     # the remedy stays under the report's 512-character display limit (cli/outputs.DISPLAY_CHARS)
     doing = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in list(busy)[:3])
     where = f" The host was inside {doing} during those gaps." if doing else ""
-    graphs = a.tables.events.filter(
-        (pl.col("rank") == rank) & (pl.col("kind") == "runtime") & pl.col("name").str.starts_with("cudaGraphLaunch")
-    ).height
+    graphs = (
+        a.tables.scan_events()
+        .filter(
+            (pl.col("rank") == rank) & (pl.col("kind") == "runtime") & pl.col("name").str.starts_with("cudaGraphLaunch")
+        )
+        .select(pl.len())
+        .collect()
+        .item()
+    )
     ev["cuda_graph_launches"] = int(graphs)
     capture = (
         "The step already replays CUDA graphs: capture more of it (full, not piecewise; the batch sizes that run eager)"

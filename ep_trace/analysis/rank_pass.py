@@ -1,7 +1,7 @@
 """Per-rank passes over blocks of ranks: the analyses whose rows never mix ranks.
 
 Step windows, device activity, overlap, stage attribution, the top ops / kernels, the blocking host
-calls and the chunk cost are computed rank by rank; only the collectives (matching, waits,
+calls, the device gap floor and the chunk cost are computed rank by rank; only the collectives (matching, waits,
 clocks) and the step graph need every rank at once, and they read small tables. So the events are
 read one *block* of consecutive ranks at a time (about :attr:`AnalysisConfig.block_events` rows:
 enough ranks to amortise polars' fixed cost per query, few enough that a block's intermediates stay
@@ -30,6 +30,7 @@ from ep_trace.analysis.chunk_cost import per_chunk_cost
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import BLOCKING_RE
 from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, union
+from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.schema import TraceTables
 
@@ -105,12 +106,14 @@ class FirstPass:
         mode: ``rank -> 'gpu' | 'cpu'``.
         blocking: The blocking host calls (``rank, kind, name, start_ns, end_ns``), the events
             :func:`~ep_trace.analysis.host_stalls.host_stalls` reads.
+        gap_floor: :func:`~ep_trace.analysis.launch_floor.device_gap_floor` (``rank -> ns``).
     """
 
     all_windows: pl.DataFrame
     active_steps: pl.Series
     mode: dict[int, str]
     blocking: pl.DataFrame
+    gap_floor: dict[int, float]
 
 
 def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | None) -> FirstPass:
@@ -124,6 +127,7 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
     single = len(blocks) == 1
     wins, active, blks = [], [], []
     mode: dict[int, str] = {}
+    floor: dict[int, float] = {}
     for b, ev in _events(tables, blocks):
         w = step_windows(ev, None)
         wf = _steps(w, steps)
@@ -131,9 +135,10 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
         wins.append(w)
         active.append(assign_step(act, wf, "anchor_ns")["step"].drop_nulls().unique())
         mode |= m
+        floor |= device_gap_floor(ev)  # per rank: queued kernel pairs of one stream
         blocking = ev.filter(pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE))
         blks.append(_own_strings(blocking.select("rank", "kind", "name", "start_ns", "end_ns")))
-    return FirstPass(_concat(wins), pl.concat(active).unique().sort(), mode, _concat(blks))
+    return FirstPass(_concat(wins), pl.concat(active).unique().sort(), mode, _concat(blks), floor)
 
 
 def _steps(windows: pl.DataFrame, steps: tuple[int, int] | None) -> pl.DataFrame:
