@@ -253,3 +253,22 @@ def test_readme_imports_work() -> None:
     from ep_trace.parsers import read_trace_dir  # noqa: F401
 
     assert ep_trace.load.__module__ == "ep_trace"
+
+
+def test_analysis_and_reports_never_read_the_events_frame_directly() -> None:
+    # With the events left on disk (an ingest directory, the ingest cache) ``TraceTables.events`` is
+    # empty and the rows come from ``scan_events()`` / ``table("events")``; a direct read would see no
+    # events and answer wrong, silently. Only the per-rank pass (which checks for the scan) may.
+    root = Path(ep_trace.__file__).parent
+    allowed = {root / "analysis" / "rank_pass.py"}
+    reports = Path(str(importlib.import_module("ep_trace.reports").__file__)).parent
+    files = [*(root / "analysis").rglob("*.py"), *reports.rglob("*.py")]
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "events":
+                owner = node.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if name == "tables" and f not in allowed:
+                    bad.append(f"{f.name}:{node.lineno}")
+    assert files and not bad, f"read tables.events directly (use scan_events() / table('events')): {bad}"
