@@ -27,6 +27,7 @@ PART_LABELS: dict[str, str] = {
     "overlapped_comm_ns": "overlapped comm",
     "exposed_comm_ns": "exposed comm",
     "barrier_wait_ns": "barrier wait",
+    "copy_ns": "copy",
     "host_stall_ns": "host stall",
     "idle_ns": "idle",
 }
@@ -74,6 +75,8 @@ def time_breakdown(analysis: Analysis) -> go.Figure | None:
     fig = go.Figure()
     for col, label in PART_LABELS.items():
         y = agg[col].to_numpy()
+        if col == "copy_ns" and not y.any():  # no device copies (every CPU trace): no empty legend entry
+            continue
         share = np.divide(y, step, out=np.zeros_like(y), where=step > 0) * 100
         fig.add_trace(
             go.Bar(

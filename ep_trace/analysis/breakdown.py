@@ -18,13 +18,15 @@ Each segment gets exactly one part, in this priority (so the parts add up to the
 ``compute_ns``          K \\ C: compute alone
 ``barrier_wait_ns``     W \\ K: inside a collective, waiting for the last peer to arrive
 ``exposed_comm_ns``     C \\ (K ∪ W): communication (transfer) nothing hides
+``copy_ns``             M \\ (C ∪ K ∪ W): device copies / memsets alone (HTA counts them non-compute)
 ``host_stall_ns``       H \\ (C ∪ K ∪ W ∪ M): device idle while the host blocks
-``idle_ns``             the rest: nothing measured runs (launch gaps, data loading, memcpy only)
+``idle_ns``             the rest: nothing measured runs (launch gaps, data loading)
 =====================  =======================================================================
 
 ``barrier_wait_ns + exposed_comm_ns`` equals ``steps.exposed_comm_ns`` (|C \\ K|) whenever the
 wait spans lie inside C, which they do by construction (a wait starts at the rank's own
-collective start). Memory copies (``gpu_memcpy`` / ``gpu_memset``) are neither C nor K, as in HTA.
+collective start). Memory copies (``gpu_memcpy`` / ``gpu_memset``) are neither C nor K, as in HTA,
+but their own part M.
 
 Also here: the top device kernels and the top CPU ops by total time, with the EP stage they were
 launched in (the innermost stage host range containing the launch / op start).
@@ -44,6 +46,7 @@ BREAKDOWN_PARTS: tuple[str, ...] = (
     "overlapped_comm_ns",
     "exposed_comm_ns",
     "barrier_wait_ns",
+    "copy_ns",
     "host_stall_ns",
     "idle_ns",
 )
@@ -76,7 +79,7 @@ def step_breakdown(
 
     Returns:
         Columns ``rank, step, compute_ns, overlapped_comm_ns, exposed_comm_ns, barrier_wait_ns,
-        host_stall_ns, idle_ns, step_time_ns`` (int64 ns; the six parts sum to ``step_time_ns``).
+        copy_ns, host_stall_ns, idle_ns, step_time_ns`` (int64 ns; the seven parts sum to ``step_time_ns``).
     """
     w = windows.select(pl.col("rank").cast(pl.Int32), pl.col("step").cast(pl.Int64), "start_ns", "end_ns").with_columns(
         (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns")
@@ -115,7 +118,9 @@ def step_breakdown(
         .then(pl.lit("barrier_wait_ns"))
         .when(c)
         .then(pl.lit("exposed_comm_ns"))
-        .when(h & ~m)
+        .when(m)
+        .then(pl.lit("copy_ns"))
+        .when(h)
         .then(pl.lit("host_stall_ns"))
         .otherwise(None)
     )

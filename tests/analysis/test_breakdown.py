@@ -26,7 +26,7 @@ def _act(rows: list[tuple]) -> pl.DataFrame:
 
 def test_golden_breakdown_exact_parts():
     # step [0, 100): compute [0, 40), comm [30, 70) (wait [40, 55) inside it), host call [75, 90) with
-    # a memcpy [80, 85) under it (the copy's time, idle: not a stall), nothing in [90, 100)
+    # a memcpy [80, 85) under it (the copy's time, not a stall), nothing in [90, 100)
     win = _iv([(0, 1, T0, T0 + 100)])
     act = _act([(0, 1, "compute", T0, T0 + 40), (0, 1, "comm", T0 + 30, T0 + 70), (0, 1, "memory", T0 + 80, T0 + 85)])
     waits = _iv([(0, 1, T0 + 40, T0 + 55)])
@@ -39,8 +39,9 @@ def test_golden_breakdown_exact_parts():
         "overlapped_comm_ns": 10,
         "exposed_comm_ns": 15,
         "barrier_wait_ns": 15,
+        "copy_ns": 5,
         "host_stall_ns": 10,
-        "idle_ns": 20,
+        "idle_ns": 15,
         "step_time_ns": 100,
     }
 

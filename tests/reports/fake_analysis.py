@@ -544,6 +544,7 @@ def make_fake_analysis(
         pl.col("overlapped_ns").alias("overlapped_comm_ns"),
         (pl.col("exposed_comm_ns") - pl.col("barrier_wait_ns")).clip(0).alias("exposed_comm_ns"),
         pl.min_horizontal("barrier_wait_ns", "exposed_comm_ns").alias("barrier_wait_ns"),
+        pl.lit(0, pl.Int64).alias("copy_ns"),
         pl.lit(0, pl.Int64).alias("host_stall_ns"),
         (pl.col("step_time_ns") - pl.col("compute_ns") - pl.col("exposed_comm_ns")).alias("idle_ns"),
         "step_time_ns",

@@ -53,6 +53,7 @@ def _with_cp(a: Analysis, cp: pl.DataFrame) -> Analysis:
 
 def test_breakdown_figure_stacks_the_six_parts_per_rank(a4):
     t = traces(breakdown_figures.time_breakdown(a4))
+    # (the seventh, device copies, is left out of a CPU trace's legend: it is zero there)
     assert list(t) == ["compute", "overlapped comm", "exposed comm", "barrier wait", "host stall", "idle"]
     total = sum(arr(t[k]["y"]) for k in t)
     np.testing.assert_allclose(

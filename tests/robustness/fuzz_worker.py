@@ -56,12 +56,13 @@ def insane(summary: dict[str, Any]) -> str | None:
                 "overlapped_comm_ns",
                 "exposed_comm_ns",
                 "barrier_wait_ns",
+                "copy_ns",
                 "host_stall_ns",
                 "idle_ns",
             )
         ]
         st = b.get("step_time_ns")
-        if all(isinstance(x, int) for x in parts) and isinstance(st, int) and abs(sum(parts) - st) > 6:
+        if all(isinstance(x, int) for x in parts) and isinstance(st, int) and abs(sum(parts) - st) > 7:
             bad.append(f"breakdown of rank {b.get('rank')}: parts sum to {sum(parts)}, step is {st}")
     for r in rows + [overall] + breakdown:
         st = r.get("step_time_ns")
