@@ -17,6 +17,7 @@ from ep_trace.analysis.result import Analysis
 from ep_trace.reports.palette import cause_color
 from ep_trace.reports.plot_layout import axis_px, legend_below
 from ep_trace.reports.rank_axis import aggregate, rank_axis
+from ep_trace.reports.units import fmt_ns
 
 __all__ = ["PART_LABELS", "time_breakdown", "breakdown_sentence", "top_table", "critical_path_of", "add_critical_path"]
 
@@ -54,12 +55,12 @@ def breakdown_sentence(analysis: Analysis) -> str | None:
     shares = ", ".join(f"{PART_LABELS[c]} {tot[c] / step:.0%}" for c in PART_LABELS if tot[c] / step >= 0.005)
     return (
         f"Mean over ranks and steps: {shares}. Largest part: {PART_LABELS[top]}, most on rank {worst['rank']} "
-        f"({worst[top] / MS:.3f} ms of a {worst['step_time_ns'] / MS:.3f} ms step)."
+        f"({fmt_ns(worst[top])} of a {fmt_ns(worst['step_time_ns'])} step)."
     )
 
 
 def time_breakdown(analysis: Analysis) -> go.Figure | None:
-    """Per rank, where the step goes: the six parts of ``Analysis.breakdown`` stacked, ms per step
+    """Per rank, where the step goes: the parts of ``Analysis.breakdown`` stacked, ms per step
     (mean over steps); they add up to the rank's step time. Large jobs: the rank axis groups ranks
     per host or block of ranks (means) and keeps the slowest ranks on their own (reports/rank_axis.py).
     """

@@ -24,6 +24,7 @@ from ep_trace.reports.figure_style import (
 from ep_trace.reports.heatmaps import binned_matrix, zero_based_heatmap
 from ep_trace.reports.plot_layout import axis_px as _axis_px
 from ep_trace.reports.rank_axis import aggregate, rank_axis
+from ep_trace.reports.units import fmt_ns
 
 __all__ = [
     "overlap_sentence",
@@ -60,7 +61,7 @@ def overlap_sentence(analysis: Analysis) -> str | None:
     worst = rs.sort("exposed_comm_ns", descending=True, nulls_last=True).row(0, named=True)
     return (
         f"No communication is hidden under compute on any rank (overlap efficiency 0%): all of it is exposed, "
-        f"up to {worst['exposed_comm_ns'] / MS:.3f} ms per step on rank {worst['rank']}."
+        f"up to {fmt_ns(worst['exposed_comm_ns'] or 0)} per step on rank {worst['rank']}."
     )
 
 

@@ -37,8 +37,9 @@ __all__ = ["render_report"]
 _BREAKDOWN_CAPTION = (
     "compute = compute alone (K \\ C); overlapped comm = communication hidden under compute (C ∩ K); barrier wait = "
     "inside a collective waiting for the last peer (W \\ K); exposed comm = transfer nothing hides (C \\ (K ∪ W)); "
-    "host stall = device idle while the host blocks; idle = nothing measured runs. C, K, W = union of the rank's "
-    "comm, compute and wait intervals; the six parts add up to the step (docs/metrics.md)."
+    "copy = device memcpy / memset alone (M \\ (C ∪ K ∪ W)); host stall = device idle while the host blocks; idle = "
+    "nothing measured runs. C, K, W, M = union of the rank's comm, compute, wait and copy intervals; the parts add up "
+    "to the step (docs/metrics.md)."
 )
 _CAPTIONS = {
     "overlap": "C = union of a rank's communication intervals, K = union of its compute intervals: |C ∩ K| is "
