@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["estimate_offsets", "residuals", "MIN_CALLS"]
+__all__ = ["estimate_offsets", "rank_offsets", "residuals", "MIN_CALLS"]
 
 #: Matched calls per (host, reference host) pair needed before a host's clock is moved.
 MIN_CALLS = 8
@@ -64,6 +64,20 @@ def estimate_offsets(
     return out.with_columns(
         pl.when(enough & ~is_ref).then(pl.col("offset_ns")).otherwise(0).fill_null(0).alias("offset_ns"),
         enough.alias("aligned"),
+    )
+
+
+def rank_offsets(ranks: pl.DataFrame, host_offsets: pl.DataFrame) -> pl.DataFrame:
+    """Per rank, what moves its recorded times onto the aligned clock: ``ranks.clock_offset_ns`` plus
+    its host's estimated offset (``host, offset_ns`` from :func:`estimate_offsets`, 0 where absent).
+
+    Returns:
+        Columns ``rank, offset_ns`` (ns).
+    """
+    return (
+        ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
+        .join(host_offsets.select("host", "offset_ns"), on="host", how="left")
+        .select("rank", (pl.col("clock_offset_ns") + pl.col("offset_ns").fill_null(0)).alias("offset_ns"))
     )
 
 

@@ -129,11 +129,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
                 f"{config.min_clock_calls}): its recorded clock (nsys UTC epoch / Kineto baseTimeNanoseconds) is kept, "
                 "not aligned; cross-host waits carry its residual"
             )
-    rank_off = (
-        ranks.select("rank", pl.col("host").fill_null("<unknown>"), "clock_offset_ns")
-        .join(host_off, on="host", how="left")
-        .select("rank", (pl.col("clock_offset_ns") + pl.col("offset_ns").fill_null(0)).alias("offset_ns"))
-    )
+    rank_off = clocks.rank_offsets(ranks, host_off)
     # cr0 times carry the parsers' offsets only; move them to the aligned clock
     cr0a = (
         cr0.join(base.rename({"offset_ns": "_b"}), on="rank")

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import polars as pl
 
+from ep_trace.analysis.clocks import rank_offsets
 from ep_trace.analysis.finding_common import fmt_ns, severity
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
@@ -30,11 +31,12 @@ __all__ = ["host_bound", "host_ops_in_gaps"]
 _WRAPPERS = ("ProfilerStep#", "## ", "ep:")
 
 
-def host_ops_in_gaps(a: Analysis, rank: int, gaps: pl.DataFrame, top: int = 5) -> dict[str, int]:
+def host_ops_in_gaps(a: Analysis, ev: pl.DataFrame, rank: int, gaps: pl.DataFrame, top: int = 5) -> dict[str, int]:
     """Host ranges of ``rank`` that overlap its launch gaps, by overlap time, ns (largest first).
 
     Args:
-        a: The analysis (its events table and clock offsets).
+        a: The analysis (its ranks table and clock offsets).
+        ev: The rank's events (recorded clock).
         rank: The rank.
         gaps: ``start_ns, end_ns`` of the gaps on the aligned clock (critical-path segments).
         top: How many names to return.
@@ -42,21 +44,21 @@ def host_ops_in_gaps(a: Analysis, rank: int, gaps: pl.DataFrame, top: int = 5) -
     Returns:
         ``name -> overlap ns`` of the ``top`` host ops / annotations (step-wide wrappers excluded).
     """
-    ev = a.tables.scan_events().filter(pl.col("rank") == rank).collect()  # the events may stay on disk
-    host = a.tables.ranks.filter(pl.col("rank") == rank)["host"] if "host" in a.tables.ranks.columns else None
-    off = 0
-    if host is not None and host.len() and a.clock.height and "offset_ns" in a.clock.columns:
-        o = a.clock.join(pl.DataFrame({"host": host}), on="host", how="semi", nulls_equal=True)["offset_ns"]
-        off = int(cast(int, o[0])) if o.len() and o[0] is not None else 0
+    off_row = rank_offsets(a.tables.ranks.filter(pl.col("rank") == rank), a.clock)["offset_ns"]
+    off = int(cast(int, off_row[0])) if off_row.len() else 0
     ops = ev.filter(
-        (pl.col("rank") == rank)
-        & pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
+        pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
         & ~pl.any_horizontal(*[pl.col("name").str.starts_with(w) for w in _WRAPPERS])
-    ).select("rank", "name", (pl.col("start_ns") + off).alias("o_start"), (pl.col("end_ns") + off).alias("o_end"))
+    ).select(
+        pl.col("rank").cast(pl.Int32),
+        "name",
+        (pl.col("start_ns") + off).alias("o_start"),
+        (pl.col("end_ns") + off).alias("o_end"),
+    )
     g = gaps.select(pl.lit(rank, pl.Int32).alias("rank"), "start_ns", "end_ns")
     if ops.is_empty() or g.is_empty():
         return {}
-    j = range_join(g, ops.with_columns(pl.col("rank").cast(pl.Int32)), ("start_ns", "end_ns"), ("o_start", "o_end"))
+    j = range_join(g, ops, ("start_ns", "end_ns"), ("o_start", "o_end"))
     ov = (
         j.with_columns((pl.min_horizontal("end_ns", "o_end") - pl.max_horizontal("start_ns", "o_start")).alias("_ov"))
         .filter(pl.col("_ov") > 0)
@@ -88,7 +90,8 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
     rank, total = (int(x) for x in per.row(0))
     per_step = total / n_steps
     mine = lg.filter(pl.col("rank") == rank).select("start_ns", "end_ns")
-    busy = host_ops_in_gaps(a, rank, mine)
+    rank_ev = a.tables.scan_events().filter(pl.col("rank") == rank).collect()  # the events may stay on disk
+    busy = host_ops_in_gaps(a, rank_ev, rank, mine)
     share = per_step / step_ns if step_ns > 0 else 0.0
     ev: dict[str, Any] = {
         "rank": rank,
@@ -102,15 +105,7 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
     # the remedy stays under the report's 512-character display limit (cli/outputs.DISPLAY_CHARS)
     doing = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in list(busy)[:3])
     where = f" The host was inside {doing} during those gaps." if doing else ""
-    graphs = (
-        a.tables.scan_events()
-        .filter(
-            (pl.col("rank") == rank) & (pl.col("kind") == "runtime") & pl.col("name").str.starts_with("cudaGraphLaunch")
-        )
-        .select(pl.len())
-        .collect()
-        .item()
-    )
+    graphs = rank_ev.filter((pl.col("kind") == "runtime") & pl.col("name").str.starts_with("cudaGraphLaunch")).height
     ev["cuda_graph_launches"] = int(graphs)
     capture = (
         "The step already replays CUDA graphs: capture more of it (full, not piecewise; the batch sizes that run eager)"

@@ -84,35 +84,31 @@ def _step_stat(g: StepGraph, p: Prepared, step_end: np.ndarray) -> float:
     return float(np.median(per["_t"].to_numpy())) if per.height else 0.0
 
 
-def _per_node(g: StepGraph, mask: pl.Expr) -> np.ndarray:
-    """Sum of work piece lengths per node matching ``mask`` (row order = node)."""
-    w = g.work.filter(mask).group_by("node").agg((pl.col("end_ns") - pl.col("start_ns")).sum().alias("_d"))
+def _per_node(g: StepGraph, mask: pl.Expr, length: pl.Expr | None = None) -> np.ndarray:
+    """Sum per node of ``length`` (default: the piece's length) over the work pieces matching ``mask``
+    (row order = node)."""
+    d = pl.col("end_ns") - pl.col("start_ns") if length is None else length
+    w = g.work.filter(mask).group_by("node").agg(d.sum().alias("_d"))
     out = np.zeros(g.nodes.height)
     if w.height:
         out[w["node"].to_numpy()] = w["_d"].to_numpy()
     return out
 
 
+def _ranks_where(nodes: pl.DataFrame, hit: np.ndarray) -> list[int]:
+    """The ranks of the nodes where ``hit`` (a boolean per node, row order) holds, sorted."""
+    return sorted({int(r) for r in nodes.filter(pl.Series(hit))["rank"].unique()})
+
+
 def _launch_excess(g: StepGraph, gpu_ranks: frozenset[int], floor: dict[int, float]) -> np.ndarray:
     """Per node: the launch-gap time of GPU ranks above the rank's device gap floor (per piece)."""
-    out = np.zeros(g.nodes.height)
-    if not gpu_ranks:
-        return out
-    fl = pl.DataFrame(
-        {"rank": list(floor), "_floor": list(floor.values())}, schema={"rank": pl.Int32, "_floor": pl.Float64}
+    piece_floor = (
+        pl.col("rank").replace_strict(list(floor), list(floor.values()), default=0.0, return_dtype=pl.Float64)
+        if floor
+        else pl.lit(0.0)
     )
-    w = (
-        g.work.filter((pl.col("cause") == "launch_gap") & pl.col("rank").is_in(sorted(gpu_ranks)))
-        .join(fl, on="rank", how="left")
-        .with_columns(
-            (pl.col("end_ns") - pl.col("start_ns") - pl.col("_floor").fill_null(0.0)).clip(lower_bound=0.0).alias("_x")
-        )
-        .group_by("node")
-        .agg(pl.col("_x").sum())
-    )
-    if w.height:
-        out[w["node"].to_numpy()] = w["_x"].to_numpy()
-    return out
+    excess = (pl.col("end_ns") - pl.col("start_ns") - piece_floor).clip(lower_bound=0.0)
+    return _per_node(g, (pl.col("cause") == "launch_gap") & pl.col("rank").is_in(sorted(gpu_ranks)), excess)
 
 
 def _straggler_delta(g: StepGraph, gap: np.ndarray, expert: np.ndarray) -> tuple[np.ndarray, int | None]:
@@ -386,20 +382,20 @@ def model(
     if stall.any() or count.any():
         tr = p.transfer.copy()
         tr[count] = 0.0
-        ranks = sorted({int(r) for r in n.filter(pl.Series(count | (stall > 0)))["rank"].unique()})
+        ranks = _ranks_where(n, count | (stall > 0))
         rows.append(("no_host_stalls", run(p.gap - stall, tr), ranks, None))
         if helps():
             gap_all -= stall
             tr_all[count] = 0.0
     lg = _launch_excess(g, gpu_ranks, launch_floor or {})
     if lg.any():
-        ranks = sorted({int(r) for r in n.filter(pl.Series(lg > 0))["rank"].unique()})
+        ranks = _ranks_where(n, lg > 0)
         rows.append(("no_launch_gaps", run(p.gap - lg), ranks, None))
         if helps():
             gap_all -= lg
     perm = _per_node(g, (pl.col("cause") == "compute") & pl.col("stage").is_in(["permute", "unpermute"]))
     if perm.any():
-        ranks = sorted({int(r) for r in n.filter(pl.Series(perm > 0))["rank"].unique()})
+        ranks = _ranks_where(n, perm > 0)
         rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))
         if helps():
             gap_all -= 0.5 * perm
