@@ -8,7 +8,7 @@ renderers (``reports.units``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import polars as pl
 
@@ -218,21 +218,32 @@ def verdict(analysis: Analysis) -> Verdict:
 UNMEASURED_COMM_SHARE = 0.2
 
 
-def _unmeasured_exposed(analysis: Analysis) -> str | None:
-    """The headline for a step dominated by communication whose wait cannot be measured, or None."""
-    if not any("cannot be measured" in n for n in analysis.notes):
-        return None
+def _slowest_rank_parts(analysis: Analysis) -> tuple[dict[str, Any], dict[str, float]] | None:
+    """The slowest rank's ``rank_summary`` row and the share of its step of each breakdown part, or None."""
     bd, rs = analysis.breakdown, analysis.rank_summary
     if bd is None or bd.is_empty() or rs.is_empty():
         return None
     slow = rs.sort(["step_time_ns", "rank"], descending=[True, False]).row(0, named=True)
     mine = bd.filter(pl.col("rank") == slow["rank"])
-    total = float(mine["step_time_ns"].sum())
-    exposed = float(cast(float, mine["exposed_comm_ns"].sum())) + float(cast(float, mine["barrier_wait_ns"].sum()))
-    if total <= 0 or exposed / total < UNMEASURED_COMM_SHARE:
+    total = float(cast(float, mine["step_time_ns"].sum()))
+    if total <= 0:
+        return None
+    return slow, {c: float(cast(float, mine[c].sum())) / total for c in BREAKDOWN_PARTS}
+
+
+def _unmeasured_exposed(analysis: Analysis) -> str | None:
+    """The headline for a step dominated by communication whose wait cannot be measured, or None."""
+    if not any("cannot be measured" in n for n in analysis.notes):
+        return None
+    found = _slowest_rank_parts(analysis)
+    if found is None:
+        return None
+    slow, parts = found
+    exposed = parts["exposed_comm_ns"] + parts["barrier_wait_ns"]
+    if exposed < UNMEASURED_COMM_SHARE:
         return None
     return (
-        f"Rank {slow['rank']}'s step (P50 {fmt_ns(slow['step_time_ns'])}) is {fmt_pct(exposed / total)} communication "
+        f"Rank {slow['rank']}'s step (P50 {fmt_ns(slow['step_time_ns'])}) is {fmt_pct(exposed)} communication "
         "that nothing hides; the other ranks of its groups are not in the trace set, so how much of it is waiting "
         "for them cannot be measured and no saving is simulated"
     )
@@ -240,20 +251,12 @@ def _unmeasured_exposed(analysis: Analysis) -> str | None:
 
 def _where_time_goes(analysis: Analysis) -> str:
     """'rank R's step (P50 X) is 62% compute, 20% idle' for the slowest rank, from the time breakdown."""
-    bd = analysis.breakdown
-    rs = analysis.rank_summary
-    if bd is None or bd.is_empty() or rs.is_empty():
+    found = _slowest_rank_parts(analysis)
+    if found is None:
         return ""
-    slow = rs.sort(["step_time_ns", "rank"], descending=[True, False]).row(0, named=True)
-    mine = bd.filter(pl.col("rank") == slow["rank"])
-    total = float(mine["step_time_ns"].sum())
-    if total <= 0:
-        return ""
+    slow, parts = found
     # "overlapped_comm_ns" -> "overlapped comm"
-    shares = sorted(
-        ((float(mine[c].sum()) / total, c.removesuffix("_ns").replace("_", " ")) for c in BREAKDOWN_PARTS),
-        reverse=True,
-    )
+    shares = sorted(((x, c.removesuffix("_ns").replace("_", " ")) for c, x in parts.items()), reverse=True)
     top = ", ".join(f"{fmt_pct(x)} {label}" for x, label in shares[:2] if x >= 0.05)
     return f"rank {slow['rank']}'s step (P50 {fmt_ns(slow['step_time_ns'])}) is {top}" if top else ""
 
