@@ -70,8 +70,16 @@ def choose_workers(jobs: int, est_cpu_s: float, n_batches: int) -> int:
 
 def local_executor(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes (spawn, not fork: polars' thread pool must not be
-    forked mid-use)."""
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    forked mid-use); one polars thread each when the command line sized the pools
+    (:mod:`ep_trace.parsers.polars_threads`)."""
+    from ep_trace.parsers import polars_threads
+
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=polars_threads.worker_init,
+        initargs=(polars_threads.worker_threads(),),
+    )
 
 
 class _TaskFuture(Future[Any]):

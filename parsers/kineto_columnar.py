@@ -38,6 +38,7 @@ pid / tid reads as that int here but is an error / null there; a quoted negative
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections import deque
 from collections.abc import Callable
@@ -365,9 +366,29 @@ def decode_columnar(
 
     pending: deque[tuple[kineto_stream.Slice, Future]] = deque()
     piece = max(1, kineto_json.CHUNK_BYTES // _PARTS)
+    slices = kineto_stream.stream_pieces(path, header, piece_bytes=piece)
+
+    def inline(sl: kineto_stream.Slice) -> None:
+        done: Future = Future()
+        done.set_result(_work(sl, keep_prefixes))
+        consume(sl, done)
+
+    first = next(slices, None)
+    try:
+        second = next(slices, None) if first is not None else None
+    except kineto_stream.Fallback:
+        if first is not None:  # its error, if any, comes before the stream's (file order)
+            inline(first)
+        raise
+    if second is None:
+        # one slice (a rank file under ~2 MB of JSON): no pool. Starting and joining 2 threads and
+        # handing the slice over cost ~1 ms, 1 CPU-s over 1,024 small ranks (benchmarks/README.md)
+        if first is not None:
+            inline(first)
+        return header, kept_args, frames
     with ThreadPoolExecutor(max_workers=2) as pool:
         try:
-            for sl in kineto_stream.stream_pieces(path, header, piece_bytes=piece):
+            for sl in itertools.chain((first, second), slices):
                 pending.append((sl, pool.submit(_work, sl, keep_prefixes)))
                 while len(pending) > _PIPELINE:
                     consume(*pending.popleft())

@@ -159,6 +159,9 @@ def analyze_cmd(
 
       ep-trace analyze big_job/ --jobs 8   or   --engine ray --address auto
     """
+    from ep_trace.parsers.polars_threads import configure_threads
+
+    configure_threads(jobs)  # before anything loads polars: --jobs N is N cores (parsers/polars_threads.py)
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
     from ep_trace.cli.outputs import build_report, for_display

@@ -57,6 +57,9 @@ def ingest_cmd(
     """
     from ep_trace.cli import printable
     from ep_trace.cli.analyze import engine_executor, progress_bar
+    from ep_trace.parsers.polars_threads import configure_threads
+
+    configure_threads(jobs)  # before anything loads polars: --jobs N is N cores (parsers/polars_threads.py)
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest_to
