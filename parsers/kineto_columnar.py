@@ -202,7 +202,28 @@ def _bool_time(sl: kineto_stream.Slice, rows: list[int], texts: _Texts) -> bool:
             return any(_BOOL_TIME.search(t) for t in texts(rows))
         except _Surprise:
             pass
-    return any(_BOOL_TIME.search(p) for p in sl.pieces)
+    return any(_has_bool_time(p) for p in sl.pieces)
+
+
+def _has_bool_time(text: bytes) -> bool:
+    """``_BOOL_TIME.search(text)``, from the words instead of every ``"``.
+
+    The regex stops at each quote (0.8 ms per MB); ``bytes.find`` of ``true`` / ``false`` scans
+    at memory speed and a Kineto file holds a few dozen (kernel templates such as
+    ``<int, true>``), each checked by the key before it. A word preceded by 64 bytes of blanks
+    (no trace writes that) is left to the regex, so the answer is the regex's."""
+    for word in (b"true", b"false"):
+        i = text.find(word)
+        while i >= 0:
+            before = text[max(0, i - 64) : i].rstrip()
+            if not before and i >= 64:
+                return _BOOL_TIME.search(text) is not None
+            if before.endswith(b":"):
+                key = before[:-1].rstrip()
+                if key.endswith((b'"ts"', b'"dur"')) or (not key and i >= 64):
+                    return True if key else _BOOL_TIME.search(text) is not None
+            i = text.find(word, i + len(word))
+    return False
 
 
 @functools.lru_cache(maxsize=8)

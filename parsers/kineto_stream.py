@@ -42,12 +42,23 @@ except ImportError:  # pragma: no cover - isal is a dependency, kept optional fo
     _inflate = zlib
     _INFLATE_ERRORS = (zlib.error,)
 
+try:  # one-shot gunzip of a small file: 0.22 ms vs 0.52 ms for a decompressobj on a 74 KB rank
+    # file (its output buffer grows from 16 KB by copies); whole gzip members, CRC checked
+    from isal.igzip import decompress as _gunzip
+except ImportError:  # pragma: no cover
+    from gzip import decompress as _gunzip
+
+#: Deflate's largest ratio (258-byte matches in ~2 bits): a file of ``n`` compressed bytes
+#: inflates to at most ~1032 n, so one whose bound is within the inflate limit is inflated in one
+#: call with no risk of a bomb beyond the limit.
+_DEFLATE_MAX_RATIO = 1032
+
 
 class Fallback(Exception):
     """The streaming path cannot decode this file; use the whole-buffer path."""
 
 
-def _pieces(path: Path) -> Iterator[bytes]:
+def _pieces(path: Path) -> Iterator[bytes | memoryview]:
     """Decompressed (or plain) bytes of the file, in pieces of at most 1 MB.
 
     Raises:
@@ -66,6 +77,17 @@ def _pieces(path: Path) -> Iterator[bytes]:
                 yield first
                 first = fh.read(_READ)
             return
+        if len(first) < _READ and len(first) * _DEFLATE_MAX_RATIO <= limit:  # the whole file, small
+            try:
+                whole = _gunzip(first)
+            except Exception:  # noqa: BLE001 - trailing bytes, truncation ...: the streaming path below decides
+                whole = None
+            if whole is not None:
+                validate.check_inflated(path, len(whole), limit)
+                view = memoryview(whole)  # the same 1 MB pieces as the stream: the same slices
+                for i in range(0, len(whole), _READ):
+                    yield view[i : i + _READ]
+                return
         d = _inflate.decompressobj(wbits=31)
         data = first
         while data:

@@ -271,3 +271,17 @@ def test_columnar_equals_orjson_on_random_events(tmp_path, events, odd, indent):
     if f0 or f1:
         a, b = pl.concat(f0), pl.concat(f1)
         assert b.schema == a.schema and b.equals(a)
+
+
+_WORDS = st.sampled_from(
+    [b'"ts"', b'"dur"', b'"xts"', b'\\"ts\\"', b":", b" ", b"\n", b"\t", b"true", b"false", b"1", b",", b"{", b"}"]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_WORDS, max_size=40), st.integers(0, 80))
+def test_bool_time_word_search_equals_the_regex(words, pad):
+    """The find-based search answers exactly what the regex does, blanks of any length included."""
+    text = b"".join(words)
+    text = text.replace(b":", b":" + b" " * pad, 1) if pad % 3 == 0 else b" " * pad + text
+    assert kineto_columnar._has_bool_time(text) == (kineto_columnar._BOOL_TIME.search(text) is not None)
