@@ -285,3 +285,23 @@ def test_bool_time_word_search_equals_the_regex(words, pad):
     text = b"".join(words)
     text = text.replace(b":", b":" + b" " * pad, 1) if pad % 3 == 0 else b" " * pad + text
     assert kineto_columnar._has_bool_time(text) == (kineto_columnar._BOOL_TIME.search(text) is not None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'[{"a":1},{"b":2},{"c":3}]',
+        b'[{"a":1},\n  {"b":2},\n  {"c":3}]',
+        b'[{"a":1},{"b":2}, {"c":3}]',  # mixed: the regex decides
+        b'[{"a":"x},{y"},{"b":2}]',  # a separator inside a string: the count tells
+        b'[{"a":1}]',
+    ],
+)
+def test_cuts_equal_the_regex_boundaries(text):
+    regex = [(m.start(), m.end() - 1) for m in kineto_json._BOUNDARY_RE.finditer(text)]
+    events = text.count(b'"a"') + text.count(b'"b"') + text.count(b'"c"')
+    ends, nexts = kineto_columnar._cuts(text, events - 1)
+    if len(regex) == events - 1 or b"x},{y" not in text:
+        assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex
+    else:  # the fast count is off and so is the regex's: the caller's check sends it to orjson
+        assert len(ends) != events - 1
