@@ -95,15 +95,31 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("file", type=Path)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument(
+        "--polars-threads",
+        type=int,
+        default=1,
+        help="POLARS_MAX_THREADS of the child (default 1: what `ep-trace ingest|analyze --jobs 1` gives polars,"
+        " parsers/polars_threads.py; 0: polars' default, every CPU)",
+    )
     args = ap.parse_args(argv)
+    env = {k: v for k, v in os.environ.items() if k != "POLARS_MAX_THREADS"}
+    if args.polars_threads > 0:
+        env["POLARS_MAX_THREADS"] = str(args.polars_threads)
     size = args.file.stat().st_size
-    print(f"{args.file}: {size / 1e6:.1f} MB; load average {os.getloadavg()}")
+    print(
+        f"{args.file}: {size / 1e6:.1f} MB; polars threads {args.polars_threads or 'default'}; load {os.getloadavg()}"
+    )
     base = None
     for mode in args.modes:
         cpu = []
         for _ in range(args.repeat):
             out = subprocess.run(
-                [sys.executable, "-c", _CHILD, mode, str(args.file)], capture_output=True, text=True, check=True
+                [sys.executable, "-c", _CHILD, mode, str(args.file)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=env,
             )
             cpu.append(float(out.stdout.strip().splitlines()[-1]))
         med = statistics.median(cpu)
