@@ -127,7 +127,7 @@ def analyze_cmd(
         1,
         "-j",
         "--jobs",
-        help="Worker processes at most for reading rank files (fewer when the files are too small to repay one).",
+        help="Cores to use: worker processes at most for reading rank files (fewer when the files are too small to repay one), and polars threads.",
     ),
     engine: str = typer.Option("local", "--engine", help="Where rank files are decoded: local or ray (docs/scale.md)."),
     address: Optional[str] = typer.Option(
