@@ -116,7 +116,9 @@ class RayExecutor(Executor):
         address: Ray cluster to join (``'auto'``, ``'ray://head:10001'``); None = ``RAY_ADDRESS`` or a
             new local Ray.
         num_cpus: CPUs of a new local Ray (ignored when joining a cluster).
-        runtime_env: Passed to ``ray.init`` (e.g. ``{"pip": ["ep-trace"]}`` on a bare cluster).
+        runtime_env: Passed to ``ray.init`` (e.g. ``{"pip": ["ep-trace"]}`` on a bare cluster); when
+            the command line sized polars' pools (:mod:`ep_trace.parsers.polars_threads`), its
+            ``env_vars`` also give each task one polars thread.
         alone_bytes: Files of at least this many estimated JSON bytes get one task each; 0: one
             task per file whatever its size; None: batches only (the local pool's plan).
 
@@ -142,6 +144,14 @@ class RayExecutor(Executor):
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is None and num_cpus is not None:
                 kw["num_cpus"] = num_cpus
+            from ep_trace.parsers import polars_threads
+
+            threads = polars_threads.worker_threads()
+            if threads is not None:  # one polars thread per 1-CPU task, as in a local pool
+                env = dict(runtime_env or {})
+                env_vars = dict(env.get("env_vars") or {})
+                env_vars.setdefault("POLARS_MAX_THREADS", threads)
+                runtime_env = {**env, "env_vars": env_vars}
             if runtime_env is not None:
                 kw["runtime_env"] = runtime_env
             ray.init(address=address, **kw)
