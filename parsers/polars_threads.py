@@ -11,8 +11,9 @@ inside one small query.
 
 So ``ep-trace analyze|ingest --jobs N`` means N cores: :func:`configure_threads` gives polars N
 threads in the driver (what the cross-rank analysis uses), and :func:`worker_init` gives each of
-the N reader processes one (N x N threads would contend for N cores). A ``POLARS_MAX_THREADS``
-set by the user is kept, in the driver and in the workers. Library callers are not affected: only
+the N reader processes one (N x N threads would contend for N cores); numpy's OpenBLAS gets N
+too (``OPENBLAS_NUM_THREADS``; workers inherit it). A ``POLARS_MAX_THREADS`` or
+``OPENBLAS_NUM_THREADS`` set by the user is kept, in the driver and in the workers. Library callers are not affected: only
 the command line calls :func:`configure_threads`.
 """
 
@@ -24,6 +25,7 @@ import sys
 __all__ = ["configure_threads", "worker_init", "worker_threads"]
 
 _VAR = "POLARS_MAX_THREADS"
+_BLAS = "OPENBLAS_NUM_THREADS"
 #: Set beside ``POLARS_MAX_THREADS`` when :func:`configure_threads` chose it (so that workers,
 #: which inherit both, know the value is not the user's).
 _MARK = "EP_TRACE_CHOSE_POLARS_THREADS"
@@ -45,9 +47,14 @@ def configure_threads(jobs: int) -> bool:
     Returns:
         True when this call set ``POLARS_MAX_THREADS``.
     """
+    n = str(max(1, min(jobs, _available_cpus())))
+    if "numpy" not in sys.modules and _BLAS not in os.environ:
+        # numpy's OpenBLAS starts one thread per CPU at import, which spin after each call (0.8% of
+        # the CPU of a 1,024-rank ingest in `blas_thread_server`); the same N as polars
+        os.environ[_BLAS] = n
     if "polars" in sys.modules or (_VAR in os.environ and _MARK not in os.environ):
         return False
-    os.environ[_VAR] = str(max(1, min(jobs, _available_cpus())))
+    os.environ[_VAR] = n
     os.environ[_MARK] = "1"
     return True
 
