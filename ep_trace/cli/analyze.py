@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
@@ -136,7 +138,7 @@ def analyze_cmd(
     cache: bool = typer.Option(
         True,
         "--cache/--no-cache",
-        help="Reuse the parsed tables of an unchanged trace directory ($EP_TRACE_CACHE_DIR or ~/.cache/ep-trace); --no-cache always parses and writes no cache.",
+        help="Reuse the parsed tables of an unchanged trace directory ($EP_TRACE_CACHE_DIR or ~/.cache/ep-trace); --no-cache always parses (into a scratch directory removed on exit) and keeps no cache.",
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No terminal summary."),
     record: Optional[Path] = typer.Option(
@@ -176,7 +178,16 @@ def analyze_cmd(
         from ep_trace.cli.outputs import check_writable
 
         check_writable(record, "--record")
-    with progress_bar() as progress, engine_executor(engine, jobs, address) as executor:
+    with (
+        contextlib.ExitStack() as scratch,
+        progress_bar() as progress,
+        engine_executor(engine, jobs, address) as executor,
+    ):
+        # --no-cache: the events still go to disk as they are parsed (bounded memory at any number of
+        # ranks, docs/scale.md), in a scratch directory removed when the command ends
+        spill: bool | Path = (
+            True if cache else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="ep-trace-")))
+        )
         analysis = build_report(
             dirs,
             out,
@@ -189,7 +200,7 @@ def analyze_cmd(
             rank_map=parse_rank_map(rank_map),
             jobs=jobs,
             executor=executor,
-            cache=cache,
+            cache=spill,
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

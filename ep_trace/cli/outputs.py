@@ -250,11 +250,12 @@ def build_report(
     rank_map: Mapping[object, int] | None = None,
     jobs: int = 1,
     executor: Executor | None = None,
-    cache: bool = False,
+    cache: bool | Path = False,
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis.
 
-    ``cache``: reuse / write the Parquet cache of each trace directory (``ep_trace.load(cache=True)``)."""
+    ``cache``: reuse / write the Parquet cache of each trace directory (``ep_trace.load(cache=...)``:
+    True the default root, a path that root)."""
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)

@@ -271,3 +271,34 @@ def test_analyze_reuses_the_ingest_cache_and_accepts_an_ingest_directory(capsys,
     third = tmp_path / "c.json"
     assert _run(capsys, "analyze", str(tables), "-o", str(tmp_path / "d.html"), "--json", str(third), "-q")[0] == 0
     assert orjson.loads(third.read_bytes())["ranks"] == orjson.loads(first.read_bytes())["ranks"]
+
+
+def test_no_cache_spills_to_a_scratch_directory_removed_on_exit(capsys, tmp_path, samples_dir, monkeypatch):
+    # --no-cache parses again but still streams the events to disk (read back a block of ranks at a
+    # time), in a scratch directory that is gone when the command returns; no cache entry is kept
+    import tempfile
+
+    import ep_trace
+
+    cache, scratch = tmp_path / "cache", tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("EP_TRACE_CACHE_DIR", str(cache))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    seen = []
+    real_load = ep_trace.load
+
+    def spy(*a, **k):
+        seen.append(k.get("cache"))
+        assert list(scratch.iterdir())  # the scratch root exists while the analysis runs
+        return real_load(*a, **k)
+
+    monkeypatch.setattr(ep_trace, "load", spy)
+    src = samples_dir / "balanced"
+    out = tmp_path / "a.json"
+    assert (
+        _run(capsys, "analyze", str(src), "-o", str(tmp_path / "a.html"), "--json", str(out), "-q", "--no-cache")[0]
+        == 0
+    )
+    assert len(seen) == 1 and seen[0] is not True and seen[0] is not False and seen[0].parent == scratch
+    assert list(scratch.iterdir()) == [] and not cache.exists()
+    assert orjson.loads(out.read_bytes())["ranks"]
