@@ -260,9 +260,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     say("findings", 8, total)
     hta = None
     if config.hta_compatible:
-        from ep_trace.analysis.hta_compat import hta_overlap
-
-        hta = hta_overlap(tables.table("events"))
+        hta = rank_pass.hta_overlap(tables, blocks)
     intervals = _intervals(steps_df, act, exposed_iv, stage_df, call_ranks, calls, rank_off, config, stragglers)
     # every step's exposed comm, as steps.exposed_comm_ns measures it (compute of the same step)
     exposed_comm = (

@@ -30,11 +30,14 @@ HTA_COMM_RE = r"^nccl.*Kernel"
 HTA_NOT_COMPUTE_RE = r"^(?:nccl.*Kernel|.*Memcpy|Memset|.*Sync)"
 
 
-def hta_overlap(events: pl.DataFrame) -> pl.DataFrame:
-    """Per rank: ``rank, comm_us, overlap_us, comp_comm_overlap_pctg`` as HTA 0.5.0 computes them."""
+def hta_overlap(events: pl.DataFrame, multi_step: bool | None = None) -> pl.DataFrame:
+    """Per rank: ``rank, comm_us, overlap_us, comp_comm_overlap_pctg`` as HTA 0.5.0 computes them.
+
+    ``multi_step``: whether the whole trace set holds more than one ``ProfilerStep`` name (HTA's
+    step filter), when ``events`` are only some of its ranks; None: counted on ``events``."""
     dev = events.filter(pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"]))
     steps = events.filter(pl.col("seq").is_not_null())
-    if steps["seq"].n_unique() > 1:
+    if steps["seq"].n_unique() > 1 if multi_step is None else multi_step:
         rt = events.filter(pl.col("kind") == "runtime")
         by_id = dev.join(
             rt.select("rank", pl.col("event_id").alias("launch_id"), pl.col("start_ns").alias("_l")),

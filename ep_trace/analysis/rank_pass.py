@@ -34,7 +34,17 @@ from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.schema import TraceTables
 
-__all__ = ["Blocks", "FirstPass", "SecondPass", "rank_blocks", "first_pass", "second_pass", "by_block", "chunk_cost"]
+__all__ = [
+    "Blocks",
+    "FirstPass",
+    "SecondPass",
+    "rank_blocks",
+    "first_pass",
+    "second_pass",
+    "by_block",
+    "chunk_cost",
+    "hta_overlap",
+]
 
 Blocks = tuple[tuple[int, int], ...]
 _CLS = pl.Enum(["comm", "compute", "memory"])  # activity.device_activity's classes
@@ -276,3 +286,15 @@ def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode
     for b, ev in _events(tables, blocks):
         out |= per_chunk_cost(ev, _of(stage_df, b, single), mode)
     return out
+
+
+def hta_overlap(tables: TraceTables, blocks: Blocks) -> pl.DataFrame:
+    """:func:`~ep_trace.analysis.hta_compat.hta_overlap` block by block (``--hta-compatible``).
+
+    HTA's step filter depends on the whole trace set (more than one distinct ``ProfilerStep``
+    name), so that is counted once over every rank first; the rest is per rank."""
+    from ep_trace.analysis.hta_compat import hta_overlap as one
+
+    steps = tables.scan_events().filter(pl.col("seq").is_not_null()).select(pl.col("seq").n_unique()).collect()
+    multi = bool(steps.item() > 1)
+    return _concat([one(ev, multi) for _, ev in _events(tables, blocks)])
