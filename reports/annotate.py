@@ -252,11 +252,24 @@ def _meta(pid: int, tid: int | None, kind: str, name: str) -> dict:
     return ev
 
 
-def _aligned_events(analysis: Analysis) -> pl.DataFrame:
-    ev = analysis.tables.table("events")  # read from disk when the tables keep the events there
-    return ev.join(rank_offsets(analysis), on="rank", how="left").with_columns(
-        pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0)
+def _aligned_events(analysis: Analysis) -> pl.LazyFrame:
+    """Every event on the aligned clock, lazily: each rank's rows are read when its file is written
+    (the events stay on disk when the tables keep them there: one rank in memory at a time)."""
+    return (
+        analysis.tables.scan_events()
+        .join(rank_offsets(analysis).lazy(), on="rank", how="left")
+        .with_columns(
+            pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0)
+        )
     )
+
+
+def _first_start(ev: pl.LazyFrame, tracks: pl.DataFrame) -> int:
+    """The earliest aligned start of any event or track (0 when there is none)."""
+    starts = [
+        s for s in (ev.select(pl.col("start_ns").min()).collect().item(), tracks["start_ns"].min()) if s is not None
+    ]
+    return int(cast(int, min(starts))) if starts else 0
 
 
 def _analysis_meta(rank: int, pid: int) -> list[dict]:
@@ -305,7 +318,7 @@ def annotated_trace(
     analysis: Analysis,
     rank: int,
     base_ns: int | None = None,
-    events: pl.DataFrame | None = None,
+    events: pl.DataFrame | pl.LazyFrame | None = None,
     tracks: pl.DataFrame | None = None,
     original: OriginalTrace | None = None,
 ) -> bytes:
@@ -319,7 +332,7 @@ def annotated_trace(
         analysis: The analysis (its ``tables.events``, stages, calls and intervals).
         rank: Global rank.
         base_ns: Epoch ns of ``ts = 0`` without ``original``; default = the earliest event of the whole job.
-        events: Pre-computed :func:`_aligned_events` (speed-up when writing many ranks).
+        events: :func:`_aligned_events` (lazy, or a frame of them), shared when writing many ranks.
         tracks: Pre-computed :func:`analysis_tracks`.
         original: The rank's original Kineto document.
     """
@@ -334,11 +347,10 @@ def annotated_trace(
         pid = next(p for p in range(ANALYSIS_PID, ANALYSIS_PID + 1000) if p not in used)
         extra = _track_lines(own, pid, original.base_ns) + [orjson.dumps(m) for m in _analysis_meta(rank, pid)]
         return original.with_events(extra)
-    ev = _aligned_events(analysis) if events is None else events
+    ev = _aligned_events(analysis) if events is None else events.lazy()
     if base_ns is None:
-        starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
-        base_ns = int(cast(int, min(starts))) if starts else 0
-    e = ev.filter(pl.col("rank") == rank)
+        base_ns = _first_start(ev, tr)
+    e = ev.filter(pl.col("rank") == rank).collect()
     is_gpu = pl.col("kind").is_in(list(_GPU_KINDS))
     e = e.with_columns(
         pl.when(is_gpu)
@@ -383,10 +395,11 @@ def annotated_traces(
     todo = (
         sorted(ranks)
         if ranks is not None
-        else sorted(set(ev["rank"].unique().to_list()) | set(tr["rank"].unique().to_list()))
+        else sorted(
+            set(ev.select(pl.col("rank").unique()).collect()["rank"].to_list()) | set(tr["rank"].unique().to_list())
+        )
     )
-    starts = [s for s in (ev["start_ns"].min(), tr["start_ns"].min()) if s is not None]
-    base = int(cast(int, min(starts))) if starts else 0
+    base = _first_start(ev, tr)
     for i, r in enumerate(todo):
         doc = annotated_trace(analysis, int(r), base, ev, tr, original=originals.get(int(r)))
         yield f"rank{r}.ep-annotated.json.gz", gzip.compress(doc, compresslevel=6)

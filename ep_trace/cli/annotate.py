@@ -3,6 +3,8 @@ critical path and finding tracks (Perfetto / chrome://tracing / HTA)."""
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -54,6 +56,11 @@ def annotate_cmd(
         "--rank-map",
         help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
     ),
+    cache: bool = typer.Option(
+        True,
+        "--cache/--no-cache",
+        help="Reuse the parsed tables of an unchanged trace directory, as 'analyze' does; --no-cache always parses (into a scratch directory removed on exit) and keeps no cache.",
+    ),
 ) -> None:
     """Write per-rank Chrome/Perfetto traces: the original trace unchanged plus ep-trace tracks.
 
@@ -78,13 +85,18 @@ def annotate_cmd(
         raise ConfigError(
             f"-o: {out} is the input directory; annotated traces there would be read as extra ranks next time, choose another directory"
         )
-    with progress_bar() as progress:
+    with contextlib.ExitStack() as scratch, progress_bar() as progress:
+        # the events stay on disk (the cache, or a scratch directory): one rank in memory at a time
+        spill: bool | Path = (
+            True if cache else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="ep-trace-")))
+        )
         analysis = load(
             trace_dir,
             format=check_format(fmt),  # type: ignore[arg-type]
             on_error="skip" if keep_going else "raise",
             progress=progress,
             rank_map=parse_rank_map(rank_map),
+            cache=spill,
         )
         originals = _Originals(original_files(analysis.tables.ranks))
         paths = write_annotated(analysis, out, progress=progress, originals=originals)
