@@ -257,11 +257,20 @@ def merge_tables(
     """Concatenate per-rank tables (already checked for conflicts) into one validated set."""
     if not parts:
         raise TraceFormatError("<inputs>", "no rank could be read", "see the load report for why each file was skipped")
-    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in _TABLES}  # type: ignore[arg-type]
+    # parts whose events stay on disk (the ingest cache) are merged lazily: one scan over all of them,
+    # the analysis then reads a block of ranks at a time as for one directory
+    lazy = all(p.events_scan is not None for p in parts)
+    names = [n for n in _TABLES if not (lazy and n == "events")]
+    cat = {n: pl.concat([p.table(n) for p in parts], how="vertical") for n in names}
     cat["placement"] = cat["placement"].unique(maintain_order=True)
     cat["ranks"] = cat["ranks"].sort("rank")
     issues = tuple(i for p in parts for i in p.load_report) + extra_issues
-    return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
+    if not lazy:
+        return schema.TraceTables(**cat, load_report=issues).validate("<merged>")  # type: ignore[arg-type]
+    for n in names:  # (each part's events were validated as they were read)
+        schema.validate(n, cat[n], "<merged>")  # type: ignore[arg-type]
+    scan = pl.concat([p.scan_events() for p in parts], how="vertical")
+    return schema.TraceTables(**cat, events=schema.empty("events"), events_scan=scan, load_report=issues)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -216,7 +216,22 @@ def test_analyze_several_directories_of_one_job(capsys, tmp_path, samples_dir):
         capsys, "analyze", str(a), str(b), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "s.json"), "-q"
     )
     assert code == 0
-    assert [r["rank"] for r in orjson.loads((tmp_path / "s.json").read_bytes())["ranks"]] == [0, 1, 2, 3]
+    two = orjson.loads((tmp_path / "s.json").read_bytes())
+    assert [r["rank"] for r in two["ranks"]] == [0, 1, 2, 3]
+    # the two cached directories are merged lazily (events left on disk): the same summary as one
+    # directory of the four ranks
+    both = tmp_path / "all"
+    both.mkdir()
+    for d in (a, b):
+        for f in d.iterdir():
+            shutil.copy(f, both)
+    assert (
+        _run(capsys, "analyze", str(both), "-o", str(tmp_path / "r1.html"), "--json", str(tmp_path / "s1.json"), "-q")[
+            0
+        ]
+        == 0
+    )
+    assert orjson.loads((tmp_path / "s1.json").read_bytes()) == two
     code, _, err = _run(capsys, "analyze", str(a), str(a), "-o", str(tmp_path / "r2.html"))
     assert (
         code == 2

@@ -322,3 +322,24 @@ def test_process_pool_gives_the_same_tables_and_errors(external_dir, tmp_path, k
     )
     t = read_trace_dir(tmp_path, jobs=2, on_error="skip")
     assert t.ranks["rank"].to_list() == [1] and [(i.rank, i.level) for i in t.load_report] == [(0, "error")]
+
+
+def test_merge_of_cached_directories_keeps_the_events_on_disk(tmp_path, samples_dir):
+    import shutil
+    from functools import partial
+
+    from ep_trace.parsers import load_trace_dir, read_trace_dirs
+
+    dirs = []
+    for name, ranks in (("node0", (0, 1)), ("node1", (2, 3))):
+        d = tmp_path / name
+        d.mkdir()
+        for r in ranks:
+            for suffix in ("pt.trace.json.gz", "ep.jsonl"):
+                shutil.copy(samples_dir / "balanced" / f"rank{r}.{suffix}", d)
+        dirs.append(d)
+    merged = read_trace_dirs(dirs, reader=partial(load_trace_dir, cache_dir=tmp_path / "cache"))
+    eager = read_trace_dirs(dirs)
+    assert merged.events_scan is not None and merged.events.height == 0
+    assert merged.table("events").equals(eager.events)
+    assert merged.ranks.equals(eager.ranks) and merged.collectives.equals(eager.collectives)
