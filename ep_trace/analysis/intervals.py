@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import cast
 
+import numpy as np
 import polars as pl
 
 __all__ = [
@@ -150,6 +151,59 @@ def clip(df: pl.DataFrame, windows: pl.DataFrame, on: list[str]) -> pl.DataFrame
 _SHIFT = 46  # 2**46 ns = 19.5 h of trace per rank in the packed join key
 
 
+def _expand(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``concat(arange(lo[i], lo[i] + counts[i]) for i)`` without a Python loop."""
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    return np.arange(total, dtype=np.int64) - np.repeat(starts - lo, counts)
+
+
+def _pairs(ls: np.ndarray, le: np.ndarray, rs: np.ndarray, re: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(i, j)`` of all pairs with ``ls[i] <= re[j]`` and ``le[i] >= rs[j]``, sorted by ``(i, j)``.
+
+    Every span must have ``start <= end``. A pair either has the right span start inside the left
+    one (``ls <= rs <= le``) or the left span start inside the right one (``rs < ls <= re``): two
+    disjoint point-in-span queries, each a pair of binary searches over the sorted starts, so the
+    cost is ``O((n + m) log + pairs)`` however the spans nest (polars' IEJoin scans a bit array per
+    row: quadratic in the rows of a block).
+    """
+    r_ord = np.argsort(rs, kind="stable")
+    r_sorted = rs[r_ord]
+    lo = np.searchsorted(r_sorted, ls, "left")
+    n_a = np.searchsorted(r_sorted, le, "right") - lo
+    i_a = np.repeat(np.arange(ls.size, dtype=np.int64), n_a)
+    j_a = r_ord[_expand(lo, n_a)]
+    l_ord = np.argsort(ls, kind="stable")
+    l_sorted = ls[l_ord]
+    lo = np.searchsorted(l_sorted, rs, "right")
+    n_b = np.searchsorted(l_sorted, re, "right") - lo
+    j_b = np.repeat(np.arange(rs.size, dtype=np.int64), n_b)
+    i_b = l_ord[_expand(lo, n_b)]
+    i, j = np.concatenate([i_a, i_b]), np.concatenate([j_a, j_b])
+    order = np.lexsort((j, i))
+    return i[order], j[order]
+
+
+def _dense_ids(left: pl.DataFrame, right: pl.DataFrame, cols: list[str]) -> tuple[pl.Series, pl.Series, int]:
+    """A dense int64 id of the ``by`` values of each row of ``left`` and ``right`` (null matches null),
+    and the number of ids. One integer column without nulls needs no join: its value minus the minimum."""
+    if len(cols) == 1 and left.schema[cols[0]].is_integer() and right.schema[cols[0]].is_integer():
+        a, b = left.get_column(cols[0]), right.get_column(cols[0])
+        if not a.has_nulls() and not b.has_nulls():
+            lo = min(cast(int, a.min()), cast(int, b.min()))
+            hi = max(cast(int, a.max()), cast(int, b.max()))
+            return a.cast(pl.Int64) - lo, b.cast(pl.Int64) - lo, hi - lo + 1
+    keys = (
+        pl.concat([left.select(cols), right.select(cols)])
+        .unique()
+        .with_row_index("__gid")
+        .with_columns(pl.col("__gid").cast(pl.Int64))
+    )
+    ga = left.select(cols).join(keys, on=cols, how="left", nulls_equal=True, maintain_order="left")["__gid"]
+    gb = right.select(cols).join(keys, on=cols, how="left", nulls_equal=True, maintain_order="left")["__gid"]
+    return ga, gb, keys.height
+
+
 def range_join(
     left: pl.DataFrame,
     right: pl.DataFrame,
@@ -160,10 +214,11 @@ def range_join(
     """All (left, right) row pairs with equal ``by`` values whose spans overlap or touch.
 
     ``left_span`` may name the same column twice for a point (``(t, t)``: the point lies inside the
-    right span, ends included). Uses polars' inequality join (IEJoin) on a key that packs a dense id
-    of the ``by`` values into the high bits of the time, so the equality costs nothing: a plain
-    equality + inequality ``join_where`` degrades to a per-group cross join. Null ``by`` values
-    match null.
+    right span, ends included). The ``by`` values become a dense id packed into the high bits of the
+    time, so one sorted key orders groups and times at once; the pairs are then found with binary
+    searches over the sorted span starts (:func:`_pairs`). Spans with a null end never match;
+    spans ending before they start, or keys that do not fit in 64 bits, take polars' inequality
+    join instead (same pairs). Null ``by`` values match null.
 
     Args:
         left: Frame with the ``by`` columns and the two span columns (epoch ns).
@@ -173,35 +228,51 @@ def range_join(
         by: Equality columns (present in both; kept once, from ``left``).
 
     Returns:
-        The joined pairs (columns of both frames, ``by`` once).
+        The joined pairs (columns of both frames, ``by`` once), ordered by left row, then right row.
     """
     cols = list(by)
     if left.is_empty() or right.is_empty():
         return left.join(right.drop(cols), how="cross").head(0)
-    keys = (
-        pl.concat([left.select(cols), right.select(cols)])
-        .unique()
-        .with_row_index("__gid")
-        .with_columns(pl.col("__gid").cast(pl.Int64))
+    ga, gb, n_ids = _dense_ids(left, right, cols)
+    spans = left.select(pl.col(left_span[0]).alias("s"), pl.col(left_span[1]).alias("e"))
+    rspans = right.select(pl.col(right_span[0]).alias("s"), pl.col(right_span[1]).alias("e"))
+    ext = [cast("int | None", x) for x in (spans["s"].min(), rspans["s"].min(), spans["e"].max(), rspans["e"].max())]
+    if any(x is None for x in ext):  # one side's spans all have a null end: nothing matches
+        return left.join(right.drop(cols), how="cross").head(0)
+    t0, t1 = min(cast(int, ext[0]), cast(int, ext[1])), max(cast(int, ext[2]), cast(int, ext[3]))
+    negative = bool((spans["e"] < spans["s"]).any() or (rspans["e"] < rspans["s"]).any())
+    if negative or t1 - t0 >= 1 << _SHIFT or n_ids >= 1 << (62 - _SHIFT):
+        return _range_join_iejoin(left, right, left_span, right_span, cols, ga, gb)
+
+    def keys(sp: pl.DataFrame, gid: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        k = sp.select(
+            (gid * (1 << _SHIFT) + (pl.col("s") - t0)).alias("s"), (gid * (1 << _SHIFT) + (pl.col("e") - t0)).alias("e")
+        ).with_row_index("i")
+        k = k.drop_nulls()  # a null time never compares true (as in polars' join)
+        return k["i"].to_numpy().astype(np.int64), k["s"].to_numpy(), k["e"].to_numpy()
+
+    li, ls, le = keys(spans, ga)
+    ri, rs, re = keys(rspans, gb)
+    i, j = _pairs(ls, le, rs, re)
+    return pl.concat([left[li[i]], right.drop(cols)[ri[j]]], how="horizontal")
+
+
+def _range_join_iejoin(
+    left: pl.DataFrame,
+    right: pl.DataFrame,
+    left_span: tuple[str, str],
+    right_span: tuple[str, str],
+    cols: list[str],
+    ga: pl.Series,
+    gb: pl.Series,
+) -> pl.DataFrame:
+    """:func:`range_join` by polars' inequality join (any spans, any key range); same pairs."""
+    a = left.with_columns(ga.alias("__gid"))
+    b = right.drop(cols).with_columns(gb.alias("__gid_r"))
+    out = a.join_where(
+        b,
+        pl.col("__gid") == pl.col("__gid_r"),
+        pl.col(left_span[0]) <= pl.col(right_span[1]),
+        pl.col(left_span[1]) >= pl.col(right_span[0]),
     )
-    a = left.join(keys, on=cols, how="left", nulls_equal=True)
-    b = right.join(keys, on=cols, how="left", nulls_equal=True).drop(cols)
-    # both frames are non-empty int64 epoch-ns spans here: the extremes are ints
-    t0: int = min(cast(int, left[left_span[0]].min()), cast(int, right[right_span[0]].min()))
-    t1: int = max(cast(int, left[left_span[1]].max()), cast(int, right[right_span[1]].max()))
-    if t1 - t0 >= 1 << _SHIFT or keys.height >= 1 << (62 - _SHIFT):  # > 19.5 h or > 65k groups: slower join
-        out = a.join_where(
-            b.rename({"__gid": "__gid_r"}),
-            pl.col("__gid") == pl.col("__gid_r"),
-            pl.col(left_span[0]) <= pl.col(right_span[1]),
-            pl.col(left_span[1]) >= pl.col(right_span[0]),
-        )
-        return out.drop(["__gid", "__gid_r"])
-
-    def key(c: str) -> pl.Expr:
-        return pl.col("__gid") * (1 << _SHIFT) + (pl.col(c) - t0)
-
-    a = a.with_columns(key(left_span[0]).alias("__ls"), key(left_span[1]).alias("__le"))
-    b = b.with_columns(key(right_span[0]).alias("__rs"), key(right_span[1]).alias("__re")).drop("__gid")
-    out = a.join_where(b, pl.col("__ls") <= pl.col("__re"), pl.col("__le") >= pl.col("__rs"))
-    return out.drop(["__ls", "__le", "__rs", "__re", "__gid"])
+    return out.drop(["__gid", "__gid_r"])

@@ -87,3 +87,50 @@ def test_range_join_matches_cross_join(a, b):
         (i, j) for i, (g, s, e) in enumerate(a) for j, (g2, s2, e2) in enumerate(b) if g == g2 and s <= e2 and e >= s2
     )
     assert got == want
+
+
+def _pairs_reference(a, b):
+    return sorted(
+        (i, j)
+        for i, (g, s, e) in enumerate(a)
+        for j, (g2, s2, e2) in enumerate(b)
+        if g == g2 and None not in (s, e, s2, e2) and s <= e2 and e >= s2
+    )
+
+
+# spans that may end before they start (the inequality-join path) or have a null end
+raw_ivl = st.tuples(st.integers(0, 2), st.integers(0, 60), st.one_of(st.none(), st.integers(-10, 25))).map(
+    lambda t: (t[0], t[1], None if t[2] is None else t[1] + t[2])
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(raw_ivl, max_size=15), st.lists(raw_ivl, max_size=15), st.booleans())
+def test_range_join_any_spans_and_string_keys(a, b, as_str):
+    """Negative and null spans, and non-integer ``by`` keys (the keys-join path), give the same pairs
+    as the cross-join reference; the output is ordered by left row, then right row."""
+    from ep_trace.analysis.intervals import range_join
+
+    fa = _frame(a).with_row_index("i")
+    fb = _frame(b).rename({"start_ns": "s2", "end_ns": "e2"}).with_row_index("j")
+    if as_str:
+        fa, fb = fa.with_columns(pl.col("g").cast(pl.Utf8)), fb.with_columns(pl.col("g").cast(pl.Utf8))
+    got = range_join(fa, fb, ("start_ns", "end_ns"), ("s2", "e2"), by=("g",)).select("i", "j").rows()
+    want = _pairs_reference(a, b)
+    assert sorted(got) == want
+    if not any(s is None or e is None or e < s for _, s, e in a + b):
+        assert got == want
+
+
+def test_range_join_point_in_span_and_null_keys():
+    from ep_trace.analysis.intervals import range_join
+
+    left = pl.DataFrame({"g": [0, 0, None, 1], "t": [5, 10, 7, 3]}, schema={"g": pl.Int32, "t": pl.Int64})
+    right = pl.DataFrame(
+        {"g": [0, None, 1], "s": [5, 0, 4], "e": [10, 9, 8], "k": ["a", "b", "c"]},
+        schema={"g": pl.Int32, "s": pl.Int64, "e": pl.Int64, "k": pl.Utf8},
+    )
+    out = range_join(left, right, ("t", "t"), ("s", "e"), by=("g",))
+    assert out.columns == ["g", "t", "s", "e", "k"]
+    # both ends of a span included; a null key matches a null key
+    assert out.rows() == [(0, 5, 5, 10, "a"), (0, 10, 5, 10, "a"), (None, 7, 0, 9, "b")]
