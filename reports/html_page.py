@@ -18,6 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 log = logging.getLogger(__name__)
 
@@ -109,12 +110,18 @@ def figure_html(fig: go.Figure | None, div_id: str, missing: str, caption: str =
     """
     if fig is None:
         return f'<p class="note">{esc(missing)}</p>'
-    fig = go.Figure(fig)  # a copy: the caller's figure keeps its title
-    title = fig.layout.title.text if fig.layout.title and fig.layout.title.text else ""
-    fig.update_layout(title_text=None, margin={"t": 34})
-    height = fig.layout.height or 400
+    # The figure's plain dict (a deep copy: the caller's figure keeps its title) with the title
+    # moved out and a 34 px top margin; the same JSON as ``go.Figure(fig).update_layout(title_text=None,
+    # margin={"t": 34}).to_json()`` without re-validating the figure and its template (~25 ms a figure).
+    spec_dict = fig.to_dict()
+    layout = spec_dict["layout"]
+    title = ""
+    if isinstance(layout.get("title"), dict):
+        title = layout["title"].pop("text", None) or ""
+    layout.setdefault("margin", {})["t"] = 34
+    height = layout.get("height") or 400
     # "</" inside a <script> block would end it early; JSON allows the escaped form "<\/".
-    spec = fig.to_json().replace("</", "<\\/")
+    spec = pio.to_json(spec_dict, validate=False).replace("</", "<\\/")
     head = f'<h3 class="figtitle">{esc(title)}</h3>' if title else ""
     cap = f'<p class="caption">{esc(caption)}</p>' if caption else ""
     return (

@@ -34,14 +34,25 @@ ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "anchor_ti
 
 
 def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
-    dev = ev.filter(
-        pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"])
+    # lazy: only the columns read below are gathered, not every column of the events table
+    dev = (
+        ev.lazy()
+        .filter(
+            pl.col("rank").is_in(gpu_ranks.implode()) & pl.col("kind").is_in(["gpu_kernel", "gpu_memcpy", "gpu_memset"])
+        )
+        .select("rank", "kind", "name", "start_ns", "end_ns", "launch_id", "coll_id", "stream")
+        .collect()
     )
-    launches = ev.filter(pl.col("kind") == "runtime").select(
-        "rank",
-        pl.col("event_id").alias("launch_id"),
-        pl.col("start_ns").alias("_launch_ns"),
-        pl.col("tid").alias("anchor_tid"),
+    launches = (
+        ev.lazy()
+        .filter(pl.col("kind") == "runtime")
+        .select(
+            "rank",
+            pl.col("event_id").alias("launch_id"),
+            pl.col("start_ns").alias("_launch_ns"),
+            pl.col("tid").alias("anchor_tid"),
+        )
+        .collect()
     )
     dev = dev.join(launches, on=["rank", "launch_id"], how="left")
     # classify each distinct kernel name once (a trace repeats a few hundred names millions of times)

@@ -34,13 +34,20 @@ def device_gap_floor(events: pl.DataFrame) -> dict[int, float]:
     Returns:
         ``rank -> floor ns`` for the ranks with at least :data:`MIN_QUEUED_PAIRS` queued pairs.
     """
-    k = events.filter((pl.col("kind") == "gpu_kernel") & pl.col("stream").is_not_null()).select(
-        "rank", "device", "stream", "start_ns", "end_ns", "launch_id"
+    # lazy: only the columns read are gathered, not every column of the events table
+    k = (
+        events.lazy()
+        .filter((pl.col("kind") == "gpu_kernel") & pl.col("stream").is_not_null())
+        .select("rank", "device", "stream", "start_ns", "end_ns", "launch_id")
+        .collect()
     )
     if k.is_empty():
         return {}
-    launches = events.filter(pl.col("kind") == "runtime").select(
-        "rank", pl.col("event_id").alias("launch_id"), pl.col("end_ns").alias("_launch_end")
+    launches = (
+        events.lazy()
+        .filter(pl.col("kind") == "runtime")
+        .select("rank", pl.col("event_id").alias("launch_id"), pl.col("end_ns").alias("_launch_end"))
+        .collect()
     )
     by = ["rank", "device", "stream"]
     pairs = (

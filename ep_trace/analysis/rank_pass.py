@@ -31,6 +31,7 @@ from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import BLOCKING_RE
 from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, union
 from ep_trace.analysis.launch_floor import device_gap_floor
+from ep_trace.analysis.name_filter import name_filter
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.schema import TraceTables
 
@@ -146,8 +147,10 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
         active.append(assign_step(act, wf, "anchor_ns")["step"].drop_nulls().unique())
         mode |= m
         floor |= device_gap_floor(ev)  # per rank: queued kernel pairs of one stream
-        blocking = ev.filter(pl.col("kind").is_in(["runtime", "cpu_op"]) & pl.col("name").str.contains(BLOCKING_RE))
-        blks.append(_own_strings(blocking.select("rank", "kind", "name", "start_ns", "end_ns")))
+        host = ev.select("rank", "kind", "name", "start_ns", "end_ns").filter(
+            pl.col("kind").is_in(["runtime", "cpu_op"])
+        )
+        blks.append(_own_strings(name_filter(host, BLOCKING_RE)))
     return FirstPass(_concat(wins), pl.concat(active).unique().sort(), mode, _concat(blks), floor)
 
 

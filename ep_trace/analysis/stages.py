@@ -29,6 +29,7 @@ import polars as pl
 import tomllib
 
 from ep_trace.analysis.intervals import range_join, union, union_length
+from ep_trace.analysis.name_filter import matching_names
 from ep_trace.analysis.steps import assign_step
 from ep_trace.errors import ConfigError
 from ep_trace.stage_names import STAGE_NAME_RE
@@ -99,10 +100,12 @@ def _dedupe_nested(df: pl.DataFrame) -> pl.DataFrame:
 
 def _preset_ranges(host: pl.DataFrame, presets: list[dict]) -> list[pl.DataFrame]:
     parts = []
+    names = host.get_column("name").unique()  # each pattern is matched against the distinct names
     for p in presets:
-        m = host.filter(pl.col("name").str.contains(p["pattern"]))
-        if m.is_empty():
+        hits = matching_names(names, p["pattern"])
+        if hits.is_empty():
             continue
+        m = host.filter(pl.col("name").is_in(hits.implode()))
         g = pl.col("name").str.extract_groups(p["pattern"])
         fields = m.select(g.alias("_g"))["_g"].struct.fields
 
@@ -129,8 +132,12 @@ def _preset_ranges(host: pl.DataFrame, presets: list[dict]) -> list[pl.DataFrame
 
 
 def _host(events: pl.DataFrame) -> pl.DataFrame:
-    return events.filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"])).select(
-        "rank", "tid", "name", "start_ns", "end_ns"
+    # lazy: only the five columns are gathered, not every column of the events table
+    return (
+        events.lazy()
+        .filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"]))
+        .select("rank", "tid", "name", "start_ns", "end_ns")
+        .collect()
     )
 
 
