@@ -104,8 +104,11 @@ def step_breakdown(
         pts.group_by(*_KEY, "t")
         .agg(pl.col(f"d_{s}").sum() for s in _SETS)
         .sort(*_KEY, "t")
-        .with_columns(pl.col(f"d_{s}").cum_sum().over(_KEY).alias(s) for s in _SETS)
-        .with_columns((pl.col("t").shift(-1).over(_KEY) - pl.col("t")).alias("len"))
+        # no window per (rank, step): each key's deltas sum to 0 per set, so the running sums over
+        # the sorted frame are the key's own; at a key's last point every set is closed (no part,
+        # dropped below), so the next row's time is never read across keys
+        .with_columns(pl.col(f"d_{s}").cum_sum().alias(s) for s in _SETS)
+        .with_columns((pl.col("t").shift(-1) - pl.col("t")).alias("len"))
         .filter(pl.col("len") > 0)
     )
     k, c, wt, h, m = (pl.col(s) > 0 for s in _SETS)

@@ -443,7 +443,8 @@ def _holes(spans: pl.DataFrame, pieces: pl.DataFrame, key: str) -> pl.DataFrame:
     p = pieces.select(key, "start_ns", "end_ns").sort(key, "start_ns")
     sp = spans.select(key, "rank", pl.col("start_ns").alias("_s"), pl.col("end_ns").alias("_e"))
     inner = (
-        p.with_columns(pl.col("end_ns").shift(1).over(key).alias("_pe"))
+        # (sorted by key: the previous row's end where it is of the same key; no window per key)
+        p.with_columns(pl.when(pl.col(key) == pl.col(key).shift(1)).then(pl.col("end_ns").shift(1)).alias("_pe"))
         .join(sp, on=key)
         .select(key, "rank", pl.coalesce("_pe", "_s").alias("start_ns"), pl.col("start_ns").alias("end_ns"))
     )

@@ -118,10 +118,13 @@ def overlay(a: pl.DataFrame, b: pl.DataFrame, by: list[str]) -> pl.DataFrame:
             ub.select([*g, pl.col(_E).alias("t"), pl.lit(-2, pl.Int8).alias("d")]),
         ]
     ).sort([*g, "t"])
+    # no window per group: each group's deltas sum to 0, so the running sum over the sorted frame is
+    # the group's own; and a group's last point has state 0 (filtered), so the next row's time is
+    # never read across groups
     seg = (
         pts.with_columns(
-            pl.col("d").cast(pl.Int32).cum_sum().over(g).alias("state"),
-            pl.col("t").shift(-1).over(g).alias("t_next"),
+            pl.col("d").cast(pl.Int32).cum_sum().alias("state"),
+            pl.col("t").shift(-1).alias("t_next"),
         )
         .filter((pl.col("state") > 0) & (pl.col("t_next") > pl.col("t")))
         .select([*g, pl.col("t").alias(_S), pl.col("t_next").alias(_E), pl.col("state").cast(pl.Int8)])
