@@ -187,17 +187,13 @@ def _top(df: pl.DataFrame, n: int) -> pl.DataFrame:
     per = df.group_by("rank", "name", "stage").agg(
         (pl.col("end_ns") - pl.col("start_ns")).sum().alias("_sd"), pl.len().alias("_n")
     )
-    per_stage = (
-        per.sort(["_sd", "stage"], descending=[True, False], nulls_last=True)
-        .unique(["rank", "name"], keep="first")
-        .select("rank", "name", "stage")
-    )
+    # per (rank, name): the totals, and the stage with most of the time (ties: by stage, null last)
+    top_stage = pl.col("stage").sort_by(["_sd", "stage"], descending=[True, False], nulls_last=True).first()
     tot = per.group_by("rank", "name").agg(
-        pl.col("_sd").sum().cast(pl.Int64).alias("total_ns"), pl.col("_n").sum().alias("count")
+        pl.col("_sd").sum().cast(pl.Int64).alias("total_ns"), pl.col("_n").sum().alias("count"), top_stage
     )
     return (
-        tot.join(per_stage, on=["rank", "name"], how="left")
-        .sort(["rank", "total_ns", "name"], descending=[False, True, False])
+        tot.sort(["rank", "total_ns", "name"], descending=[False, True, False])
         .group_by("rank", maintain_order=True)
         .head(n)
         .select(pl.col("rank").cast(pl.Int32), "name", "stage", "total_ns", pl.col("count").cast(pl.Int64))

@@ -104,6 +104,35 @@ def test_top_kernels_carry_their_stage():
     assert top_ops(ev, win, stages).rows() == [(0, "aten::mm", "expert", 8, 1)]  # the op outside the step is left out
 
 
+def test_top_rows_stage_ties_and_order():
+    """Per (rank, name) the stage with most time wins; equal times go to the first stage by name,
+    a stage beats no stage; rows by rank, then total time (descending), then name; ``n`` per rank."""
+    from ep_trace.analysis.breakdown import _top
+
+    rows = [
+        (0, "a", "expert", 0, 10),
+        (0, "a", "dispatch", 20, 30),  # a: expert 10 = dispatch 10 -> dispatch (by name)
+        (0, "a", None, 40, 60),  # ... and the null stage has more time (20): still null wins on time
+        (0, "b", None, 0, 5),
+        (0, "b", "combine", 10, 15),  # b: combine 5 = null 5 -> combine (a stage beats none)
+        (0, "c", "expert", 0, 45),
+        (1, "a", "route", 0, 7),
+        (1, "z", None, 0, 7),  # rank 1: equal totals ordered by name
+    ]
+    df = pl.DataFrame(
+        rows,
+        schema={"rank": pl.Int32, "name": pl.Utf8, "stage": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64},
+        orient="row",
+    )
+    assert _top(df, 2).rows() == [
+        (0, "c", "expert", 45, 1),
+        (0, "a", None, 40, 3),
+        (1, "a", "route", 7, 1),
+        (1, "z", None, 7, 1),
+    ]
+    assert _top(df, 5).filter(pl.col("name") == "b").rows() == [(0, "b", "combine", 10, 2)]
+
+
 @pytest.mark.parametrize(
     "rel",
     ["kineto/param_dlrm_8rank", "nsys/nsys_ai_2gpu/mfu_2gpu_before.sqlite", "kineto/hta_torchrec_pair"],
