@@ -268,27 +268,29 @@ def range_join(
     if left.is_empty() or right.is_empty():
         return left.join(right.drop(cols), how="cross").head(0)
     ga, gb, n_ids = _dense_ids(left, right, cols)
-    spans = left.select(pl.col(left_span[0]).alias("s"), pl.col(left_span[1]).alias("e"))
-    rspans = right.select(pl.col(right_span[0]).alias("s"), pl.col(right_span[1]).alias("e"))
-    ext = [cast("int | None", x) for x in (spans["s"].min(), rspans["s"].min(), spans["e"].max(), rspans["e"].max())]
-    if any(x is None for x in ext):  # one side's spans all have a null end: nothing matches
+    li, ls, le = _spans(left, left_span)
+    ri, rs, re = _spans(right, right_span)
+    if li.size == 0 or ri.size == 0:  # one side's spans all have a null end: nothing matches
         return left.join(right.drop(cols), how="cross").head(0)
-    t0, t1 = min(cast(int, ext[0]), cast(int, ext[1])), max(cast(int, ext[2]), cast(int, ext[3]))
-    negative = bool((spans["e"] < spans["s"]).any() or (rspans["e"] < rspans["s"]).any())
+    t0, t1 = min(int(ls.min()), int(rs.min())), max(int(le.max()), int(re.max()))
+    negative = bool((le < ls).any() or (re < rs).any())
     if negative or t1 - t0 >= 1 << _SHIFT or n_ids >= 1 << (62 - _SHIFT):
         return _range_join_iejoin(left, right, left_span, right_span, cols, ga, gb)
-
-    def keys(sp: pl.DataFrame, gid: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        k = sp.select(
-            (gid * (1 << _SHIFT) + (pl.col("s") - t0)).alias("s"), (gid * (1 << _SHIFT) + (pl.col("e") - t0)).alias("e")
-        ).with_row_index("i")
-        k = k.drop_nulls()  # a null time never compares true (as in polars' join)
-        return k["i"].to_numpy().astype(np.int64), k["s"].to_numpy(), k["e"].to_numpy()
-
-    li, ls, le = keys(spans, ga)
-    ri, rs, re = keys(rspans, gb)
-    i, j = _pairs(ls, le, rs, re)
+    # the dense id in the high bits: one int64 key orders groups, then times
+    lg, rg = ga.to_numpy()[li] << _SHIFT, gb.to_numpy()[ri] << _SHIFT
+    i, j = _pairs(lg + (ls - t0), lg + (le - t0), rg + (rs - t0), rg + (re - t0))
     return pl.concat([left[li[i]], right.drop(cols)[ri[j]]], how="horizontal")
+
+
+def _spans(df: pl.DataFrame, span: tuple[str, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Row indices, starts and ends (int64) of the rows whose two span columns are both set (a null
+    time never compares true, as in polars' join)."""
+    s, e = df.get_column(span[0]), df.get_column(span[1])
+    if not s.has_nulls() and not e.has_nulls():
+        return np.arange(df.height, dtype=np.int64), s.to_numpy().astype(np.int64), e.to_numpy().astype(np.int64)
+    keep = (s.is_not_null() & e.is_not_null()).to_numpy()
+    idx = np.flatnonzero(keep).astype(np.int64)
+    return idx, s.fill_null(0).to_numpy().astype(np.int64)[idx], e.fill_null(0).to_numpy().astype(np.int64)[idx]
 
 
 def _range_join_iejoin(
