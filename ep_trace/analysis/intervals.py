@@ -51,8 +51,11 @@ def union(df: pl.DataFrame, by: list[str]) -> pl.DataFrame:
     Returns:
         Disjoint, sorted intervals: columns ``by + [start_ns, end_ns]``.
     """
-    d, g = _grouped(df.select([*by, _S, _E]), by)
-    d = d.filter(pl.col(_E) > pl.col(_S)).sort([*g, _S])
+    lf = df.lazy().select([*by, _S, _E])
+    g = by if by else [_G]
+    if not by:
+        lf = lf.with_columns(pl.lit(0, dtype=pl.Int8).alias(_G))
+    d = lf.filter(pl.col(_E) > pl.col(_S)).sort([*g, _S]).collect()  # one query
     fast = _union_sorted(d, g)
     if fast is not None:
         return _strip(fast, by)
@@ -79,8 +82,15 @@ def _union_sorted(d: pl.DataFrame, g: list[str]) -> pl.DataFrame | None:
     if d.is_empty() or d.schema[_S] != pl.Int64 or d.schema[_E] != pl.Int64:
         return None if not d.is_empty() else d
     s, e = d[_S].to_numpy(), d[_E].to_numpy()
-    changed = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in g]).fill_null(True)
-    new_group = d.select(changed).to_series().to_numpy()
+    if any(d[c].has_nulls() for c in g):
+        changed = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in g]).fill_null(True)
+        new_group = d.select(changed).to_series().to_numpy()
+    else:
+        new_group = np.zeros(d.height, dtype=bool)
+        new_group[0] = True
+        for c in g:
+            a = d[c].to_numpy()
+            new_group[1:] |= a[1:] != a[:-1]
     gi = np.cumsum(new_group, dtype=np.int64)
     t0 = int(s.min())
     if int(e.max()) - t0 >= 1 << _SHIFT or int(gi[-1]) >= 1 << (62 - _SHIFT):
@@ -91,7 +101,9 @@ def _union_sorted(d: pl.DataFrame, g: list[str]) -> pl.DataFrame | None:
     prev[0] = -1
     np.maximum.accumulate(ends[:-1], out=prev[1:])
     idx = np.flatnonzero(new_group | (base + (s - t0) > prev))
-    return d[idx].with_columns(pl.Series(_E, np.maximum.reduceat(e, idx), dtype=pl.Int64))
+    out = d[idx]
+    out.replace_column(out.get_column_index(_E), pl.Series(_E, np.maximum.reduceat(e, idx), dtype=pl.Int64))
+    return out
 
 
 def union_length(df: pl.DataFrame, by: list[str], name: str = "length_ns") -> pl.DataFrame:
