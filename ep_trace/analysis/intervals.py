@@ -274,7 +274,8 @@ def range_join(
         by: Equality columns (present in both; kept once, from ``left``).
 
     Returns:
-        The joined pairs (columns of both frames, ``by`` once), ordered by left row, then right row.
+        The joined pairs (columns of both frames, ``by`` once), ordered by left row, then right row
+        (the inequality-join fallback: polars' order).
     """
     cols = list(by)
     if left.is_empty() or right.is_empty():
