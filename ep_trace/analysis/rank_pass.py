@@ -75,19 +75,23 @@ def _in(block: tuple[int, int]) -> pl.Expr:
     return pl.col("rank").is_between(block[0], block[1])
 
 
-#: Event columns no per-rank pass reads (the source ids and labels the parsers keep for the
-#: annotated traces and HTA): a block read leaves them on disk (1,024 param DLRM ranks: ~50 -> ~42 ms
-#: a block of 400 k events). A pass that starts reading one fails loudly (ColumnNotFoundError).
+#: Event columns the per-rank passes (first, second, chunk cost) never read: the source ids and
+#: labels the parsers keep for the annotated traces and HTA. Their block reads leave them on disk
+#: (1,024 param DLRM ranks: ~50 -> ~42 ms a block of 400 k events); a pass that starts reading one
+#: fails loudly (ColumnNotFoundError), never silently.
 _UNREAD = ("category", "domain", "pid", "correlation", "external_id", "bytes")
 
 
-def _events(tables: TraceTables, blocks: Blocks) -> Iterator[tuple[tuple[int, int], pl.DataFrame]]:
-    """The events of each block; one block of an in-memory frame is the frame itself (no copy)."""
+def _events(
+    tables: TraceTables, blocks: Blocks, skip: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[int, int], pl.DataFrame]]:
+    """The events of each block, without the ``skip`` columns when they are read from a scan; one
+    block of an in-memory frame is the frame itself (no copy, every column)."""
     if len(blocks) == 1 and tables.events_scan is None:
         yield blocks[0], tables.events
         return
     scan = tables.scan_events()
-    cols = [c for c in scan.collect_schema().names() if c not in _UNREAD]
+    cols = [c for c in scan.collect_schema().names() if c not in skip]
     for b in blocks:
         yield b, scan.select(cols).filter(_in(b)).collect()
 
@@ -146,7 +150,7 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
     wins, active, blks = [], [], []
     mode: dict[int, str] = {}
     floor: dict[int, float] = {}
-    for b, ev in _events(tables, blocks):
+    for b, ev in _events(tables, blocks, _UNREAD):
         w = step_windows(ev, None)
         wf = _steps(w, steps)
         act, m = device_activity(ev, _of(tables.collectives, b, single), wf)
@@ -212,7 +216,7 @@ def second_pass(
     single, mode = len(blocks) == 1, first.mode
     presets = stages.load_presets(config.stage_presets)
     out: dict[str, list[pl.DataFrame]] = {k: [] for k in ("act", "ov", "xu", "xiv", "st", "ops", "kern")}
-    for b, ev in _events(tables, blocks):
+    for b, ev in _events(tables, blocks, _UNREAD):
         # the first pass' activity of these ranks (same windows), then the analysed steps
         wf = _steps(_of(first.all_windows, b, single), config.steps)
         a, _ = device_activity(ev, _of(tables.collectives, b, single), wf)
@@ -293,7 +297,7 @@ def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode
     needed when some layer can be chunked)."""
     single = len(blocks) == 1
     out: dict[int, float] = {}
-    for b, ev in _events(tables, blocks):
+    for b, ev in _events(tables, blocks, _UNREAD):
         out |= per_chunk_cost(ev, _of(stage_df, b, single), mode)
     return out
 
