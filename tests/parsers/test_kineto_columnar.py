@@ -305,3 +305,11 @@ def test_cuts_equal_the_regex_boundaries(text):
         assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex
     else:  # the fast count is off and so is the regex's: the caller's check sends it to orjson
         assert len(ends) != events - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet="0123456789+-.eEtruefalsS \n\t", max_size=12), min_size=1, max_size=20))
+def test_python_floatish_test_equals_polars(labels):
+    """The few-labels path tests pid / tid labels with Python's re; the many-labels path with polars."""
+    want = pl.Series(labels, dtype=pl.Utf8).str.contains(kineto_columnar._FLOATISH).to_list()
+    assert [bool(kineto_columnar._FLOATISH_RE.search(t)) for t in labels] == want
