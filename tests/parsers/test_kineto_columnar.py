@@ -278,13 +278,28 @@ _WORDS = st.sampled_from(
 )
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.lists(_WORDS, max_size=40), st.integers(0, 80))
-def test_bool_time_word_search_equals_the_regex(words, pad):
-    """The find-based search answers exactly what the regex does, blanks of any length included."""
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(_WORDS, max_size=40), st.integers(0, 80), st.sampled_from([b" ", b"\t", b"\n", b"\x0b", b"\x0c", b"\r"])
+)
+def test_bool_time_word_search_equals_the_regex(words, pad, blank):
+    """The word search answers exactly what the regex does, blanks of any kind and length included
+    (before and after the colon)."""
     text = b"".join(words)
-    text = text.replace(b":", b":" + b" " * pad, 1) if pad % 3 == 0 else b" " * pad + text
+    if pad % 3 == 0:
+        text = text.replace(b":", b":" + blank * pad, 1)
+    elif pad % 3 == 1:
+        text = text.replace(b":", blank * pad + b":", 1)
+    else:
+        text = blank * pad + text
     assert kineto_columnar._has_bool_time(text) == (kineto_columnar._BOOL_TIME.search(text) is not None)
+
+
+@pytest.mark.parametrize("pad", range(56, 72))
+def test_bool_time_behind_a_long_run_of_blanks(pad):
+    # (a fixed look-back window would cut the key at some of these lengths)
+    text = b'{"dur"' + b" " * pad + b": true}"
+    assert kineto_columnar._BOOL_TIME.search(text) and kineto_columnar._has_bool_time(text)
 
 
 @pytest.mark.parametrize(
