@@ -328,3 +328,12 @@ def test_python_floatish_test_equals_polars(labels):
     """The few-labels path tests pid / tid labels with Python's re; the many-labels path with polars."""
     want = pl.Series(labels, dtype=pl.Utf8).str.contains(kineto_columnar._FLOATISH).to_list()
     assert [bool(kineto_columnar._FLOATISH_RE.search(t)) for t in labels] == want
+
+
+def test_compact_cuts_never_trust_a_separator_inside_a_string():
+    # 3 events, one boundary written "}, {" and a "},{" inside a name: the separator's count alone
+    # (2) would match the expected 2 with one boundary wrong; the regex's count (3) sends it back
+    text = b'[{"a":"x},{y"},{"b":2}, {"c":3}]'
+    ends, nexts = kineto_columnar._cuts(text, 2)
+    regex = [(m.start(), m.end() - 1) for m in kineto_json._BOUNDARY_RE.finditer(text)]
+    assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex and len(regex) == 3
