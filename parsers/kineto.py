@@ -57,6 +57,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+#: Files smaller than this (on disk) skip the heap trim after their decode: a small file's freed
+#: buffers (a few MB) are reused by the next file, and trimming them made the next one fault them in
+#: again (without the trim: 0.1 M fewer page faults over 1,024 small ranks).
+_TRIM_BYTES = 4 << 20
 
 
 #: Names whose ``args`` are kept (for the collective builder); all other args are dropped per chunk.
@@ -300,7 +304,8 @@ def decode_kineto_file(path: str | Path, rank: int | None = None) -> Decoded:
     """
     path = Path(path)
     header, kept_args, frames = _decode(path)
-    allocator.release_free_heap()  # the decode's freed gzip / slice buffers (ep_trace.parsers.allocator)
+    if path.stat().st_size > _TRIM_BYTES:  # the decode's freed gzip / slice buffers (ep_trace.parsers.allocator)
+        allocator.release_free_heap()
     issues: list[schema.LoadIssue] = []
     info = header.get("distributedInfo")
     dist: dict[str, Any] = info if isinstance(info, dict) else {}
