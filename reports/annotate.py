@@ -257,7 +257,7 @@ def _aligned_events(analysis: Analysis) -> pl.LazyFrame:
     (the events stay on disk when the tables keep them there: one rank in memory at a time)."""
     return (
         analysis.tables.scan_events()
-        .join(rank_offsets(analysis).lazy(), on="rank", how="left")
+        .join(rank_offsets(analysis).lazy(), on="rank", how="left", maintain_order="left")  # the file's event order
         .with_columns(
             pl.col("start_ns") + pl.col("offset_ns").fill_null(0), pl.col("end_ns") + pl.col("offset_ns").fill_null(0)
         )
