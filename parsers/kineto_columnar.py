@@ -74,6 +74,8 @@ _FLOATISH_RE = re.compile(_FLOATISH.replace("$", r"\Z"))
 _BOOL_TIME = re.compile(rb'"(?:ts|dur)"\s*:\s*(?:true|false)')
 _WORDS = (re.compile(rb"true"), re.compile(rb"false"))
 _BLANKS = frozenset(b" \t\n\r\x0b\x0c")  # what \s matches in a bytes pattern
+_BLANK_BYTE = np.zeros(256, dtype=bool)
+_BLANK_BYTE[list(_BLANKS)] = True
 _FRAME_SCHEMA = {
     "event_id": pl.Int64,
     "category": pl.Utf8,
@@ -142,6 +144,7 @@ def _cuts(text: bytes, expected: int) -> tuple[np.ndarray, np.ndarray]:
     newline = j >= 0
     arr = np.frombuffer(text, dtype=np.uint8)
     at = np.flatnonzero(arr == (10 if newline else 125))  # the separator's newline, or its "}"
+    braces = at
     j = max(j, 0)
     at = at[(at >= j) & (at + len(sep) - j <= len(arr))]
     ok = np.ones(len(at), dtype=bool)
@@ -150,13 +153,32 @@ def _cuts(text: bytes, expected: int) -> tuple[np.ndarray, np.ndarray]:
     ends = at[ok] - j
     # Every occurrence found is a regex match (a separator cannot overlap another), so equal counts
     # mean the same boundaries. A newline-anchored one cannot lie inside a string; a compact one can
-    # ("},{" in a name), so there the regex's count is taken too (findall: 0.4 ms per 0.7 MB, the
-    # list of match positions 0.75)
-    if len(ends) == expected and (newline or len(kineto_json._BOUNDARY_RE.findall(text)) == expected):
+    # ("},{" in a name), so there it must be shown that no boundary of another form exists: from the
+    # few braces a blank follows, else by the regex's count (findall: 0.4 ms per 0.7 MB)
+    if len(ends) == expected and (
+        newline
+        or (sep == b"},{" and _no_blank_after(text, arr, braces))
+        or len(kineto_json._BOUNDARY_RE.findall(text)) == expected
+    ):
         return ends, ends + (len(sep) - 1)
     found = [(m.start(), m.end() - 1) for m in kineto_json._BOUNDARY_RE.finditer(text)]
     pos = np.array(found, dtype=np.int64).reshape(-1, 2)
     return pos[:, 0], pos[:, 1]
+
+
+def _no_blank_after(text: bytes, arr: np.ndarray, braces: np.ndarray) -> bool:
+    """Whether every regex boundary (``}`` blanks ``,`` blanks ``{``) of ``text`` is a blank-free
+    ``},{``: then the ``},{`` occurrences are all of them.
+
+    Only a ``}`` followed by a blank, or a ``},`` followed by one, can start a boundary with blanks;
+    C++ kernel names make a few dozen per piece (``{lambda(float)#1}, at::``), each tried with an
+    anchored match instead of counting every boundary with the regex (~30 µs vs 0.13 ms a piece)."""
+    b = braces[braces + 2 < len(arr)]
+    nxt = arr[b + 1]
+    cand = b[_BLANK_BYTE[nxt] | ((nxt == 44) & _BLANK_BYTE[arr[b + 2]])]  # 44: ","
+    if len(cand) > 512:
+        return False
+    return not any(kineto_json._BOUNDARY_RE.match(text, p) for p in cand.tolist())
 
 
 class _Texts:

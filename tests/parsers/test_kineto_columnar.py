@@ -337,3 +337,21 @@ def test_compact_cuts_never_trust_a_separator_inside_a_string():
     ends, nexts = kineto_columnar._cuts(text, 2)
     regex = [(m.start(), m.end() - 1) for m in kineto_json._BOUNDARY_RE.finditer(text)]
     assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex and len(regex) == 3
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'[{"a":"x},{y"},{"b":2},\n{"c":3}]',  # an in-string "},{" and a newline after the comma
+        b'[{"a":"x},{y"},{"b":2} ,{"c":3}]',  # ... a blank before it
+        b'[{"a":"x} y"},{"b":2},{"c":3}]',  # a blank after a brace inside a string: the regex decides
+        b'[{"a":1},{"b":2},{"c":3}]',
+    ],
+)
+def test_compact_cuts_equal_the_regex_whatever_the_blanks(text):
+    regex = [(m.start(), m.end() - 1) for m in kineto_json._BOUNDARY_RE.finditer(text)]
+    ends, nexts = kineto_columnar._cuts(text, 2)
+    if len(regex) == 2:
+        assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex
+    else:  # the count is off: the caller's check sends the slice to orjson
+        assert len(ends) != 2
