@@ -10,7 +10,7 @@ unions so that the running sum only takes the values 0..3.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Literal, cast
 
 import numpy as np
 import polars as pl
@@ -204,6 +204,19 @@ def _expand(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(starts - lo, counts)
 
 
+def _starts_within(
+    lo_t: np.ndarray, hi_t: np.ndarray, points: np.ndarray, lo_side: Literal["left", "right"]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(span, point)`` of every point inside a span, ``lo_t[span] <= point <= hi_t[span]``
+    (``lo_side="right"``: ``lo_t[span] < point``), sorted by span: two binary searches per span over
+    the sorted points."""
+    order = np.argsort(points, kind="stable")
+    ordered = points[order]
+    lo = np.searchsorted(ordered, lo_t, lo_side)
+    n = np.searchsorted(ordered, hi_t, "right") - lo
+    return np.repeat(np.arange(lo_t.size, dtype=np.int64), n), order[_expand(lo, n)]
+
+
 def _pairs(ls: np.ndarray, le: np.ndarray, rs: np.ndarray, re: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Indices ``(i, j)`` of all pairs with ``ls[i] <= re[j]`` and ``le[i] >= rs[j]``, sorted by ``(i, j)``.
 
@@ -213,18 +226,8 @@ def _pairs(ls: np.ndarray, le: np.ndarray, rs: np.ndarray, re: np.ndarray) -> tu
     cost is ``O((n + m) log + pairs)`` however the spans nest (polars' IEJoin scans a bit array per
     row: quadratic in the rows of a block).
     """
-    r_ord = np.argsort(rs, kind="stable")
-    r_sorted = rs[r_ord]
-    lo = np.searchsorted(r_sorted, ls, "left")
-    n_a = np.searchsorted(r_sorted, le, "right") - lo
-    i_a = np.repeat(np.arange(ls.size, dtype=np.int64), n_a)
-    j_a = r_ord[_expand(lo, n_a)]
-    l_ord = np.argsort(ls, kind="stable")
-    l_sorted = ls[l_ord]
-    lo = np.searchsorted(l_sorted, rs, "right")
-    n_b = np.searchsorted(l_sorted, re, "right") - lo
-    j_b = np.repeat(np.arange(rs.size, dtype=np.int64), n_b)
-    i_b = l_ord[_expand(lo, n_b)]
+    i_a, j_a = _starts_within(ls, le, rs, "left")  # ls <= rs <= le
+    j_b, i_b = _starts_within(rs, re, ls, "right")  # rs < ls <= re
     i, j = np.concatenate([i_a, i_b]), np.concatenate([j_a, j_b])
     order = np.lexsort((j, i))
     return i[order], j[order]
