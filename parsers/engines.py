@@ -22,7 +22,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
-__all__ = ["ENGINES", "RayExecutor", "choose_workers", "free_cpus", "local_executor", "make_executor"]
+__all__ = [
+    "ENGINES",
+    "RayExecutor",
+    "available_cpus",
+    "choose_workers",
+    "free_cpus",
+    "local_executor",
+    "make_executor",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +48,19 @@ SPAWN_CPU_S = 1.5
 RAY_ALONE_BYTES = 8 << 20
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the platform has one (a container's
+    cpuset, a pinned rank), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def free_cpus() -> int:
     """CPUs this process can use now: the machine's (its affinity mask where known) less the
     1-minute load average of everything else (this process counts 1 of it), at least 1.
 
     A pool sized to idle CPUs that other jobs hold is slower than no pool: measured on the shared
     2-core machine at load 6, ``--jobs 2`` took 33 s where ``--jobs 1`` took 24 s (1,024 ranks)."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = available_cpus()
     try:
         others = max(0.0, os.getloadavg()[0] - 1.0)
     except OSError:  # no load average on this platform

@@ -22,6 +22,9 @@ from __future__ import annotations
 import os
 import sys
 
+# (engines imports polars_threads only inside its functions, and neither loads polars)
+from ep_trace.parsers.engines import available_cpus
+
 __all__ = ["configure_threads", "worker_init", "worker_threads"]
 
 _VAR = "POLARS_MAX_THREADS"
@@ -29,13 +32,6 @@ _BLAS = "OPENBLAS_NUM_THREADS"
 #: Set beside ``POLARS_MAX_THREADS`` when :func:`configure_threads` chose it (so that workers,
 #: which inherit both, know the value is not the user's).
 _MARK = "EP_TRACE_CHOSE_POLARS_THREADS"
-
-
-def _available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - macOS, Windows
-        return os.cpu_count() or 1
 
 
 def configure_threads(jobs: int) -> bool:
@@ -47,7 +43,7 @@ def configure_threads(jobs: int) -> bool:
     Returns:
         True when this call set ``POLARS_MAX_THREADS``.
     """
-    n = str(max(1, min(jobs, _available_cpus())))
+    n = str(max(1, min(jobs, available_cpus())))
     if "numpy" not in sys.modules and _BLAS not in os.environ:
         # numpy's OpenBLAS starts one thread per CPU at import, which spin after each call (0.8% of
         # the CPU of a 1,024-rank ingest in `blas_thread_server`); the same N as polars

@@ -18,7 +18,15 @@ from ep_trace.errors import ConfigError
 if TYPE_CHECKING:
     from ep_trace.analysis import Analysis
 
-__all__ = ["analyze_cmd", "parse_steps", "check_format", "progress_bar", "write_run_record", "engine_executor"]
+__all__ = [
+    "analyze_cmd",
+    "parse_steps",
+    "check_format",
+    "events_home",
+    "progress_bar",
+    "write_run_record",
+    "engine_executor",
+]
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
@@ -49,6 +57,14 @@ def check_format(fmt: str) -> Literal["auto", "kineto", "nsys"]:
     from ep_trace.parsers.dispatch import check_format as check
 
     return cast(Literal["auto", "kineto", "nsys"], check(fmt, ("auto", "kineto", "nsys")))
+
+
+def events_home(scratch: contextlib.ExitStack, cache: bool) -> bool | Path:
+    """Where a command keeps the parsed events: the ingest cache (``True``), or with ``--no-cache`` a
+    scratch directory that ``scratch`` removes when the command ends. Either way the events go to
+    disk as they are parsed and are read back a block of ranks at a time (bounded memory at any
+    number of ranks, docs/scale.md)."""
+    return True if cache else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="ep-trace-")))
 
 
 @contextmanager
@@ -183,11 +199,6 @@ def analyze_cmd(
         progress_bar() as progress,
         engine_executor(engine, jobs, address) as executor,
     ):
-        # --no-cache: the events still go to disk as they are parsed (bounded memory at any number of
-        # ranks, docs/scale.md), in a scratch directory removed when the command ends
-        spill: bool | Path = (
-            True if cache else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="ep-trace-")))
-        )
         analysis = build_report(
             dirs,
             out,
@@ -200,7 +211,7 @@ def analyze_cmd(
             rank_map=parse_rank_map(rank_map),
             jobs=jobs,
             executor=executor,
-            cache=spill,
+            cache=events_home(scratch, cache),
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

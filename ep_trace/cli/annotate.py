@@ -4,7 +4,6 @@ critical path and finding tracks (Perfetto / chrome://tracing / HTA)."""
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -76,7 +75,7 @@ def annotate_cmd(
       ep-trace annotate run.sqlite --format nsys -o annotated/
     """
     from ep_trace import load
-    from ep_trace.cli.analyze import check_format, progress_bar
+    from ep_trace.cli.analyze import check_format, events_home, progress_bar
     from ep_trace.cli.outputs import write_annotated
     from ep_trace.cli.rank_map import parse_rank_map
 
@@ -86,17 +85,13 @@ def annotate_cmd(
             f"-o: {out} is the input directory; annotated traces there would be read as extra ranks next time, choose another directory"
         )
     with contextlib.ExitStack() as scratch, progress_bar() as progress:
-        # the events stay on disk (the cache, or a scratch directory): one rank in memory at a time
-        spill: bool | Path = (
-            True if cache else Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="ep-trace-")))
-        )
         analysis = load(
             trace_dir,
             format=check_format(fmt),  # type: ignore[arg-type]
             on_error="skip" if keep_going else "raise",
             progress=progress,
             rank_map=parse_rank_map(rank_map),
-            cache=spill,
+            cache=events_home(scratch, cache),  # one rank in memory at a time
         )
         originals = _Originals(original_files(analysis.tables.ranks))
         paths = write_annotated(analysis, out, progress=progress, originals=originals)
