@@ -22,10 +22,12 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
+from ep_trace.parsers import polars_threads
+from ep_trace.parsers.polars_threads import available_cpus
+
 __all__ = [
     "ENGINES",
     "RayExecutor",
-    "available_cpus",
     "choose_workers",
     "free_cpus",
     "local_executor",
@@ -46,12 +48,6 @@ SPAWN_CPU_S = 1.5
 #: batch's one plan amortises). From 8 MB (~0.08 CPU-s of decode) that is <= 30% of the file's
 #: own work, and big files gain from their own task: no waiting on a batch, one partition each.
 RAY_ALONE_BYTES = 8 << 20
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask where the platform has one (a container's
-    cpuset, a pinned rank), else the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def free_cpus() -> int:
@@ -86,8 +82,6 @@ def local_executor(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` spawned processes (spawn, not fork: polars' thread pool must not be
     forked mid-use); one polars thread each when the command line sized the pools
     (:mod:`ep_trace.parsers.polars_threads`)."""
-    from ep_trace.parsers import polars_threads
-
     return ProcessPoolExecutor(
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
@@ -158,8 +152,6 @@ class RayExecutor(Executor):
             kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
             if address is None and num_cpus is not None:
                 kw["num_cpus"] = num_cpus
-            from ep_trace.parsers import polars_threads
-
             threads = polars_threads.worker_threads()
             if threads is not None:  # one polars thread per 1-CPU task, as in a local pool
                 env = dict(runtime_env or {})

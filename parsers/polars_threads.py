@@ -22,16 +22,19 @@ from __future__ import annotations
 import os
 import sys
 
-# (engines imports polars_threads only inside its functions, and neither loads polars)
-from ep_trace.parsers.engines import available_cpus
-
-__all__ = ["configure_threads", "worker_init", "worker_threads"]
+__all__ = ["available_cpus", "configure_threads", "worker_init", "worker_threads"]
 
 _VAR = "POLARS_MAX_THREADS"
 _BLAS = "OPENBLAS_NUM_THREADS"
 #: Set beside ``POLARS_MAX_THREADS`` when :func:`configure_threads` chose it (so that workers,
 #: which inherit both, know the value is not the user's).
 _MARK = "EP_TRACE_CHOSE_POLARS_THREADS"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the platform has one (a container's
+    cpuset, a pinned rank), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def configure_threads(jobs: int) -> bool:
