@@ -5,6 +5,11 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
 * straggler: A ``--straggler 1:30`` vs B none (512 tokens); predicted = A's ``no_straggler`` saving;
 * skew: A ``--skew hot:1:0.45`` vs B ``uniform`` (2048 tokens); predicted = A's ``balanced_routing`` saving;
 * chunks: A ``--chunks 1`` vs B ``--chunks 4`` (2048 tokens); predicted = A's ``chunked_pipeline`` saving at k = 4.
+* chunks_ab / chunks8_ab: the chunks pair inside ONE run (``--chunks 1 --alt-chunks K``): even steps
+  are A (1 chunk), odd steps B (K chunks), so that both sides share the run's thread placement and
+  load; predicted = ``chunked_pipeline`` at k = K from each A step analysed alone
+  (``AnalysisConfig(steps=(i, i))``: the model sees no chunked step), median over the A steps.
+  Steps 0 and 1 are left out (the first pair after profiler start-up).
 * readme: the README example, 4 ranks ``--skew zipf:1.2 --straggler 2:30`` vs ``--skew zipf:1.2`` (512 tokens);
   predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
 
@@ -115,6 +120,53 @@ def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, objec
     }
 
 
+#: name -> (K, tokens): chunks pairs measured inside one run (even steps 1 chunk, odd steps K).
+AB_PAIRS = {"chunks_ab": (4, 2048), "chunks8_ab": (8, 2048), "chunks_ab_small": (4, 512)}
+
+
+def run_ab_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, object]:
+    """One run per repeat with A on even and B on odd steps; medians over repeats, paired spread."""
+    k, tokens = AB_PAIRS[name]
+    sa, sb, pred, diffs = [], [], [], []
+    for i in range(repeats):
+        d = work / f"{name}_{i}"
+        _demo(d, ["--chunks", "1", "--alt-chunks", str(k)], 2 * steps + 2, tokens, 2)
+        an = ep_trace.load([d], config=AnalysisConfig(steps=(2, 2 * steps + 1)))
+        per = an.steps.group_by("step").agg(pl.col("step_time_ns").mean())
+        a_steps = per.filter(pl.col("step") % 2 == 0)["step_time_ns"]
+        b_steps = per.filter(pl.col("step") % 2 == 1)["step_time_ns"]
+        sa.append(float(a_steps.median() or 0.0))
+        sb.append(float(b_steps.median() or 0.0))
+        diffs.append(sa[-1] - sb[-1])
+        per_step = []
+        for s in range(2, 2 * steps + 2, 2):
+            p = _predicted(
+                ep_trace.load([d], config=AnalysisConfig(steps=(s, s), whatif_chunks=(k,))), "chunked_pipeline"
+            )
+            if p is not None:
+                per_step.append(p)
+        if per_step:
+            pred.append(statistics.median(per_step))
+    ma, mb = statistics.median(sa), statistics.median(sb)
+    measured = ma - mb
+    p = statistics.median(pred) if pred else float("nan")
+    err = 100.0 * abs(p - measured) / abs(measured) if measured else float("nan")
+    return {
+        "pair": f"{name} ({tokens} tokens, in-run A/B; per-run saving {min(diffs) / 1e6:.1f}..{max(diffs) / 1e6:.1f})",
+        "scenario": f"chunked_pipeline (k={k})",
+        "A_ms": ma / 1e6,
+        "A_spread_ms": (min(sa) / 1e6, max(sa) / 1e6),
+        "B_ms": mb / 1e6,
+        "B_spread_ms": (min(sb) / 1e6, max(sb) / 1e6),
+        "measured_ms": measured / 1e6,
+        "predicted_ms": p / 1e6,
+        "predicted_spread_ms": (min(pred) / 1e6, max(pred) / 1e6) if pred else None,
+        "error_pct": err,
+        # paired design: noisy when the per-run savings' spread exceeds the saving
+        "noisy": (max(diffs) - min(diffs)) > abs(measured),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -130,7 +182,7 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
-            r = run_pair(name, args.repeats, args.steps, work)
+            r = (run_ab_pair if name in AB_PAIRS else run_pair)(name, args.repeats, args.steps, work)
             ps = r["predicted_spread_ms"]
             print(
                 f"| {r['pair']} | {r['scenario']} | {r['A_ms']:.1f} ({r['A_spread_ms'][0]:.1f}..{r['A_spread_ms'][1]:.1f}) "

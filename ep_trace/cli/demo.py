@@ -31,6 +31,12 @@ def demo(
         typer.Option("--straggler", help="RANK:MS: that rank is MS ms late in each of its expert stages."),
     ] = None,  # noqa: UP045 - typer needs Optional on 3.10
     chunks: Annotated[int, typer.Option("--chunks", help="Pipelined dispatch/GEMM/combine chunks.")] = 1,
+    alt_chunks: Annotated[
+        int,
+        typer.Option(
+            "--alt-chunks", help="Odd steps run this many chunks instead (an A/B of pipelining in one run; 0 = off)."
+        ),
+    ] = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
     backward: Annotated[
@@ -64,8 +70,8 @@ def demo(
 
     cfg = DemoConfig(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
-        steps=steps, skew=skew, straggler=straggler, chunks=chunks, seed=seed, backend=backend, backward=backward,
-        link_latency_ms=link_latency_ms,
+        steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
+        backward=backward, link_latency_ms=link_latency_ms,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

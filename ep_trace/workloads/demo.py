@@ -59,6 +59,11 @@ class DemoConfig:
         link_latency_ms: Fixed delay added to every all-to-all (count exchange, dispatch, combine;
             forward and backward), a stand-in for a cross-node hop whose size is known, so that a
             sweep's fitted per-call α can be checked against it. Needs ``chunks == 1``.
+        alt_chunks: When > 0, the odd traced steps (1, 3, ...) run this many chunks instead of
+            ``chunks``: an A/B of pipelining inside one run, so that both sides share the run's
+            machine state (thread placement, load) and only the chunking differs. Used by
+            ``benchmarks/whatif_validate.py``, where run-to-run spread of separate runs on shared
+            cores was larger than the saving at stake. 0 = off.
     """
 
     ranks: int = 4
@@ -75,6 +80,7 @@ class DemoConfig:
     backend: str = "gloo"
     backward: bool = False
     link_latency_ms: float = 0.0
+    alt_chunks: int = 0
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
 
@@ -89,20 +95,20 @@ class DemoConfig:
         _at_least(self.layers, 1, "--layers")
         _at_least(self.steps, 1, "--steps")
         _at_least(self.chunks, 1, "--chunks")
+        _at_least(self.alt_chunks, 0, "--alt-chunks")
         _at_least(self.seed, 0, "--seed")
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
-        if self.backward and self.chunks > 1:
-            raise ConfigError(
-                f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks {self.chunks}"
-            )
+        if self.backward and self.max_chunks > 1:
+            got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
+            raise ConfigError(f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got {got}")
         lat = self.link_latency_ms
         if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
             raise ConfigError(f"--link-latency-ms: must be a finite number of ms >= 0, got {lat!r}")
-        if lat > 0 and self.chunks > 1:
+        if lat > 0 and self.max_chunks > 1:
+            got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
             raise ConfigError(
-                f"--link-latency-ms: needs --chunks 1 (a host-side delay would stall the pipelined GEMMs too), "
-                f"got --chunks {self.chunks}"
+                f"--link-latency-ms: needs --chunks 1 (a host-side delay would stall the pipelined GEMMs too), got {got}"
             )
         if self.top_k > self.experts:
             raise ConfigError(f"--top-k: {self.top_k} is larger than --experts {self.experts}")
@@ -112,6 +118,15 @@ class DemoConfig:
             )
         object.__setattr__(self, "skew_spec", parse_skew(self.skew, self.experts, self.top_k))
         object.__setattr__(self, "straggler_spec", parse_straggler(self.straggler, self.ranks))
+
+    @property
+    def max_chunks(self) -> int:
+        """The most chunks any step runs."""
+        return max(self.chunks, self.alt_chunks)
+
+    def chunks_at(self, step: int) -> int:
+        """Chunks of traced step ``step`` (``alt_chunks`` on odd steps when set; warm-up steps < 0 too)."""
+        return self.alt_chunks if self.alt_chunks and step % 2 else self.chunks
 
     @property
     def experts_per_rank(self) -> int:
@@ -131,6 +146,7 @@ class DemoConfig:
             "layers": self.layers,
             "steps": self.steps,
             "chunks": self.chunks,
+            **({"alt_chunks": self.alt_chunks} if self.alt_chunks else {}),
             "skew": str(self.skew_spec),
             "straggler": None
             if self.straggler_spec is None
@@ -206,7 +222,7 @@ def model_step(cfg: DemoConfig, weights: list[Any], rank: int, step: int, stragg
                 layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks
             )
         y = ep_moe_forward(
-            h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks, straggle_ms=straggle_ms,
+            h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks_at(step), straggle_ms=straggle_ms,
             link_latency_ms=cfg.link_latency_ms,
         )  # fmt: skip
         h = h + y
@@ -256,6 +272,8 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
         strag = cfg.straggler_spec
         straggle_ms = strag.ms if strag is not None and strag.rank == rank else 0.0
         model_step(cfg, weights, rank, -1, straggle_ms)  # warm-up: gloo pairs connect on first use
+        if cfg.alt_chunks:
+            model_step(cfg, weights, rank, -2, straggle_ms)  # and the other side's path once
         q.put(("ready", rank))
         meta = {
             "num_experts": cfg.experts,

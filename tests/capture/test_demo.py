@@ -46,6 +46,16 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
             {"backward": True, "chunks": 2},
             "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2",
         ),
+        ({"alt_chunks": -1}, "--alt-chunks: must be an integer >= 0, got -1"),
+        (
+            {"backward": True, "alt_chunks": 4},
+            "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --alt-chunks 4",
+        ),
+        (
+            {"link_latency_ms": 5.0, "alt_chunks": 4},
+            "--link-latency-ms: needs --chunks 1 (a host-side delay would stall the pipelined GEMMs too), "
+            "got --alt-chunks 4",
+        ),
     ],
 )
 def test_bad_knobs_name_the_option(kwargs: dict, message: str) -> None:
@@ -64,6 +74,15 @@ def test_nccl_without_gpus_is_a_config_error(tmp_path: Path) -> None:
     ):
         run_demo(DemoConfig(backend="nccl"), tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_alt_chunks_alternate_by_step() -> None:
+    # even steps (A) run --chunks, odd steps (B) --alt-chunks; the warm-up steps -1 / -2 run both paths
+    cfg = DemoConfig(chunks=1, alt_chunks=4)
+    assert [cfg.chunks_at(s) for s in (-2, -1, 0, 1, 2, 3)] == [1, 4, 1, 4, 1, 4]
+    assert cfg.workload_meta()["alt_chunks"] == 4 and cfg.max_chunks == 4
+    plain = DemoConfig(chunks=2)
+    assert [plain.chunks_at(s) for s in (0, 1)] == [2, 2] and "alt_chunks" not in plain.workload_meta()
 
 
 def test_knob_parsing() -> None:
