@@ -38,9 +38,9 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.comm_classifier import is_comm_expr
-from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.collective_names import normalise_collective
-from ep_trace.parsers.splits import itemsize, parse_int_list, prod
+from ep_trace.parsers.kineto_coll_fields import _int, call_signature, fields_from, per_call, without_per_call
+from ep_trace.parsers.splits import prod
 
 __all__ = ["FileContext", "build_collectives", "normalise_collective"]
 
@@ -66,205 +66,186 @@ class FileContext:
     source: str
 
 
-def _is_wait(name: str, args: dict[str, Any] | None) -> bool:
-    if "wait" in name:
-        return True
-    return name == "record_param_comms" and args is not None and args.get("Collective name") == "wait"
+#: Launch priority of a member kind (lowest launches the call): dispatcher op, functional op, title,
+#: record_param_comms (see the module doc).
+_C10D, _FUNC, _TITLE, _RPC = 0, 1, 2, 3
+_NO_ARGS: dict[str, Any] = {}
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _group_ranks(m: dict[str, Any], size: int | None, dist: dict[str, Any], pg_name: str | None) -> list[int] | None:
-    parsed = parse_int_list(m.get("Process Group Ranks"), size)
-    if parsed is not None and parsed.values and not parsed.truncated:
-        return list(parsed.values)  # type: ignore[arg-type]
-    start, stride = _int(m.get("Global rank start")), _int(m.get("Global rank stride"))
-    if size and start is not None and stride:
-        return [start + j * stride for j in range(size)]
-    for pg in dist.get("pg_config") or []:
-        if isinstance(pg, dict) and pg_name is not None and str(pg.get("pg_name")) == pg_name:
-            full = parse_int_list(pg.get("ranks"))
-            if full is not None and full.values and not full.truncated:
-                return list(full.values)  # type: ignore[arg-type]
-    return None
-
-
-def _splits(v: Any, size: int | None) -> tuple[list[int | None] | None, bool]:
-    parsed = parse_int_list(v, size)
-    if parsed is None or not parsed.values:
-        return None, False
-    return list(parsed.values), parsed.truncated
-
-
-def _call_row(
-    members: list[dict[str, Any]], kept: dict[int, dict[str, Any]], dist: dict[str, Any], world: int | None, source: str
-) -> dict[str, Any] | None:
-    """Fields of one call from its member ops (dicts of event columns), or None if it is no call."""
-    by: dict[str, dict[str, Any] | None] = {"c10d": None, "func": None, "rpc": None, "title": None}
-    for mb in members:
-        n = mb["name"]
-        key = (
-            "func"
-            if n.startswith("_c10d_functional::")
-            else "c10d"
-            if n.startswith("c10d::")
-            else "rpc"
-            if n == "record_param_comms"
-            else "title"
+def _candidates(ev: pl.DataFrame, files: Sequence[FileContext]) -> pl.DataFrame:
+    """Collective markers per thread in start order (outermost first), waits dropped, with ``_kind``."""
+    name = pl.col("name")
+    cands = (
+        ev.filter(
+            pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
+            & pl.any_horizontal([name.str.starts_with(p) for p in _PREFIXES])
         )
-        if by[key] is None:
-            by[key] = mb
-    rpc = by["rpc"]
-    rpc_args: dict[str, Any] = kept.get(rpc["event_id"], {}) if rpc else {}
-    meta = rpc_args if "Collective name" in rpc_args else {}
-    if not meta and by["c10d"] is None and by["title"] is None and by["func"] is None:
-        return None
-    launcher = by["c10d"] or by["func"] or by["title"] or rpc
-    assert launcher is not None  # one of them is set: the test above returned otherwise
-    row = _fields_from(meta, launcher, by, kept, dist, world, source)
-    row.update(
-        op_name=launcher["name"],
-        op_id=launcher["event_id"],
-        cpu_start_ns=launcher["start_ns"],
-        cpu_end_ns=launcher["end_ns"],
-        _pid=launcher["pid"],
-        _tid=launcher["tid"],
-        _root_start=members[0]["start_ns"],
-        _root_end=members[0]["end_ns"],
-        _ext=[mb["external_id"] for mb in members if mb["external_id"] is not None],
-    )
-    return row
-
-
-def _fields_from(
-    meta: dict[str, Any],
-    launcher: dict[str, Any] | None,
-    by: dict[str, Any],
-    kept: dict[int, dict[str, Any]],
-    dist: dict[str, Any],
-    world: int | None,
-    source: str,
-) -> dict[str, Any]:
-    ctype = "unknown"
-    for cand in (
-        meta.get("Collective name"),
-        by.get("c10d") and by["c10d"]["name"],
-        by.get("title") and by["title"]["name"],
-        by.get("func") and by["func"]["name"],
-    ):
-        if cand and normalise_collective(cand) != "unknown":
-            ctype = normalise_collective(cand)
-            break
-    pg_name = meta.get("Process Group Name")
-    if pg_name is None and meta.get("Process Group ID") is not None:
-        pg_name = str(meta["Process Group ID"])
-    size = _int(meta.get("Group size"))
-    in_splits, in_tr = _splits(meta.get("In split size"), size)
-    out_splits, out_tr = _splits(meta.get("Out split size"), size)
-    splits_source = "kineto" if (in_splits or out_splits) else None
-    in_dims = out_dims = None
-    dtype = meta.get("dtype")
-    c10d_args = kept.get(by["c10d"]["event_id"], {}) if by.get("c10d") else {}
-    func_args = kept.get(by["func"]["event_id"], {}) if by.get("func") else {}
-    title_args = kept.get(by["title"]["event_id"], {}) if by.get("title") else {}
-    dims = c10d_args.get("Input Dims") or []
-    types = c10d_args.get("Input type") or []
-    if by.get("c10d") and normalise_collective(by["c10d"]["name"]) == "all_to_all":
-        ci = c10d_args.get("Concrete Inputs") or []
-        if not in_splits and len(ci) > 4:  # (output, input, pg, output_split_sizes, input_split_sizes, ...)
-            out_splits, out_tr = _splits(ci[3], size)
-            in_splits, in_tr = _splits(ci[4], size)
-            splits_source = "concrete_inputs" if (in_splits or out_splits) else None
-        if len(dims) > 1:
-            out_dims, in_dims = dims[0], dims[1]
-        if dtype is None and len(types) > 1 and types[1]:
-            dtype = types[1]
-    if not in_splits and func_args:
-        ci = func_args.get("Concrete Inputs") or []  # (input, output_split_sizes, input_split_sizes, group)
-        if len(ci) > 2:
-            out_splits, out_tr = _splits(ci[1], size)
-            in_splits, in_tr = _splits(ci[2], size)
-            splits_source = "concrete_inputs" if (in_splits or out_splits) else None
-    for a in (c10d_args, title_args):
-        d = a.get("Input Dims") or []
-        if in_dims is None and d and prod(d[0]) is not None:
-            in_dims = d[0]
-            t = a.get("Input type") or []
-            if dtype is None and t and t[0]:
-                dtype = t[0]
-    if ctype == "all_to_all" and (in_splits or out_splits):
-        ctype = "all_to_allv"
-    if size is None:
-        size = len(in_splits) if in_splits and not in_tr else len(out_splits) if out_splits and not out_tr else None
-    group_ranks = _group_ranks(meta, size, dist, pg_name)
-    if group_ranks is None and size is not None and world is not None and size == world:
-        group_ranks = list(range(world))  # the whole world: group-local order is rank order
-    in_nelems = _int(meta.get("In msg nelems", meta.get("In msg size"))) or prod(in_dims)
-    out_nelems = _int(meta.get("Out msg nelems", meta.get("Out msg size"))) or prod(out_dims)
-    isz = itemsize(dtype)
-    row_bytes = None
-    if isz and in_dims:
-        row_bytes = (prod(in_dims[1:]) or 1) * isz if len(in_dims) > 1 else isz
-    elif isz and in_nelems and in_splits and not in_tr:
-        total = sum(in_splits)  # type: ignore[arg-type]
-        if total and in_nelems % total == 0:
-            row_bytes = in_nelems // total * isz
-    comms_id = meta.get("Comms Id")
-    if comms_id is not None and not (isinstance(comms_id, int) and 0 <= comms_id < 2**64):
-        ev = launcher["event_id"] if launcher else "?"
-        raise TraceFormatError(
-            source,
-            f"'Comms Id' {str(comms_id)[:30]} is not an unsigned 64-bit integer",
-            "the trace is corrupt; re-export it",
-            record=f"traceEvents[{ev}]",
+        .select(FILE, "event_id", name.cast(pl.Utf8), "pid", "tid", "start_ns", "end_ns", "external_id")
+        .sort(
+            [FILE, "pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, False, True], nulls_last=True
         )
-    peer = _int(meta.get("Dst Rank")) if ctype == "send" else _int(meta.get("Src Rank")) if ctype == "recv" else None
-    title = by.get("title")
-    backend = (
-        "gloo"
-        if title and title["name"].startswith("gloo:")
-        else "nccl"
-        if (meta or (title and title["name"].startswith("nccl:")))
-        else None
+        .with_columns(
+            pl.when(name.str.starts_with("_c10d_functional::"))
+            .then(_FUNC)
+            .when(name.str.starts_with("c10d::"))
+            .then(_C10D)
+            .when(name == "record_param_comms")
+            .then(_RPC)
+            .otherwise(_TITLE)
+            .cast(pl.Int8)
+            .alias("_kind")
+        )
     )
-    return dict(
-        collective=ctype,
-        backend=backend,
-        pg_name=pg_name,
-        pg_desc=meta.get("Process Group Description"),
-        group_ranks=group_ranks,
-        group_size=size,
-        seq=_int(meta.get("Seq")),
-        comms_id=comms_id,
-        in_splits=in_splits,
-        out_splits=out_splits,
-        splits_truncated=bool(in_tr or out_tr),
-        splits_source=splits_source,
-        in_nelems=in_nelems,
-        out_nelems=out_nelems,
-        dtype=dtype,
-        row_bytes=row_bytes,
-        peer_rank=peer,
-    )
+    # `work.wait()`: any "wait" name, and record_param_comms whose Collective name is "wait"
+    rpc = cands.select(pl.col("_kind") == _RPC).to_series().arg_true()
+    waits = [
+        (a := files[f].kept.get(e)) is not None and a.get("Collective name") == "wait"
+        for f, e in zip(cands[FILE].gather(rpc).to_list(), cands["event_id"].gather(rpc).to_list(), strict=True)
+    ]
+    wait = pl.Series([False] * cands.height).scatter(rpc, pl.Series(waits, dtype=pl.Boolean))
+    return cands.filter(~(name.str.contains("wait", literal=True) | wait))
 
 
-def _group_calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> list[list[dict[str, Any]]]:
-    """Outermost-interval groups of collective markers per thread (few rows: a Python pass is fine)."""
-    groups: list[list[dict[str, Any]]] = []
-    key = None
-    end = None
-    for r in cands.iter_rows(named=True):
-        if _is_wait(r["name"], files[r[FILE]].kept.get(r["event_id"])):
-            continue
-        k = (r[FILE], r["pid"], r["tid"])
-        if k != key or end is None or r["start_ns"] >= end:
-            groups.append([r])
-            key, end = k, r["end_ns"]
+def _group_ids(cands: pl.DataFrame) -> pl.Series:
+    """Call (outermost-interval group) of each marker: a marker joins the group of its thread whose
+    first marker (the root) it starts inside, else starts one.
+
+    Vectorised as ``start_ns >= max(end_ns of the earlier markers of the thread)``, which is the same
+    grouping whenever no member ends after its root (then that running max is the root's end);
+    otherwise the rule is run marker by marker."""
+    same = pl.all_horizontal([pl.col(c).eq_missing(pl.col(c).shift(1)) for c in (FILE, "pid", "tid")])
+    t = cands.select("start_ns", "end_ns", (~same).alias("_new_thread")).with_columns(
+        pl.col("_new_thread").cum_sum().alias("_thread")
+    )
+    prev_end = pl.col("end_ns").shift(1).cum_max().over("_thread")  # earlier markers of the thread
+    gid = (pl.col("_new_thread") | (pl.col("start_ns") >= prev_end).fill_null(True)).cum_sum() - 1
+    g = t.select(gid.alias("_gid"), "end_ns")
+    if g.select((pl.col("end_ns").max() <= pl.col("end_ns").first()).over("_gid").all()).item():
+        return g["_gid"]
+    out: list[int] = []
+    key = end = None
+    cols = [cands[c].to_list() for c in (FILE, "pid", "tid", "start_ns", "end_ns")]
+    for f, pid, tid, s, e in zip(*cols, strict=True):
+        if (f, pid, tid) != key or end is None or s >= end:
+            out.append(len(out) and out[-1] + 1)
+            key, end = (f, pid, tid), e
         else:
-            groups[-1].append(r)
-    return groups
+            out.append(out[-1])
+    return pl.Series("_gid", out, dtype=g["_gid"].dtype)
+
+
+@dataclass
+class _Rows:
+    """The calls as columns (Python lists, one entry per call); fields shared per signature in ``sigs``."""
+
+    sigs: list[dict[str, Any]]
+    sig: list[int]
+    file: list[int]
+    op_name: list[str | None]
+    op_id: list[int | None]
+    cpu_start_ns: list[int | None]
+    cpu_end_ns: list[int | None]
+    seq: list[int | None]
+    comms_id: list[int | None]
+    gloo: set[int]  # calls paired with a gloo worker range (backend 'gloo')
+
+    def add(self, fields: dict[str, Any], file: int, op_name: str) -> int:
+        """Append a call with no CPU op (fields of its own); return its index."""
+        self.sigs.append(fields)
+        for col, v in (
+            (self.sig, len(self.sigs) - 1),
+            (self.file, file),
+            (self.op_name, op_name),
+            (self.op_id, None),
+            (self.cpu_start_ns, None),
+            (self.cpu_end_ns, None),
+            (self.seq, fields["seq"]),
+            (self.comms_id, fields["comms_id"]),
+        ):
+            col.append(v)
+        return len(self.sig) - 1
+
+    def field(self, i: int, name: str) -> Any:
+        return self.sigs[self.sig[i]][name]
+
+
+def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl.DataFrame, pl.DataFrame]:
+    """The calls of the marker groups: ``(rows, roots, ext)`` with ``roots`` (_call, file, thread,
+    root interval) and ``ext`` (file, External id, _call) of their members, in call / member order."""
+    kind = pl.col("_kind")
+    g = cands.with_columns(_group_ids(cands))
+    first_of = {k: kind == k for k in (_C10D, _FUNC, _TITLE, _RPC)}
+    launcher = kind.arg_min()  # first member of the highest-priority kind
+    agg = g.group_by("_gid", maintain_order=True).agg(
+        pl.col(FILE).first(),
+        pl.col("pid").get(launcher),
+        pl.col("tid").get(launcher),
+        pl.col("start_ns").first().alias("_rs"),
+        pl.col("end_ns").first().alias("_re"),
+        pl.col("name").get(launcher).alias("op_name"),
+        pl.col("event_id").get(launcher).alias("op_id"),
+        pl.col("start_ns").get(launcher).alias("cpu_start_ns"),
+        pl.col("end_ns").get(launcher).alias("cpu_end_ns"),
+        *(pl.col("event_id").filter(m).first().alias(f"_id{k}") for k, m in first_of.items()),
+        *(pl.col("name").filter(first_of[k]).first().alias(f"_name{k}") for k in (_C10D, _FUNC, _TITLE)),
+    )
+    sigs: list[dict[str, Any]] = []
+    memo: dict[tuple[Any, ...], int] = {}
+    keep: list[bool] = []
+    sig: list[int] = []
+    seq: list[int | None] = []
+    comms: list[int | None] = []
+    cols = [agg[c].to_list() for c in (FILE, "op_id", "_id0", "_id1", "_id2", "_id3", "_name0", "_name1", "_name2")]
+    for fi, op_id, c10d, func, title, rpc, c10d_n, func_n, title_n in zip(*cols, strict=True):
+        f = files[fi]
+        kept = f.kept
+        rpc_args = kept.get(rpc, _NO_ARGS) if rpc is not None else _NO_ARGS
+        meta = rpc_args if "Collective name" in rpc_args else _NO_ARGS
+        if not meta and c10d is None and title is None and func is None:
+            keep.append(False)  # e.g. a TorchRec awaitable wait: record_param_comms without metadata
+            continue
+        args = tuple(kept.get(e, _NO_ARGS) if e is not None else _NO_ARGS for e in (c10d, func, title))
+        names = (c10d_n, func_n, title_n)
+        key = call_signature(meta, names, args)
+        s = memo.get((fi, *key)) if key is not None else None
+        if s is None:
+            by = {
+                k: {"name": n, "event_id": e} if e is not None else None
+                for k, n, e in zip(("c10d", "func", "title"), names, (c10d, func, title), strict=True)
+            }
+            world = _int(f.dist.get("world_size"))
+            sigs.append(fields_from(without_per_call(meta), None, by, kept, f.dist, world, f.source))
+            s = len(sigs) - 1
+            if key is not None:
+                memo[(fi, *key)] = s
+        one_seq, one_comms = per_call(meta, op_id, f.source)
+        keep.append(True)
+        sig.append(s)
+        seq.append(one_seq)
+        comms.append(one_comms)
+    is_call = pl.Series(keep, dtype=pl.Boolean)
+    call_of_group = pl.select(pl.when(is_call).then(is_call.cast(pl.Int64).cum_sum() - 1)).to_series()
+    calls = agg.filter(is_call).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"))
+    rows = _Rows(
+        sigs,
+        sig,
+        calls[FILE].to_list(),
+        calls["op_name"].to_list(),
+        calls["op_id"].to_list(),
+        calls["cpu_start_ns"].to_list(),
+        calls["cpu_end_ns"].to_list(),
+        seq,
+        comms,
+        set(),
+    )
+    roots = calls.select("_call", FILE, pl.col("pid", "tid").cast(pl.Int64), pl.col("_rs", "_re").cast(pl.Int64))
+    ext = (
+        g.filter(pl.col("external_id").is_not_null())
+        .with_columns(pl.lit(call_of_group).gather(pl.col("_gid")).alias("_call"))
+        .filter(pl.col("_call").is_not_null())
+        .select(FILE, pl.col("external_id").cast(pl.Int64), pl.col("_call").cast(pl.Int64))
+    )
+    return rows, roots, ext
 
 
 def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -280,24 +261,10 @@ def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[p
         order, and (:data:`FILE`, event_id, coll_id) of the kernels / worker ranges implementing
         each call.
     """
-    cols = [FILE, "event_id", "name", "pid", "tid", "start_ns", "end_ns", "external_id"]
-    cands = (
-        ev.filter(
-            pl.col("kind").is_in(["cpu_op", "cpu_annotation"])
-            & pl.any_horizontal([pl.col("name").str.starts_with(p) for p in _PREFIXES])
-        )
-        .select(cols)
-        .sort(
-            [FILE, "pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, False, True], nulls_last=True
-        )
-    )
-    rows = []
-    for g in _group_calls(cands, files):
-        f = files[g[0][FILE]]
-        row = _call_row(g, f.kept, f.dist, _int(f.dist.get("world_size")), f.source)
-        if row is not None:
-            row[FILE] = g[0][FILE]
-            rows.append(row)
+    file_dtype = ev.schema[FILE]
+    rows, roots, ext = _calls(_candidates(ev, files), files)
+    roots = roots.with_columns(pl.col(FILE).cast(file_dtype)).sort("_rs")
+    ext = ext.with_columns(pl.col(FILE).cast(file_dtype))
     # Kernels implementing each call: launched inside the call's root interval on its thread ...
     kernels = ev.filter(pl.col("kind") == "gpu_kernel").select(
         FILE, "event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation"
@@ -305,39 +272,12 @@ def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[p
     launch = ev.filter(pl.col("kind") == "runtime").select(
         FILE, pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t")
     )
-    file_dtype = ev.schema[FILE]
-    roots = pl.DataFrame(
-        {
-            "_call": list(range(len(rows))),
-            FILE: [r[FILE] for r in rows],
-            "pid": [r["_pid"] for r in rows],
-            "tid": [r["_tid"] for r in rows],
-            "_rs": [r["_root_start"] for r in rows],
-            "_re": [r["_root_end"] for r in rows],
-        },
-        schema={
-            "_call": pl.Int64,
-            FILE: file_dtype,
-            "pid": pl.Int64,
-            "tid": pl.Int64,
-            "_rs": pl.Int64,
-            "_re": pl.Int64,
-        },
-    ).sort("_rs")
     k = kernels.join(launch, on=[FILE, "launch_id"], how="left").sort("t", nulls_last=True)
     k_in = k.filter(pl.col("t").is_not_null()).join_asof(
         roots, left_on="t", right_on="_rs", by=[FILE, "pid", "tid"], strategy="backward", check_sortedness=False
     )
     k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select(FILE, "event_id", "_call")
     # ... or linked by External id to one of its ops (kernels without a launch in the window).
-    ext = pl.DataFrame(
-        {
-            FILE: [r[FILE] for r in rows for _ in r["_ext"]],
-            "external_id": [e for r in rows for e in r["_ext"]],
-            "_call": [i for i, r in enumerate(rows) for _ in r["_ext"]],
-        },
-        schema={FILE: file_dtype, "external_id": pl.Int64, "_call": pl.Int64},
-    )
     k_ext = (
         kernels.filter(pl.col("external_id") != pl.col("correlation"))
         .join(ext, on=[FILE, "external_id"])
@@ -361,11 +301,8 @@ def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[p
             first = part.row(0, named=True)
             f = files[first[FILE]]
             world = _int(f.dist.get("world_size"))
-            row = _fields_from(f.kept[first["event_id"]], None, {}, f.kept, f.dist, world, f.source)
-            row.update(op_name="record_param_comms", op_id=None, cpu_start_ns=None, cpu_end_ns=None, _ext=[])
-            row[FILE] = first[FILE]
-            extra.append((len(rows), first[FILE], part["event_id"]))
-            rows.append(row)
+            fields = fields_from(f.kept[first["event_id"]], None, {}, f.kept, f.dist, world, f.source)
+            extra.append((rows.add(fields, first[FILE], "record_param_comms"), first[FILE], part["event_id"]))
         fill = pl.concat(
             [
                 pl.DataFrame(
@@ -404,18 +341,22 @@ def _worker_nelems(args: dict[str, Any] | None) -> int | None:
 
 def _pair_workers(
     ev: pl.DataFrame,
-    rows: list[dict[str, Any]],
+    rows: _Rows,
     with_kernels: set[int],
     members: pl.DataFrame,
     files: Sequence[FileContext],
 ) -> pl.DataFrame:
     """Pair gloo worker ranges with the calls that launched no kernel: in start order per file and
     family, each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size
-    equals the range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees)."""
+    equals the range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees).
+
+    One pass over column lists (the queue of issued calls makes each step depend on the previous)."""
     workers = ev.filter(pl.col("kind") == "comm_worker")
     if workers.height == 0:
         return members
     fam = {"all_to_allv": "all_to_all"}
+    family: dict[str, str] = {}  # worker / call name -> family, memoised (few distinct names)
+    in_nelems = [rows.field(i, "in_nelems") for i in range(len(rows.sig))]
     pairs = []
     for w_file in workers.partition_by(FILE, maintain_order=True):
         fi = w_file[FILE][0]
@@ -424,56 +365,105 @@ def _pair_workers(
         for i in sorted(
             (
                 i
-                for i in range(len(rows))
-                if rows[i][FILE] == fi and i not in with_kernels and rows[i].get("backend") != "nccl"
+                for i in range(len(rows.sig))
+                if rows.file[i] == fi and i not in with_kernels and rows.field(i, "backend") != "nccl"
             ),
-            key=lambda i: rows[i]["cpu_start_ns"] or 0,
+            key=lambda i: rows.cpu_start_ns[i] or 0,
         ):
-            pending.setdefault(fam.get(rows[i]["collective"], rows[i]["collective"]), deque()).append(i)
-        for w in w_file.sort("start_ns").iter_rows(named=True):
-            f = normalise_collective(w["name"])
-            queue = pending.get(fam.get(f, f))
+            c = rows.field(i, "collective")
+            pending.setdefault(fam.get(c, c), deque()).append(i)
+        w_sorted = w_file.sort("start_ns")
+        for eid, name in zip(w_sorted["event_id"].to_list(), w_sorted["name"].cast(pl.Utf8).to_list(), strict=True):
+            fm = family.get(name)
+            if fm is None:
+                f = normalise_collective(name)
+                fm = family[name] = fam.get(f, f)
+            queue = pending.get(fm)
             if queue:
-                want = _worker_nelems(kept.get(w["event_id"]))
-                j = next(
-                    (
-                        k
-                        for k in range(min(len(queue), _REORDER_WINDOW))
-                        if want is not None and rows[queue[k]].get("in_nelems") == want
-                    ),
-                    0,
+                want = _worker_nelems(kept.get(eid))
+                j = (
+                    next(
+                        (k for k in range(min(len(queue), _REORDER_WINDOW)) if in_nelems[queue[k]] == want),
+                        0,
+                    )
+                    if want is not None
+                    else 0
                 )
                 i = queue[j]
                 del queue[j]
-                rows[i]["backend"] = "gloo"
+                rows.gloo.add(i)
             else:
-                i = len(rows)
-                row = _fields_from({}, w, {"title": w}, kept, {}, None, "")
-                row.update(op_name=w["name"], op_id=None, cpu_start_ns=None, cpu_end_ns=None, backend="gloo", _ext=[])
-                row[FILE] = fi
-                rows.append(row)
-            pairs.append((fi, w["event_id"], i))
+                w = {"name": name, "event_id": eid}
+                fields = fields_from({}, w, {"title": w}, kept, {}, None, "")
+                fields["backend"] = "gloo"
+                i = rows.add(fields, fi, name)
+                in_nelems.append(fields["in_nelems"])
+            pairs.append((fi, eid, i))
     wk = pl.DataFrame(pairs, schema={FILE: members.schema[FILE], "event_id": pl.Int64, "_call": pl.Int64}, orient="row")
     return pl.concat([members, wk])
 
 
+#: Python types whose values polars converts one by one for a column of each dtype group (a column of
+#: other values may be inferred as a whole: such a column is then built per call, as before).
+def _plain(values: list[Any], dtype: pl.DataType) -> bool:
+    if dtype == pl.Utf8:
+        return all(v is None or v.__class__ is str for v in values)
+    if dtype == pl.Boolean:
+        return all(v is None or v.__class__ is bool for v in values)
+    if dtype.is_integer():
+        return all(v is None or (v.__class__ is int and -(2**63) <= v < 2**63) for v in values)
+    if isinstance(dtype, pl.List) and dtype.inner is not None and dtype.inner.is_integer():
+        return all(
+            v is None
+            or (v.__class__ is list and all(x is None or (x.__class__ is int and -(2**63) <= x < 2**63) for x in v))
+            for v in values
+        )
+    return False
+
+
+def _columns(rows: _Rows) -> list[pl.Series]:
+    """The table's columns from the rows: per-signature fields built once per signature and gathered
+    (a list column from 2,000 Python lists cost ~20 ms), the per-call ones from their lists."""
+    per_call = {
+        "op_name": rows.op_name,
+        "op_id": rows.op_id,
+        "cpu_start_ns": rows.cpu_start_ns,
+        "cpu_end_ns": rows.cpu_end_ns,
+        "seq": rows.seq,
+        "comms_id": rows.comms_id,
+        "backend": [
+            "gloo" if i in rows.gloo else b
+            for i, b in enumerate(rows.field(i, "backend") for i in range(len(rows.sig)))
+        ],
+    }
+    idx = pl.Series(rows.sig, dtype=pl.UInt32)
+    out = []
+    for c, dtype in schema.COLLECTIVES.items():
+        if c in per_call:
+            out.append(pl.Series(c, per_call[c], dtype=dtype, strict=False))
+        elif c in rows.sigs[0]:
+            vals = [s[c] for s in rows.sigs]
+            if _plain(vals, dtype):
+                out.append(pl.Series(c, vals, dtype=dtype, strict=False).gather(idx))
+            else:
+                out.append(pl.Series(c, [vals[i] for i in rows.sig], dtype=dtype, strict=False))
+    return out
+
+
 def _finish(
-    rows: list[dict[str, Any]], members: pl.DataFrame, ev: pl.DataFrame, files: Sequence[FileContext]
+    rows: _Rows, members: pl.DataFrame, ev: pl.DataFrame, files: Sequence[FileContext]
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Assemble the table: device activity, host-interval fallback, coll_id and ordinal (per file)."""
     file_dtype = ev.schema[FILE]
-    if not rows:
+    if not rows.sig:
         return (
             schema.empty("collectives").with_columns(pl.lit(None, dtype=file_dtype).alias(FILE)),
             pl.DataFrame(schema={FILE: file_dtype, "event_id": pl.Int64, "coll_id": pl.Int64}),
         )
-    keep = [c for c in schema.COLLECTIVES if c in rows[0]]
-    df = pl.DataFrame(
-        {c: [r.get(c) for r in rows] for c in keep}, schema={c: schema.COLLECTIVES[c] for c in keep}, strict=False
-    )
+    df = pl.DataFrame(_columns(rows))
     ranks = {i: f.rank for i, f in enumerate(files)}
     df = df.with_columns(
-        pl.Series(FILE, [r[FILE] for r in rows], dtype=file_dtype),
+        pl.Series(FILE, rows.file, dtype=file_dtype),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"),
     )
     activity = (
