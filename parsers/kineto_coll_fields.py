@@ -51,39 +51,43 @@ OP_KEYS = {
     "func": ("Concrete Inputs",),
     "title": ("Input Dims", "Input type"),
 }
+_C10D_KEYS, _FUNC_KEYS, _TITLE_KEYS = OP_KEYS["c10d"], OP_KEYS["func"], OP_KEYS["title"]
 _PER_CALL = frozenset({"Seq", "Comms Id"})
+_EMPTY: dict[str, Any] = {}
 
 
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _pick(args: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: args[k] for k in keys if k in args}
-
-
 def call_signature(
-    meta: dict[str, Any], names: tuple[str | None, str | None, str | None], args: tuple[dict[str, Any], ...]
+    meta: dict[str, Any],
+    names: tuple[str | None, str | None, str | None],
+    c10d: dict[str, Any],
+    func: dict[str, Any],
+    title: dict[str, Any],
 ) -> tuple[Any, ...] | None:
     """Hashable key of everything :func:`fields_from` reads, or None when it must not be shared.
 
     Args:
         meta: The call's ``record_param_comms`` metadata (``{}`` if none).
         names: Names of its first c10d / functional / title member (None where absent).
-        args: Kept args of those three members (``{}`` where absent).
+        c10d: Kept args of the first c10d member (``{}`` where absent); ``func`` / ``title`` alike.
     """
     try:
         text = orjson.dumps(
-            [
-                _pick(meta, META_KEYS),
-                *(_pick(a, OP_KEYS[k]) for a, k in zip(args, ("c10d", "func", "title"), strict=True)),
-            ]
+            (
+                {k: meta[k] for k in META_KEYS if k in meta} if meta else _EMPTY,
+                {k: c10d[k] for k in _C10D_KEYS if k in c10d} if c10d else _EMPTY,
+                {k: func[k] for k in _FUNC_KEYS if k in func} if func else _EMPTY,
+                {k: title[k] for k in _TITLE_KEYS if k in title} if title else _EMPTY,
+            )
         )
     except (orjson.JSONEncodeError, TypeError):  # an int beyond 64 bits (stdlib-json fallback): no sharing
         return None
     if b"null" in text:  # explicit null or NaN: both read as null, so not shared
         return None
-    return (*names, bool(args[1]), text)
+    return (*names, bool(func), text)
 
 
 def per_call(meta: dict[str, Any], event: int | None, source: str) -> tuple[int | None, int | None]:

@@ -152,17 +152,14 @@ class _Rows:
     def add(self, fields: dict[str, Any], file: int, op_name: str) -> int:
         """Append a call with no CPU op (fields of its own); return its index."""
         self.sigs.append(fields)
-        for col, v in (
-            (self.sig, len(self.sigs) - 1),
-            (self.file, file),
-            (self.op_name, op_name),
-            (self.op_id, None),
-            (self.cpu_start_ns, None),
-            (self.cpu_end_ns, None),
-            (self.seq, fields["seq"]),
-            (self.comms_id, fields["comms_id"]),
-        ):
-            col.append(v)
+        self.sig.append(len(self.sigs) - 1)
+        self.file.append(file)
+        self.op_name.append(op_name)
+        self.op_id.append(None)
+        self.cpu_start_ns.append(None)
+        self.cpu_end_ns.append(None)
+        self.seq.append(fields["seq"])
+        self.comms_id.append(fields["comms_id"])
         return len(self.sig) - 1
 
     def field(self, i: int, name: str) -> Any:
@@ -190,7 +187,7 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl
         *(pl.col("name").filter(first_of[k]).first().alias(f"_name{k}") for k in (_C10D, _FUNC, _TITLE)),
     )
     sigs: list[dict[str, Any]] = []
-    memo: dict[tuple[Any, ...], int] = {}
+    memo: dict[tuple[int, tuple[Any, ...]], int] = {}
     keep: list[bool] = []
     sig: list[int] = []
     seq: list[int | None] = []
@@ -204,10 +201,15 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl
         if not meta and c10d is None and title is None and func is None:
             keep.append(False)  # e.g. a TorchRec awaitable wait: record_param_comms without metadata
             continue
-        args = tuple(kept.get(e, _NO_ARGS) if e is not None else _NO_ARGS for e in (c10d, func, title))
         names = (c10d_n, func_n, title_n)
-        key = call_signature(meta, names, args)
-        s = memo.get((fi, *key)) if key is not None else None
+        key = call_signature(
+            meta,
+            names,
+            kept.get(c10d, _NO_ARGS) if c10d is not None else _NO_ARGS,
+            kept.get(func, _NO_ARGS) if func is not None else _NO_ARGS,
+            kept.get(title, _NO_ARGS) if title is not None else _NO_ARGS,
+        )
+        s = memo.get((fi, key)) if key is not None else None
         if s is None:
             by = {
                 k: {"name": n, "event_id": e} if e is not None else None
@@ -217,7 +219,7 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl
             sigs.append(fields_from(without_per_call(meta), None, by, kept, f.dist, world, f.source))
             s = len(sigs) - 1
             if key is not None:
-                memo[(fi, *key)] = s
+                memo[(fi, key)] = s
         one_seq, one_comms = per_call(meta, op_id, f.source)
         keep.append(True)
         sig.append(s)
@@ -382,12 +384,9 @@ def _pair_workers(
             if queue:
                 want = _worker_nelems(kept.get(eid))
                 j = (
-                    next(
-                        (k for k in range(min(len(queue), _REORDER_WINDOW)) if in_nelems[queue[k]] == want),
-                        0,
-                    )
-                    if want is not None
-                    else 0
+                    0  # the oldest call: sizes unknown, or it agrees (the usual case, tested first)
+                    if want is None or in_nelems[queue[0]] == want
+                    else next((k for k in range(1, min(len(queue), _REORDER_WINDOW)) if in_nelems[queue[k]] == want), 0)
                 )
                 i = queue[j]
                 del queue[j]
@@ -424,17 +423,14 @@ def _plain(values: list[Any], dtype: pl.DataType) -> bool:
 def _columns(rows: _Rows) -> list[pl.Series]:
     """The table's columns from the rows: per-signature fields built once per signature and gathered
     (a list column from 2,000 Python lists cost ~20 ms), the per-call ones from their lists."""
-    per_call = {
+    per_call: dict[str, list[Any]] = {
         "op_name": rows.op_name,
         "op_id": rows.op_id,
         "cpu_start_ns": rows.cpu_start_ns,
         "cpu_end_ns": rows.cpu_end_ns,
         "seq": rows.seq,
         "comms_id": rows.comms_id,
-        "backend": [
-            "gloo" if i in rows.gloo else b
-            for i, b in enumerate(rows.field(i, "backend") for i in range(len(rows.sig)))
-        ],
+        "backend": ["gloo" if i in rows.gloo else rows.field(i, "backend") for i in range(len(rows.sig))],
     }
     idx = pl.Series(rows.sig, dtype=pl.UInt32)
     out = []
