@@ -129,11 +129,16 @@ def _kind_expr(ev: pl.DataFrame) -> pl.Expr:
         .unique()
         .with_columns(pl.lit(True).alias("_caller"))
     )
-    on_caller = ev.select(thread).join(caller, on=thread, how="left", nulls_equal=True, maintain_order="left")[
-        "_caller"
-    ]
+    # only the gloo rows' threads are looked up (a join of every row's thread cost ~3 ms per 157k events)
+    rows = ev.select(is_gloo.arg_true()).to_series()
+    on_caller = (
+        ev.select(thread)
+        .gather(rows)
+        .join(caller, on=thread, how="left", nulls_equal=True, maintain_order="left")["_caller"]
+    )
+    is_worker = pl.repeat(False, ev.height, eager=True).scatter(rows, on_caller.is_null())
     worker = pl.lit("comm_worker", dtype=_KIND_DTYPE)
-    return pl.when(is_gloo & on_caller.is_null()).then(worker).otherwise(kind).alias("kind")
+    return pl.when(is_worker).then(worker).otherwise(kind).alias("kind")
 
 
 def _drop_duplicates(ev: pl.DataFrame, files: Sequence[Decoded], issues: list[list[schema.LoadIssue]]) -> pl.DataFrame:
