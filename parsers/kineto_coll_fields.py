@@ -23,7 +23,7 @@ from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.collective_names import normalise_collective
 from ep_trace.parsers.splits import itemsize, parse_int_list, prod
 
-__all__ = ["META_KEYS", "OP_KEYS", "call_signature", "fields_from", "per_call"]
+__all__ = ["META_KEYS", "OP_KEYS", "call_signature", "dist_key", "fields_from", "per_call", "without_per_call"]
 
 #: ``record_param_comms`` keys :func:`fields_from` reads, less the per-call ``Seq`` / ``Comms Id``.
 META_KEYS = (
@@ -88,6 +88,17 @@ def call_signature(
     if b"null" in text:  # explicit null or NaN: both read as null, so not shared
         return None
     return (*names, bool(func), text)
+
+
+def dist_key(dist: dict[str, Any], file: int) -> tuple[Any, ...]:
+    """What :func:`fields_from` reads of a file's ``distributedInfo`` (``world_size``, ``pg_config``),
+    hashable, so that the ranks of a batch share signatures; the file itself where it cannot be
+    written exactly (see the module doc)."""
+    try:
+        text = orjson.dumps({k: dist[k] for k in ("world_size", "pg_config") if k in dist})
+    except (orjson.JSONEncodeError, TypeError):
+        return ("file", file)
+    return ("file", file) if b"null" in text else ("dist", text)
 
 
 def per_call(meta: dict[str, Any], event: int | None, source: str) -> tuple[int | None, int | None]:

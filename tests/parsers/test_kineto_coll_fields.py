@@ -59,7 +59,8 @@ def _recorded(seen: dict[str, set[str]]):  # noqa: ANN202 - a test double
             m = by.get(kind)
             if m is not None and m["event_id"] in kept:
                 rec_kept[m["event_id"]] = _Recording(kept[m["event_id"]], seen[kind])
-        return real(_Recording(meta, seen["meta"]), launcher, by, rec_kept, dist, world, source)
+        rec_dist = _Recording(dist, seen["dist"])
+        return real(_Recording(meta, seen["meta"]), launcher, by, rec_kept, rec_dist, world, source)
 
     return spy
 
@@ -71,7 +72,7 @@ def _real_traces(external_dir: Path, samples_dir: Path) -> list[Path]:
 def test_signature_holds_every_key_the_fields_read(external_dir, samples_dir, monkeypatch, tmp_path, kt):
     # every real trace plus inline ones reaching the branches the real ones do not (legacy size keys,
     # 2.3's Process Group ID, send / recv peers, the functional wrapper, gloo Concrete Inputs)
-    seen: dict[str, set[str]] = {k: set() for k in ("meta", "c10d", "func", "title")}
+    seen: dict[str, set[str]] = {k: set() for k in ("meta", "c10d", "func", "title", "dist")}
     monkeypatch.setattr(kineto_collectives, "fields_from", _recorded(seen))
     legacy = {"Collective name": "send", "In msg size": 4, "Out msg size": 4, "Process Group ID": 7, "Dst Rank": 1}
     inline = [
@@ -86,10 +87,30 @@ def test_signature_holds_every_key_the_fields_read(external_dir, samples_dir, mo
     paths = [kt.write_trace(tmp_path / f"{i}.json", evs) for i, evs in enumerate(inline)]
     read_kineto_files(_real_traces(external_dir, samples_dir) + paths, None)
     assert seen["meta"] - {"Seq", "Comms Id"} <= set(META_KEYS)
+    assert seen["dist"] <= {"pg_config"}  # with world_size (passed as `world`), what dist_key holds
     for kind in ("c10d", "func", "title"):
         assert seen[kind] <= set(OP_KEYS[kind]), kind
     assert {"In msg size", "Process Group ID", "Dst Rank", "Src Rank"} <= seen["meta"]  # the branches were reached
-    assert all(seen.values()), seen
+    assert all(seen[k] for k in ("meta", "c10d", "func", "title")), seen
+
+
+def test_ranks_of_a_batch_share_signatures_only_with_the_same_process_groups(tmp_path, kt):
+    # no ranks or start / stride in the metadata: the group comes from distributedInfo.pg_config,
+    # which differs between the two files, so the shared signature must not carry one file's group
+    meta = {"Collective name": "allreduce", "Group size": 2, "Process Group Name": "5"}
+    paths = []
+    for rank, ranks in ((0, [0, 2]), (1, [1, 3])):
+        extra = {
+            "distributedInfo": {
+                "backend": "nccl",
+                "rank": rank,
+                "world_size": 4,
+                "pg_config": [{"pg_name": "5", "ranks": ranks}],
+            }
+        }
+        paths.append(kt.write_trace(tmp_path / f"rank{rank}.json", kt.nccl_call(0, 10, 500, meta), extra=extra))
+    got = read_kineto_files(paths, None)
+    assert [r[0].collectives["group_ranks"].to_list() for r in got] == [[[0, 2]], [[1, 3]]]
 
 
 def test_calls_sharing_a_signature_keep_their_own_seq_and_comms_id(tmp_path, kt):
