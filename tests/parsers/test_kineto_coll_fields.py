@@ -9,6 +9,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ep_trace.parsers import kineto_collectives, read_kineto
 from ep_trace.parsers.kineto_coll_fields import META_KEYS, OP_KEYS, call_signature, fields_from
@@ -179,3 +181,37 @@ def test_vectorised_grouping_equals_the_marker_rule(tmp_path, kt):
     assert c["op_name"].to_list() == ["c10d::allreduce_", "c10d::barrier", "c10d::broadcast_"]
     assert c["collective"].to_list() == ["allreduce", "barrier", "broadcast"]
     assert t.collectives.filter(pl.col("collective") == "barrier")["backend"].to_list() == ["nccl"]
+
+
+def _marker_rule(rows: list[tuple[int, int | None, int, int, int]]) -> list[int]:
+    """The grouping rule marker by marker (the reference): a marker starting before the end of its
+    thread's current root joins that call, else it is the root of the next one."""
+    out: list[int] = []
+    key = end = None
+    for f, pid, tid, s, e in rows:
+        if (f, pid, tid) != key or end is None or s >= end:
+            out.append(len(out))
+            key, end = (f, pid, tid), e
+        else:
+            out.append(out[-1])
+    return [sorted(set(out)).index(g) for g in out]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 1), st.sampled_from([None, 7]), st.integers(1, 2), st.integers(0, 60), st.integers(0, 40)
+        ),
+        max_size=40,
+    )
+)
+def test_vectorised_marker_groups_equal_the_marker_rule(markers):
+    from ep_trace.parsers.kineto_collectives import FILE, _group_ids
+
+    df = pl.DataFrame(
+        [(f, pid, tid, s, s + d) for f, pid, tid, s, d in markers],
+        schema={FILE: pl.Int32, "pid": pl.Int64, "tid": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64},
+        orient="row",
+    ).sort([FILE, "pid", "tid", "start_ns", "end_ns"], descending=[False, False, False, False, True], nulls_last=True)
+    assert _group_ids(df).to_list() == _marker_rule(df.rows())
