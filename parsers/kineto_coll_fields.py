@@ -15,6 +15,7 @@ written ``null`` (a NaN reaches here only through the stdlib-json fallback of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -23,7 +24,20 @@ from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.collective_names import normalise_collective
 from ep_trace.parsers.splits import itemsize, parse_int_list, prod
 
-__all__ = ["META_KEYS", "OP_KEYS", "call_signature", "dist_key", "fields_from", "per_call", "without_per_call"]
+__all__ = [
+    "FILE",
+    "META_KEYS",
+    "OP_KEYS",
+    "CallRows",
+    "call_signature",
+    "dist_key",
+    "fields_from",
+    "per_call",
+    "without_per_call",
+]
+
+#: Column of the events frame telling the files of a batch apart (0, 1, ... in input order).
+FILE = "_file"
 
 #: ``record_param_comms`` keys :func:`fields_from` reads, less the per-call ``Seq`` / ``Comms Id``.
 META_KEYS = (
@@ -255,3 +269,36 @@ def fields_from(
         row_bytes=row_bytes,
         peer_rank=peer,
     )
+
+
+@dataclass
+class CallRows:
+    """The collective calls of a batch as columns (Python lists, one entry per call); their fields
+    shared per signature in ``sigs`` (``sig``: the index of each call's)."""
+
+    sigs: list[dict[str, Any]]
+    sig: list[int]
+    file: list[int]
+    op_name: list[str | None]
+    op_id: list[int | None]
+    cpu_start_ns: list[int | None]
+    cpu_end_ns: list[int | None]
+    seq: list[int | None]
+    comms_id: list[int | None]
+    gloo: set[int]  # calls paired with a gloo worker range (backend 'gloo')
+
+    def add(self, fields: dict[str, Any], file: int, op_name: str) -> int:
+        """Append a call with no CPU op (fields of its own); return its index."""
+        self.sigs.append(fields)
+        self.sig.append(len(self.sigs) - 1)
+        self.file.append(file)
+        self.op_name.append(op_name)
+        self.op_id.append(None)
+        self.cpu_start_ns.append(None)
+        self.cpu_end_ns.append(None)
+        self.seq.append(fields["seq"])
+        self.comms_id.append(fields["comms_id"])
+        return len(self.sig) - 1
+
+    def field(self, i: int, name: str) -> Any:
+        return self.sigs[self.sig[i]][name]

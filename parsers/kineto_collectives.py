@@ -33,7 +33,6 @@ across the ranks of a batch), and the table's columns are built from those few d
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,14 +42,21 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.comm_classifier import is_comm_expr
 from ep_trace.parsers.collective_names import normalise_collective
-from ep_trace.parsers.kineto_coll_fields import _int, call_signature, dist_key, fields_from, per_call, without_per_call
-from ep_trace.parsers.splits import prod
+from ep_trace.parsers.kineto_coll_fields import (
+    FILE,
+    CallRows,
+    _int,
+    call_signature,
+    dist_key,
+    fields_from,
+    per_call,
+    without_per_call,
+)
+from ep_trace.parsers.kineto_gloo_workers import pair_workers
 
 __all__ = ["FileContext", "build_collectives", "normalise_collective"]
 
 _PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_functional::")
-#: Column of the events frame telling the files of a batch apart (0, 1, ... in input order).
-FILE = "_file"
 
 
 @dataclass(frozen=True)
@@ -143,39 +149,7 @@ def _group_ids(cands: pl.DataFrame) -> pl.Series:
     return pl.Series("_gid", out, dtype=g["_gid"].dtype)
 
 
-@dataclass
-class _Rows:
-    """The calls as columns (Python lists, one entry per call); fields shared per signature in ``sigs``."""
-
-    sigs: list[dict[str, Any]]
-    sig: list[int]
-    file: list[int]
-    op_name: list[str | None]
-    op_id: list[int | None]
-    cpu_start_ns: list[int | None]
-    cpu_end_ns: list[int | None]
-    seq: list[int | None]
-    comms_id: list[int | None]
-    gloo: set[int]  # calls paired with a gloo worker range (backend 'gloo')
-
-    def add(self, fields: dict[str, Any], file: int, op_name: str) -> int:
-        """Append a call with no CPU op (fields of its own); return its index."""
-        self.sigs.append(fields)
-        self.sig.append(len(self.sigs) - 1)
-        self.file.append(file)
-        self.op_name.append(op_name)
-        self.op_id.append(None)
-        self.cpu_start_ns.append(None)
-        self.cpu_end_ns.append(None)
-        self.seq.append(fields["seq"])
-        self.comms_id.append(fields["comms_id"])
-        return len(self.sig) - 1
-
-    def field(self, i: int, name: str) -> Any:
-        return self.sigs[self.sig[i]][name]
-
-
-def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl.DataFrame, pl.DataFrame]:
+def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[CallRows, pl.DataFrame, pl.DataFrame]:
     """The calls of the marker groups: ``(rows, roots, ext)`` with ``roots`` (_call, file, thread,
     root interval) and ``ext`` (file, External id, _call) of their members, in call / member order."""
     kind = pl.col("_kind")
@@ -243,7 +217,7 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl
     is_call = pl.Series(keep, dtype=pl.Boolean)
     call_of_group = pl.select(pl.when(is_call).then(is_call.cast(pl.Int64).cum_sum() - 1)).to_series()
     calls = agg.filter(is_call).with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"))
-    rows = _Rows(
+    rows = CallRows(
         sigs,
         sig,
         calls[FILE].to_list(),
@@ -265,23 +239,12 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[_Rows, pl
     return rows, roots, ext
 
 
-def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Collective calls of the files of a batch (see the module doc); each file is one rank.
-
-    Args:
-        ev: Linked events frame of the batch (:data:`FILE`, event_id, kind, name, pid, tid,
-            start_ns, end_ns, correlation, external_id, launch_id); ids are per file.
-        files: One context per file, indexed by the :data:`FILE` column.
-
-    Returns:
-        ``(collectives, coll_of_event)``: the conformed table plus its :data:`FILE` column, in file
-        order, and (:data:`FILE`, event_id, coll_id) of the kernels / worker ranges implementing
-        each call.
-    """
+def _kernel_members(
+    ev: pl.DataFrame, rows: CallRows, roots: pl.DataFrame, ext: pl.DataFrame, files: Sequence[FileContext]
+) -> pl.DataFrame:
+    """(file, event_id, _call) of the kernels implementing each call; kernels carrying collective
+    metadata whose CPU op is outside the window become calls of their own (added to ``rows``)."""
     file_dtype = ev.schema[FILE]
-    rows, roots, ext = _calls(_candidates(ev, files), files)
-    roots = roots.with_columns(pl.col(FILE).cast(file_dtype)).sort("_rs")
-    ext = ext.with_columns(pl.col(FILE).cast(file_dtype))
     # Kernels implementing each call: launched inside the call's root interval on its thread ...
     # (columns first, then rows: a filter of the whole frame copies every column of the kept rows)
     kind = ev.get_column("kind")
@@ -340,83 +303,32 @@ def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[p
     # Only communication kernels count when a call launched some (copies around a collective do not).
     k = k.with_columns(is_comm_expr(pl.col("name")).alias("_comm"))
     k = k.filter(pl.col("_comm") | ~pl.col("_comm").any().over("_call"))
-    members = _pair_workers(ev, rows, set(k["_call"].unique().to_list()), k.select(FILE, "event_id", "_call"), files)
+    return k.select(FILE, "event_id", "_call")
+
+
+def build_collectives(ev: pl.DataFrame, files: Sequence[FileContext]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Collective calls of the files of a batch (see the module doc); each file is one rank.
+
+    Args:
+        ev: Linked events frame of the batch (:data:`FILE`, event_id, kind, name, pid, tid,
+            start_ns, end_ns, correlation, external_id, launch_id); ids are per file.
+        files: One context per file, indexed by the :data:`FILE` column.
+
+    Returns:
+        ``(collectives, coll_of_event)``: the conformed table plus its :data:`FILE` column, in file
+        order, and (:data:`FILE`, event_id, coll_id) of the kernels / worker ranges implementing
+        each call.
+    """
+    file_dtype = ev.schema[FILE]
+    rows, roots, ext = _calls(_candidates(ev, files), files)
+    roots = roots.with_columns(pl.col(FILE).cast(file_dtype)).sort("_rs")
+    ext = ext.with_columns(pl.col(FILE).cast(file_dtype))
+    if (ev.get_column("kind") == "gpu_kernel").any():
+        k = _kernel_members(ev, rows, roots, ext, files)
+    else:  # a CPU trace (gloo): no kernel to assign, no orphan metadata copy (~15 queries on empty frames)
+        k = pl.DataFrame(schema={FILE: file_dtype, "event_id": pl.Int64, "_call": pl.Int64})
+    members = pair_workers(ev, rows, set(k["_call"].unique().to_list()), k, files)
     return _finish(rows, members, ev, files)
-
-
-#: How far down the queue of issued calls a gloo worker range may be paired out of order.
-#: ProcessGroupGloo runs async work on 2 worker threads (torch default) that pop one FIFO queue, so
-#: two calls issued back to back can start within microseconds of each other on different threads,
-#: in either order (seen in the chunked demo under load: a 2 ms dispatch and a 20 ms combine both
-#: starting at the same microsecond); order alone then pairs them crosswise.
-_REORDER_WINDOW = 4
-
-
-def _worker_nelems(args: dict[str, Any] | None) -> int | None:
-    """Elements of a gloo worker range's input tensor (its ``Input Dims``, record_shapes=True)."""
-    dims = (args or {}).get("Input Dims") or []
-    return prod(dims[0]) if dims and isinstance(dims[0], list) and dims[0] else None
-
-
-def _pair_workers(
-    ev: pl.DataFrame,
-    rows: _Rows,
-    with_kernels: set[int],
-    members: pl.DataFrame,
-    files: Sequence[FileContext],
-) -> pl.DataFrame:
-    """Pair gloo worker ranges with the calls that launched no kernel: in start order per file and
-    family, each with the first of the next :data:`_REORDER_WINDOW` issued calls whose input size
-    equals the range's ``Input Dims`` (the oldest call when sizes are unknown or none agrees).
-
-    One pass over column lists (the queue of issued calls makes each step depend on the previous)."""
-    workers = ev.select(FILE, "event_id", "name", "start_ns").filter(ev.get_column("kind") == "comm_worker")
-    if workers.height == 0:
-        return members
-    fam = {"all_to_allv": "all_to_all"}
-    family: dict[str, str] = {}  # worker / call name -> family, memoised (few distinct names)
-    in_nelems = [rows.field(i, "in_nelems") for i in range(len(rows.sig))]
-    pairs = []
-    for w_file in workers.partition_by(FILE, maintain_order=True):
-        fi = w_file[FILE][0]
-        kept = files[fi].kept
-        pending: dict[str, deque[int]] = {}
-        for i in sorted(
-            (
-                i
-                for i in range(len(rows.sig))
-                if rows.file[i] == fi and i not in with_kernels and rows.field(i, "backend") != "nccl"
-            ),
-            key=lambda i: rows.cpu_start_ns[i] or 0,
-        ):
-            c = rows.field(i, "collective")
-            pending.setdefault(fam.get(c, c), deque()).append(i)
-        w_sorted = w_file.sort("start_ns")
-        for eid, name in zip(w_sorted["event_id"].to_list(), w_sorted["name"].cast(pl.Utf8).to_list(), strict=True):
-            fm = family.get(name)
-            if fm is None:
-                f = normalise_collective(name)
-                fm = family[name] = fam.get(f, f)
-            queue = pending.get(fm)
-            if queue:
-                want = _worker_nelems(kept.get(eid))
-                j = (
-                    0  # the oldest call: sizes unknown, or it agrees (the usual case, tested first)
-                    if want is None or in_nelems[queue[0]] == want
-                    else next((k for k in range(1, min(len(queue), _REORDER_WINDOW)) if in_nelems[queue[k]] == want), 0)
-                )
-                i = queue[j]
-                del queue[j]
-                rows.gloo.add(i)
-            else:
-                w = {"name": name, "event_id": eid}
-                fields = fields_from({}, w, {"title": w}, kept, {}, None, "")
-                fields["backend"] = "gloo"
-                i = rows.add(fields, fi, name)
-                in_nelems.append(fields["in_nelems"])
-            pairs.append((fi, eid, i))
-    wk = pl.DataFrame(pairs, schema={FILE: members.schema[FILE], "event_id": pl.Int64, "_call": pl.Int64}, orient="row")
-    return pl.concat([members, wk])
 
 
 #: Python types whose values polars converts one by one for a column of each dtype group (a column of
@@ -437,7 +349,7 @@ def _plain(values: list[Any], dtype: pl.DataType) -> bool:
     return False
 
 
-def _columns(rows: _Rows) -> list[pl.Series]:
+def _columns(rows: CallRows) -> list[pl.Series]:
     """The table's columns from the rows: per-signature fields built once per signature and gathered
     (a list column from 2,000 Python lists cost ~20 ms), the per-call ones from their lists."""
     per_call: dict[str, list[Any]] = {
@@ -464,7 +376,7 @@ def _columns(rows: _Rows) -> list[pl.Series]:
 
 
 def _finish(
-    rows: _Rows, members: pl.DataFrame, ev: pl.DataFrame, files: Sequence[FileContext]
+    rows: CallRows, members: pl.DataFrame, ev: pl.DataFrame, files: Sequence[FileContext]
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Assemble the table: device activity, host-interval fallback, coll_id and ordinal (per file)."""
     file_dtype = ev.schema[FILE]
