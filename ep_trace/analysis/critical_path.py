@@ -67,16 +67,6 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     order = np.lexsort((s, group))
     last_of_group = np.zeros(int(group.max()) + 1, dtype=np.int64)
     last_of_group[group[order]] = order  # later rows overwrite: the latest start wins
-    w = g.work
-    wnode = w["node"].to_numpy()
-    ws, we = w["start_ns"].to_numpy(), w["end_ns"].to_numpy()
-    # the labels as small codes: a Python list of every piece's strings cost ~200 MB over 4,096
-    # param DLRM ranks (2.2 M pieces), and the walk below reads only the pieces on the path
-    wcause = _Labels(w["cause"])
-    wstage = _Labels(w["stage"])
-    wrank = w["rank"].to_numpy()
-    lo = np.searchsorted(wnode, np.arange(n.height), "left")
-    hi = np.searchsorted(wnode, np.arange(n.height), "right")
     starts = g.starts
     st_start = {(int(r), int(t)): int(x) for r, t, x in starts.select("rank", "step", "start_ns").iter_rows()}
     end_node: dict[tuple[int, int], int] = {(int(rank[i]), int(step[i])): int(i) for i in np.flatnonzero(kind == "end")}
@@ -84,9 +74,13 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
         ["step", "_l", "rank"], descending=[False, True, False]
     )
     crit = lengths.unique("step", keep="first", maintain_order=True)
-    rows: list[tuple[int, int, int, int, str, str | None, str]] = []
+    # the walk first, the work pieces after: the walk visits few nodes (a chain per step), so only
+    # their pieces are read (every piece's columns as arrays cost ~65 MB of the peak over 4,096
+    # param DLRM ranks, 2.3 M pieces); an int in a step's list stands for that node's pieces, in
+    # the order the walk met them (``_tile`` sorts stably: the order decides ties)
+    walks: list[tuple[int, int, int, int, list[_Seg | int]]] = []
     for stp, rho, t_lo, t_hi in crit.select("step", "rank", "start_ns", "end_ns").iter_rows():
-        seg: list[tuple[int, int, int, str, str | None, str]] = []
+        seg: list[_Seg | int] = []
         cur: int | None = end_node.get((int(rho), int(stp)))
         guard = 0
         while cur is not None and guard < n.height + 1:
@@ -105,9 +99,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
                         j = int(last_of_group[group[i]]) if full[i] else int(peer[i])
                         if j >= 0 and j != i:
                             i = j
-            for k in range(lo[i], hi[i]):
-                cause_k, stage_k = str(wcause[k]), wstage[k]  # cause is never null
-                seg.append((int(wrank[k]), int(ws[k]), int(we[k]), cause_k, stage_k, stage_k or cause_k))
+            seg.append(i)
             if pred[i] >= 0:
                 cur = int(pred[i])
                 if e[cur] <= t_lo:
@@ -119,7 +111,12 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
                     (int(rho), int(t_lo), int(q0), "barrier_wait", None, f"rank {int(rank[i])} not yet in the step")
                 )
             break
-        rows += _tile(int(stp), seg, int(t_lo), int(t_hi), int(rho))
+        walks.append((int(stp), int(rho), int(t_lo), int(t_hi), seg))
+    pieces = _pieces(g.work, {x for *_, seg in walks for x in seg if isinstance(x, int)})
+    rows: list[tuple[int, int, int, int, str, str | None, str]] = []
+    for stp, rho, t_lo, t_hi, seg in walks:
+        full_seg = [p for x in seg for p in (pieces.get(x, []) if isinstance(x, int) else [x])]
+        rows += _tile(stp, full_seg, t_lo, t_hi, rho)
     if not rows:
         return pl.DataFrame(schema=CP_SCHEMA)
     out = pl.DataFrame(rows, schema={c: t for c, t in CP_SCHEMA.items() if c != "seq"}, orient="row")
@@ -131,17 +128,18 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     )
 
 
-class _Labels:
-    """``labels[k]``: the k-th value of a String column (None for null), stored as integer codes."""
+_Seg = tuple[int, int, int, str, str | None, str]
 
-    def __init__(self, s: pl.Series) -> None:
-        text: list[str] = s.drop_nulls().unique().cast(pl.Utf8).sort().to_list()
-        self.values: list[str | None] = [*text, None]
-        codes = s.cast(pl.Enum(text)).to_physical().fill_null(len(text))
-        self.codes = codes.to_numpy()
 
-    def __getitem__(self, k: int) -> str | None:
-        return self.values[int(self.codes[k])]
+def _pieces(work: pl.DataFrame, nodes: set[int]) -> dict[int, list[_Seg]]:
+    """The work pieces of ``nodes`` as path segments, per node in ``start_ns`` order (the work's row order)."""
+    w = work.filter(pl.col("node").is_in(sorted(nodes)))
+    out: dict[int, list[_Seg]] = {}
+    for node, rank, start, end, cause, stage in w.select(
+        "node", "rank", "start_ns", "end_ns", pl.col("cause").cast(pl.Utf8), pl.col("stage").cast(pl.Utf8)
+    ).iter_rows():
+        out.setdefault(int(node), []).append((int(rank), int(start), int(end), str(cause), stage, stage or cause))
+    return out
 
 
 def _tile(

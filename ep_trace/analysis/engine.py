@@ -217,6 +217,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     stalls = rank_pass.by_block(
         blocks, lambda b, m, a, r: host_stalls(b, m, a, mode, r), first_pass.blocking, matched, act, arrivals
     )
+    # the blocking host calls (512 k rows over 4,096 param DLRM ranks) are read only by the stalls:
+    # freed before the step graph, the analysis' peak
+    gap_floor = first_pass.gap_floor
+    del first_pass
     stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
 
     say("model", 7, total)
@@ -242,7 +246,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         lambda: rank_pass.chunk_cost(tables, blocks, stage_df, mode),
         # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
         frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") == "profiler_step")["rank"].to_list()),
-        first_pass.gap_floor if gpu_ranks else None,
+        gap_floor if gpu_ranks else None,
     )
     # only the model's small frames are kept: the graph's node and work tables are freed here
     replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif

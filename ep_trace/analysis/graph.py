@@ -41,7 +41,7 @@ from ep_trace.analysis.intervals import range_join, union
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
 
-__all__ = ["StepGraph", "build_graph"]
+__all__ = ["StepGraph", "build_graph", "WORK_SCHEMA"]
 
 _NODE_SCHEMA: dict[str, PolarsDataType] = {
     "node": pl.Int64,
@@ -78,10 +78,11 @@ class StepGraph:
             -1 = the step start), ``peer`` (node of ``waited_for`` in the same call, -1 if none),
             ``gap_ns`` (lead gap), ``group`` (nodes joined by one call share it).
         starts: ``rank, step, start_ns, end_ns`` (aligned step windows; ``rs`` = row index).
-        work: Decomposition of the lead gaps: ``node, rank, step, cause`` (an Enum of
+        work: Decomposition of the lead gaps (:data:`WORK_SCHEMA`): ``node, rank, cause`` (an Enum of
             :data:`WORK_CAUSES`: 'compute' | 'copy' | 'host_stall' | 'launch_gap'), ``stage``
             (nullable Categorical), ``layer`` (nullable),
-            ``start_ns, end_ns`` (aligned, disjoint within a node; they tile its gap).
+            ``start_ns, end_ns`` (aligned, disjoint within a node; they tile its gap). A piece's
+            step is its node's (``nodes["step"][node]``).
     """
 
     nodes: pl.DataFrame
@@ -122,6 +123,20 @@ def _call_nodes(calls: pl.DataFrame, call_ranks: pl.DataFrame) -> pl.DataFrame:
 
 #: Values of ``StepGraph.work.cause``.
 WORK_CAUSES = ("compute", "copy", "host_stall", "launch_gap")
+#: Columns of ``StepGraph.work``: 33 bytes a piece (2.3 M pieces over 4,096 param DLRM ranks: ~76 MB,
+#: the largest table of the analysis). An Enum / a Categorical: 1 / 4 bytes a row where a String
+#: costs 16, compared with literals as strings are; ``node`` fits 32 bits (one node per call and
+#: rank), and the piece's rank and step are its node's (a gap is tiled with its own rank's work):
+#: no ``step`` column (8 bytes a piece), read through ``node`` from ``nodes`` where needed.
+WORK_SCHEMA: dict[str, PolarsDataType] = {
+    "node": pl.Int32,
+    "rank": pl.Int32,
+    "cause": pl.Enum(WORK_CAUSES),
+    "stage": pl.Categorical(),
+    "layer": pl.Int32,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+}
 
 
 def build_graph(
@@ -293,18 +308,7 @@ def _work(
     stalls: pl.DataFrame,
 ) -> pl.DataFrame:
     """Tile every lead gap with compute / copy / host_stall / launch_gap pieces, split by stage windows."""
-    schema: dict[str, PolarsDataType] = {
-        "node": pl.Int64,
-        "rank": pl.Int32,
-        "step": pl.Int64,
-        # an Enum / a Categorical: 1 / 4 bytes a row where a String costs 16 (2.2 M pieces over
-        # 4,096 param DLRM ranks); compared with literals as strings are
-        "cause": pl.Enum(WORK_CAUSES),
-        "stage": pl.Categorical(),
-        "layer": pl.Int32,
-        "start_ns": pl.Int64,
-        "end_ns": pl.Int64,
-    }
+    schema = WORK_SCHEMA
     g = nodes.filter(pl.col("gap_ns") > 0).select(
         "node", "rank", "step", (pl.col("start_ns") - pl.col("gap_ns")).alias("g_s"), pl.col("start_ns").alias("g_e")
     )
@@ -429,7 +433,6 @@ def _work(
             "start_ns",
             "end_ns",
         )
-    out = out.join(nodes.select("node", "step"), on="node")
     return out.select(list(schema)).cast(pl.Schema(schema)).sort("node", "start_ns")
 
 

@@ -196,8 +196,9 @@ def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -
     w = (
         g.work.lazy()
         .filter(pl.col("stage") == "expert")
-        .group_by(["node", "rank", "step", "layer"])
+        .group_by(["node", "rank", "layer"])
         .agg((pl.col("end_ns") - pl.col("start_ns")).sum().cast(pl.Float64).alias("_E"))
+        .pipe(_with_step, g)
         .join(L.lazy(), on=["step", "layer", "rank"], how="inner", maintain_order="left")
         .group_by("node")
         .agg(pl.col("_E").sum(), pl.col("_L").sum())
@@ -220,6 +221,17 @@ def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -
     return out
 
 
+def _with_step(work: pl.LazyFrame, g: StepGraph) -> pl.LazyFrame:
+    """``work`` (rows of ``g.work``, or aggregates per node) with each piece's ``step`` (its node's)
+    after ``rank``, ``node`` as the nodes' Int64."""
+    steps = g.nodes.lazy().select("node", "step")
+    return (
+        work.with_columns(pl.col("node").cast(pl.Int64))
+        .join(steps, on="node", how="left", maintain_order="left")
+        .select("node", "rank", "step", pl.exclude("node", "rank", "step"))
+    )
+
+
 def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, list[int]]:
     """Gap reduction (negative = lengthening) of expert compute scaled to the mean load."""
     z = np.zeros(g.nodes.height)
@@ -235,7 +247,8 @@ def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, l
     w = (
         g.work.lazy()
         .filter((pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
-        .select("node", "rank", "step", "layer", "start_ns", "end_ns")
+        .select("node", "rank", "layer", "start_ns", "end_ns")
+        .pipe(_with_step, g)
         .join(f_layer.lazy(), on=["step", "layer", "rank"], how="left", maintain_order="left")
         .join(f_step.lazy(), on=["step", "rank"], how="left", maintain_order="left")
         .with_columns(pl.coalesce("_f", "_fs").alias("_f"))
