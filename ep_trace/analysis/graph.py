@@ -29,7 +29,7 @@ step end (:mod:`ep_trace.analysis.replay`); edits of the gaps and transfers are 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,7 +144,7 @@ def build_graph(
     offsets: pl.DataFrame,
     calls: pl.DataFrame,
     call_ranks: pl.DataFrame,
-    activity: pl.DataFrame,
+    activity: pl.DataFrame | Iterator[pl.DataFrame],
     stages: pl.DataFrame,
     stalls: pl.DataFrame,
     unmatched: pl.DataFrame | None = None,
@@ -157,7 +157,11 @@ def build_graph(
         offsets: ``rank, offset_ns`` (clock alignment added to the rank's times).
         calls: ``Analysis.calls``.
         call_ranks: ``Analysis.call_ranks`` (aligned clock).
-        activity: Device activity (``analysis.activity``; own clock) with ``cls``.
+        activity: Device activity (``analysis.activity``; own clock) with ``cls``; or an iterator of
+            its rows per rank block, in ``rank_blocks`` order (one frame for all ranks when
+            ``rank_blocks`` has at most one block): each block's rows are read once, so a caller that
+            keeps no other reference (:func:`ep_trace.analysis.rank_pass.drain_blocks`) frees them as
+            the work pieces grow.
         stages: Stage rows (own clock): ``rank, stage, layer, cpu_start_ns, cpu_end_ns, start_ns, end_ns``.
         stalls: Host stalls (own clock): ``rank, start_ns, end_ns`` (the device-idle blocking calls).
         unmatched: Collectives that could not be matched (``rank, step, collective, start_ns,
@@ -241,11 +245,14 @@ def build_graph(
         def of(df: pl.DataFrame, b: tuple[int, int]) -> pl.DataFrame:
             return df.filter(pl.col("rank").is_between(b[0], b[1]))
 
+        def act_of(b: tuple[int, int]) -> pl.DataFrame:
+            return next(activity) if isinstance(activity, Iterator) else of(activity, b)
+
         work = pl.concat(
-            [_work(of(nodes, b), starts, off, of(activity, b), of(stages, b), of(stalls, b)) for b in rank_blocks]
+            [_work(of(nodes, b), starts, off, act_of(b), of(stages, b), of(stalls, b)) for b in rank_blocks]
         )
     else:
-        work = _work(nodes, starts, off, activity, stages, stalls)
+        work = _work(nodes, starts, off, next(activity) if isinstance(activity, Iterator) else activity, stages, stalls)
     return StepGraph(nodes=nodes, starts=starts, work=work)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "first_pass",
     "second_pass",
     "by_block",
+    "drain_blocks",
     "chunk_cost",
     "hta_overlap",
 ]
@@ -298,6 +299,18 @@ def by_block(blocks: Blocks, fn: Callable[..., pl.DataFrame], *frames: pl.DataFr
     if len(blocks) <= 1:
         return fn(*frames)
     return _concat([fn(*(f.filter(_in(b)) for f in frames)) for b in blocks])
+
+
+def drain_blocks(df: pl.DataFrame, blocks: Blocks) -> Iterator[pl.DataFrame]:
+    """The rows of each block of ``df`` (all of it for at most one block), in block order, each
+    released once the consumer moves to the next: ``df`` itself is dropped when the first block is
+    taken, so a caller that keeps no other reference to it holds one copy of the rows, shrinking,
+    instead of all of them while what it builds from them grows (the step graph's work pieces)."""
+    parts = [df] if len(blocks) <= 1 else [df.filter(_in(b)) for b in blocks]
+    del df
+    parts.reverse()
+    while parts:
+        yield parts.pop()
 
 
 def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode: dict[int, str]) -> dict[int, float]:
