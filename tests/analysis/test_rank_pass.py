@@ -14,7 +14,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from ep_trace.analysis import AnalysisConfig, analyze
-from ep_trace.analysis.rank_pass import rank_blocks
+from ep_trace.analysis.rank_pass import _own_strings, drain_blocks, rank_blocks
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import read_trace_dir
 from ep_trace.parsers.parquet_io import ingest_to
@@ -123,3 +123,38 @@ def test_bad_partition_names_its_file(tmp_path, external_dir):
     with pytest.raises(TraceFormatError) as exc:
         read_parquet(tmp_path / "t", lazy_events=True)
     assert str(part) in str(exc.value) and "events[3]" in str(exc.value)
+
+
+def test_own_strings_keeps_values_nulls_and_order():
+    long = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>" * 3
+    df = pl.DataFrame({"name": [long, None, "x", long, "", "x"], "n": [1, 2, 3, 4, 5, 6]})
+    out = _own_strings(df.filter(pl.col("n") != 3))
+    assert out.schema == df.schema
+    assert out.to_dicts() == df.filter(pl.col("n") != 3).to_dicts()
+    assert _own_strings(df.head(0)).schema == df.schema
+    assert _own_strings(pl.DataFrame({"name": [None, None]}, schema={"name": pl.Utf8}))["name"].null_count() == 2
+
+
+def _text_bytes(s: pl.Series) -> int:
+    """Bytes of the data buffers behind a String column (views and validity left out)."""
+    arr = s.to_arrow(compat_level=pl.CompatLevel.newest())
+    return sum(b.size for b in arr.buffers()[2:] if b is not None)
+
+
+def test_own_strings_rows_share_one_copy_of_each_distinct_text():
+    # 2,000 rows of two 2 kB names, cut out of a frame with more text: each distinct text stored
+    # once (a Categorical round trip copied every row's text: 4 MB; a plain filter keeps every buffer)
+    a, b = "a" * 2_000, "b" * 2_000
+    df = pl.DataFrame({"name": [a, b] * 1_000 + ["c" * 2_000] * 1_000, "i": range(3_000)})
+    s = _own_strings(df.filter(pl.col("i") < 2_000))["name"]
+    assert s.to_list() == [a, b] * 1_000
+    assert _text_bytes(s) == 4_000
+    assert _text_bytes(s.cast(pl.Categorical()).cast(pl.Utf8)) >= 4_000_000
+
+
+def test_drain_blocks_yields_each_block_once_in_order():
+    df = pl.DataFrame({"rank": [0, 0, 1, 2, 2, 3], "v": [1, 2, 3, 4, 5, 6]})
+    parts = list(drain_blocks(df, ((0, 1), (2, 2), (3, 3))))
+    assert [p["v"].to_list() for p in parts] == [[1, 2, 3], [4, 5], [6]]
+    (whole,) = drain_blocks(df, ((0, 3),))
+    assert_frame_equal(whole, df)
