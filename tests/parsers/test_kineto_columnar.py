@@ -88,6 +88,7 @@ def _ev(i: int, **over):
         {"cat": "gpu_memset", "args": {"bytes": "4096"}},  # quoted: reader error -> orjson path -> error
         {"cat": "kernel", "name": "nccl:all_reduce", "args": {"Collective name": None, "correlation": 9}},
         {"cat": "kernel", "args": {"Collective name": None}},  # key present, null: still kept
+        {"cat": "cpu_op", "args": {"Collective name": None}},  # not a kernel: no effect, text not counted
         {
             "name": "record_param_comms",
             "args": {"Collective name": "all_to_allv", "Comms Id": 10159970886766084423, "In split size": "[1, 2]"},
