@@ -44,7 +44,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import allocator, kineto_columnar, kineto_json, kineto_stream, validate
+from ep_trace.parsers import allocator, gc_pause, kineto_columnar, kineto_json, kineto_stream, validate
 from ep_trace.parsers.kineto_batch import Decoded, finish_files
 
 __all__ = [
@@ -386,7 +386,8 @@ def read_kineto_file(path: str | Path, rank: int | None = None) -> tuple[schema.
     Raises:
         TraceFormatError: one line naming the file (and ``traceEvents[i]``) for bad input.
     """
-    tables, info = finish_files([decode_kineto_file(path, rank)])[0]
+    with gc_pause.paused():  # (the kept args are ~47k containers per 50 MB rank: see gc_pause)
+        tables, info = finish_files([decode_kineto_file(path, rank)])[0]
     return tables, info  # type: ignore[return-value]
 
 

@@ -18,7 +18,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import EpTraceError
-from ep_trace.parsers import validate
+from ep_trace.parsers import gc_pause, validate
 from ep_trace.parsers.input_guard import NOT_A_TRACE, guarded, rank_for
 from ep_trace.parsers.kineto import decode_kineto_file
 from ep_trace.parsers.kineto_batch import finish_files
@@ -68,6 +68,14 @@ def read_kineto_files(
         stop_at_error: Stop decoding at the first error that is not :data:`NOT_A_TRACE` (the
             list is then shorter).
     """
+    with gc_pause.paused():  # the batch's kept args live until its collectives are built: see gc_pause
+        return _read_kineto_files(paths, rank_map, stop_at_error)
+
+
+def _read_kineto_files(
+    paths: list[Path], rank_map: Mapping[object, int] | None, stop_at_error: bool
+) -> list[tuple[schema.TraceTables, Any] | EpTraceError]:
+    """:func:`read_kineto_files`, the collector held off by the caller."""
     out: list[tuple[schema.TraceTables, Any] | EpTraceError | None] = []
     decoded = []
     for p in paths:
