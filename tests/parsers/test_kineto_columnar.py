@@ -356,3 +356,23 @@ def test_compact_cuts_equal_the_regex_whatever_the_blanks(text):
         assert list(zip(ends.tolist(), nexts.tolist(), strict=True)) == regex
     else:  # the count is off: the caller's check sends the slice to orjson
         assert len(ends) != 2
+
+
+@pytest.mark.parametrize("null_at", [5, 190])  # in the first piece of the slice, or a later one
+def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monkeypatch, null_at):
+    """Only the pieces holding an X kernel without a ``Collective name`` are counted: a null one
+    there sends the slice to orjson (which keeps that kernel's args); one on a CPU op does not."""
+    events = [_ev(i) for i in range(200)]
+    events[100] = _ev(100, cat="cpu_op", args={"Collective name": None})  # in a piece of no kernel: no effect
+    events[null_at] = _ev(null_at, cat="kernel", name="ncclDevKernel_AllReduce", args={"Collective name": None})
+    p = _write(tmp_path, "t.json", events)
+    monkeypatch.setattr(kineto_json, "CHUNK_BYTES", 64 << 10)  # one slice of several ~8 KB pieces
+    fast: list[bool] = []
+    real = kineto_columnar._work
+    monkeypatch.setattr(kineto_columnar, "_work", lambda *a: (r := real(*a), fast.append(r is not None))[0])
+    _, kept = _same_decode(p)
+    assert kept == 1 and fast == [False]
+    events[null_at] = _ev(null_at, cat="kernel", name="ncclDevKernel_AllReduce")  # no key: nothing to count
+    p = _write(tmp_path, "u.json", events)
+    fast.clear()
+    assert _same_decode(p)[1] == 0 and fast == [True]
