@@ -12,6 +12,8 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   Steps 0 and 1 are left out (the first pair after profiler start-up). ``--steps`` is per side
   here; the steps of all runs are pooled (medians, 95 % bootstrap interval of the difference; A / B
   spreads are the steps' interquartile ranges).
+* skew_ab: the skew pair inside one run (``--skew hot:1:0.45 --alt-skew uniform``, 2048 tokens),
+  predicted = ``balanced_routing`` from each skewed step analysed alone.
 * readme: the README example, 4 ranks ``--skew zipf:1.2 --straggler 2:30`` vs ``--skew zipf:1.2`` (512 tokens);
   predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
 
@@ -31,6 +33,7 @@ Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import subprocess
@@ -124,8 +127,14 @@ def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, objec
     }
 
 
-#: name -> (K, tokens): chunks pairs measured inside one run (even steps 1 chunk, odd steps K).
-AB_PAIRS = {"chunks_ab": (4, 2048), "chunks8_ab": (8, 2048), "chunks_ab_small": (4, 512)}
+#: name -> (demo args, what-if, k, tokens): pairs measured inside one run, A on even steps (the
+#: cause: 1 chunk, or the skew), B on odd steps (K chunks, or uniform routing).
+AB_PAIRS = {
+    "chunks_ab": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 2048),
+    "chunks8_ab": (["--chunks", "1", "--alt-chunks", "8"], "chunked_pipeline", 8, 2048),
+    "chunks_ab_small": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 512),
+    "skew_ab": (["--skew", "hot:1:0.45", "--alt-skew", "uniform"], "balanced_routing", None, 2048),
+}
 
 
 def _median_diff_ci(a: list[float], b: list[float], n: int = 2000) -> tuple[float, float]:
@@ -145,13 +154,14 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
     medians of all A and all B steps, with a bootstrap interval; the prediction is the median of
     ``chunked_pipeline`` over ``predict_steps`` A steps per run, each analysed alone.
     """
-    k, tokens = AB_PAIRS[name]
+    demo_args, scenario, k, tokens = AB_PAIRS[name]
+    cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
     a_all: list[float] = []
     b_all: list[float] = []
     pred, diffs = [], []
     for i in range(repeats):
         d = work / f"{name}_{i}"
-        _demo(d, ["--chunks", "1", "--alt-chunks", str(k)], 2 * steps + 2, tokens, 2)
+        _demo(d, demo_args, 2 * steps + 2, tokens, 2)
         an = ep_trace.load([d], config=AnalysisConfig(steps=(2, 2 * steps + 1)))
         per = an.steps.group_by("step").agg(pl.col("step_time_ns").mean())
         a_steps = per.filter(pl.col("step") % 2 == 0)["step_time_ns"].to_list()
@@ -162,8 +172,8 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
         picks = np.unique(np.linspace(0, steps - 1, min(predict_steps, steps)).round().astype(int))
         for j in picks:
             s = 2 + 2 * int(j)
-            a1 = ep_trace.load([d], config=AnalysisConfig(steps=(s, s), whatif_chunks=(k,)))
-            p = _predicted(a1, "chunked_pipeline")
+            a1 = ep_trace.load([d], config=dataclasses.replace(cfg, steps=(s, s)))
+            p = _predicted(a1, scenario)
             if p is not None:
                 pred.append(p)
         shutil.rmtree(d, ignore_errors=True)
@@ -176,7 +186,7 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
     return {
         "pair": f"{name} ({tokens} tokens, in-run A/B, {len(a_all)} + {len(b_all)} steps; 95% CI of the "
         f"measured saving {lo / 1e6:.1f}..{hi / 1e6:.1f}; per-run {min(diffs) / 1e6:.1f}..{max(diffs) / 1e6:.1f})",
-        "scenario": f"chunked_pipeline (k={k})",
+        "scenario": scenario + (f" (k={k})" if k else ""),
         "A_ms": ma / 1e6,
         "A_spread_ms": (qa[0] / 1e6, qa[1] / 1e6),  # interquartile range of the steps
         "B_ms": mb / 1e6,

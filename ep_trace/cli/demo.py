@@ -37,6 +37,10 @@ def demo(
             "--alt-chunks", help="Odd steps run this many chunks instead (an A/B of pipelining in one run; 0 = off)."
         ),
     ] = 0,
+    alt_skew: Annotated[
+        Optional[str],
+        typer.Option("--alt-skew", help="Odd steps route with this skew instead (an A/B of routing in one run)."),
+    ] = None,  # noqa: UP045 - typer needs Optional on 3.10
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
     backward: Annotated[
@@ -71,7 +75,7 @@ def demo(
     cfg = DemoConfig(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
-        backward=backward, link_latency_ms=link_latency_ms,
+        backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

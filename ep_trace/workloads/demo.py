@@ -64,6 +64,8 @@ class DemoConfig:
             machine state (thread placement, load) and only the chunking differs. Used by
             ``benchmarks/whatif_validate.py``, where run-to-run spread of separate runs on shared
             cores was larger than the saving at stake. 0 = off.
+        alt_skew: When set, the odd traced steps route with this skew spec instead of ``skew``
+            (the same in-run A/B for routing imbalance). ``None`` = off.
     """
 
     ranks: int = 4
@@ -81,7 +83,9 @@ class DemoConfig:
     backward: bool = False
     link_latency_ms: float = 0.0
     alt_chunks: int = 0
+    alt_skew: str | None = None
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
+    alt_skew_spec: SkewSpec | None = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +121,8 @@ class DemoConfig:
                 f"--experts: {self.experts} is not a multiple of --ranks {self.ranks} (each rank owns E/W experts)"
             )
         object.__setattr__(self, "skew_spec", parse_skew(self.skew, self.experts, self.top_k))
+        alt = None if self.alt_skew is None else parse_skew(self.alt_skew, self.experts, self.top_k, "--alt-skew")
+        object.__setattr__(self, "alt_skew_spec", alt)
         object.__setattr__(self, "straggler_spec", parse_straggler(self.straggler, self.ranks))
 
     @property
@@ -127,6 +133,10 @@ class DemoConfig:
     def chunks_at(self, step: int) -> int:
         """Chunks of traced step ``step`` (``alt_chunks`` on odd steps when set; warm-up steps < 0 too)."""
         return self.alt_chunks if self.alt_chunks and step % 2 else self.chunks
+
+    def skew_at(self, step: int) -> SkewSpec:
+        """Skew of traced step ``step`` (``alt_skew`` on odd steps when set)."""
+        return self.alt_skew_spec if self.alt_skew_spec is not None and step % 2 else self.skew_spec
 
     @property
     def experts_per_rank(self) -> int:
@@ -147,6 +157,7 @@ class DemoConfig:
             "steps": self.steps,
             "chunks": self.chunks,
             **({"alt_chunks": self.alt_chunks} if self.alt_chunks else {}),
+            **({"alt_skew": str(self.alt_skew_spec)} if self.alt_skew_spec is not None else {}),
             "skew": str(self.skew_spec),
             "straggler": None
             if self.straggler_spec is None
@@ -179,7 +190,7 @@ def routing_bias(cfg: DemoConfig, rank: int, step: int, layer: int) -> Any:
     g = torch.Generator().manual_seed(_seed(cfg.seed, rank, step, layer))
     u = torch.rand(cfg.tokens, cfg.experts, generator=g).clamp_(1e-12, 1 - 1e-7)
     gumbel = -torch.log(-torch.log(u))
-    sk = cfg.skew_spec
+    sk = cfg.skew_at(step)
     if sk.kind == "hot":
         force = torch.rand(cfg.tokens, generator=g) < min(1.0, sk.share * cfg.top_k)
         gumbel[:, sk.expert] += force.to(gumbel.dtype) * 1e4 - (~force).to(gumbel.dtype) * 1e4

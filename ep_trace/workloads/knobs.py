@@ -40,47 +40,47 @@ class Straggler:
     ms: float
 
 
-def _num(text: str, what: str, spec: str) -> float:
+def _num(text: str, what: str, spec: str, option: str = "--skew") -> float:
     try:
         v = float(text)
     except ValueError:
-        raise ConfigError(f"--skew: {what} {text!r} in {spec!r} is not a number; {_SKEW_HELP}") from None
+        raise ConfigError(f"{option}: {what} {text!r} in {spec!r} is not a number; {_SKEW_HELP}") from None
     if not math.isfinite(v):
-        raise ConfigError(f"--skew: {what} in {spec!r} must be finite; {_SKEW_HELP}")
+        raise ConfigError(f"{option}: {what} in {spec!r} must be finite; {_SKEW_HELP}")
     return v
 
 
-def parse_skew(spec: str, experts: int, top_k: int) -> SkewSpec:
+def parse_skew(spec: str, experts: int, top_k: int, option: str = "--skew") -> SkewSpec:
     """Parse ``uniform`` | ``zipf:EXP`` | ``hot:EXPERT:SHARE`` against the expert count and top-k.
 
     ``hot:E:S`` makes expert E receive the fraction S of all assignments; a token picks an expert at
     most once, so S cannot exceed ``1/top_k``.
 
     Raises:
-        ConfigError: unknown form, non-numeric or out-of-range values (message names ``--skew``).
+        ConfigError: unknown form, non-numeric or out-of-range values (message names ``option``).
     """
     parts = spec.strip().lower().split(":")
     if parts == ["uniform"]:
         return SkewSpec()
     if parts[0] == "zipf" and len(parts) == 2:
-        a = _num(parts[1], "exponent", spec)
+        a = _num(parts[1], "exponent", spec, option)
         if a <= 0:
-            raise ConfigError(f"--skew: zipf exponent must be > 0, got {parts[1]}; {_SKEW_HELP}")
+            raise ConfigError(f"{option}: zipf exponent must be > 0, got {parts[1]}; {_SKEW_HELP}")
         return SkewSpec("zipf", exponent=a)
     if parts[0] == "hot" and len(parts) == 3:
-        e = _num(parts[1], "expert", spec)
-        s = _num(parts[2], "share", spec)
+        e = _num(parts[1], "expert", spec, option)
+        s = _num(parts[2], "share", spec, option)
         if e != int(e) or not 0 <= e < experts:
             raise ConfigError(
-                f"--skew: hot expert {parts[1]} is not an expert id in 0..{experts - 1} (--experts {experts})"
+                f"{option}: hot expert {parts[1]} is not an expert id in 0..{experts - 1} (--experts {experts})"
             )
         if not 0 < s <= 1.0 / top_k + 1e-12:
             raise ConfigError(
-                f"--skew: hot share {parts[2]} must be in (0, 1/top_k] = (0, {1.0 / top_k:g}] "
+                f"{option}: hot share {parts[2]} must be in (0, 1/top_k] = (0, {1.0 / top_k:g}] "
                 f"(--top-k {top_k}: a token picks an expert at most once)"
             )
         return SkewSpec("hot", expert=int(e), share=s)
-    raise ConfigError(f"--skew: unknown spec {spec!r}; {_SKEW_HELP}")
+    raise ConfigError(f"{option}: unknown spec {spec!r}; {_SKEW_HELP}")
 
 
 def parse_straggler(spec: str | None, ranks: int) -> Straggler | None:

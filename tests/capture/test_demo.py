@@ -47,6 +47,8 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
             "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2",
         ),
         ({"alt_chunks": -1}, "--alt-chunks: must be an integer >= 0, got -1"),
+        ({"alt_skew": "zipf:x"}, "--alt-skew: exponent 'x' in 'zipf:x' is not a number"),
+        ({"alt_skew": "hot:8:0.2"}, "--alt-skew: hot expert 8 is not an expert id in 0..7 (--experts 8)"),
         (
             {"backward": True, "alt_chunks": 4},
             "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --alt-chunks 4",
@@ -83,6 +85,22 @@ def test_alt_chunks_alternate_by_step() -> None:
     assert cfg.workload_meta()["alt_chunks"] == 4 and cfg.max_chunks == 4
     plain = DemoConfig(chunks=2)
     assert [plain.chunks_at(s) for s in (0, 1)] == [2, 2] and "alt_chunks" not in plain.workload_meta()
+
+
+def test_alt_skew_alternates_by_step() -> None:
+    import torch
+
+    from ep_trace.workloads.demo import routing_bias
+
+    cfg = DemoConfig(skew="hot:1:0.45", alt_skew="uniform")
+    assert [cfg.skew_at(s).kind for s in (0, 1, 2, 3)] == ["hot", "uniform", "hot", "uniform"]
+    assert cfg.workload_meta()["alt_skew"] == "uniform" and "alt_skew" not in DemoConfig().workload_meta()
+    # the hot expert's share is realised on the even steps only
+    share = [
+        float((torch.topk(routing_bias(cfg, 0, s, 0), cfg.top_k).indices == 1).float().sum()) / (cfg.tokens * cfg.top_k)
+        for s in (0, 1)
+    ]
+    assert abs(share[0] - 0.45) < 0.05 and abs(share[1] - 1 / cfg.experts) < 0.05
 
 
 def test_knob_parsing() -> None:
