@@ -150,9 +150,9 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
     """``repeats`` runs of ``2 * steps + 2`` steps, A on even and B on odd steps, steps pooled over runs.
 
     The step-to-step spread of one side (~±10 ms at 2048 tokens: the ranks' threads on the 2 shared
-    cores) is larger than the chunking's effect, so the measured saving is the difference of the
-    medians of all A and all B steps, with a bootstrap interval; the prediction is the median of
-    ``chunked_pipeline`` over ``predict_steps`` A steps per run, each analysed alone.
+    cores) is larger than the effect at stake, so the measured saving is the difference of the
+    medians of all A and all B steps, with a bootstrap interval; the prediction is the median of the
+    pair's what-if over ``predict_steps`` A steps per run, each analysed alone.
     """
     demo_args, scenario, k, tokens = AB_PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()

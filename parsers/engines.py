@@ -23,7 +23,6 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from typing import Any
 
 from ep_trace.parsers import polars_threads
-from ep_trace.parsers.polars_threads import available_cpus
 
 __all__ = [
     "ENGINES",
@@ -56,7 +55,7 @@ def free_cpus() -> int:
 
     A pool sized to idle CPUs that other jobs hold is slower than no pool: measured on the shared
     2-core machine at load 6, ``--jobs 2`` took 33 s where ``--jobs 1`` took 24 s (1,024 ranks)."""
-    n = available_cpus()
+    n = polars_threads.available_cpus()
     try:
         others = max(0.0, os.getloadavg()[0] - 1.0)
     except OSError:  # no load average on this platform

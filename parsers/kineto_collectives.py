@@ -180,19 +180,13 @@ def _calls(cands: pl.DataFrame, files: Sequence[FileContext]) -> tuple[CallRows,
     for fi, op_id, c10d, func, title, rpc, c10d_n, func_n, title_n in zip(*cols, strict=True):
         f = files[fi]
         kept = f.kept
-        rpc_args = kept.get(rpc, _NO_ARGS) if rpc is not None else _NO_ARGS
+        rpc_args = kept.get(rpc, _NO_ARGS)  # (ids are ints: an absent member, None, gets the default)
         meta = rpc_args if "Collective name" in rpc_args else _NO_ARGS
         if not meta and c10d is None and title is None and func is None:
             keep.append(False)  # e.g. a TorchRec awaitable wait: record_param_comms without metadata
             continue
         names = (c10d_n, func_n, title_n)
-        key = call_signature(
-            meta,
-            names,
-            kept.get(c10d, _NO_ARGS) if c10d is not None else _NO_ARGS,
-            kept.get(func, _NO_ARGS) if func is not None else _NO_ARGS,
-            kept.get(title, _NO_ARGS) if title is not None else _NO_ARGS,
-        )
+        key = call_signature(meta, names, kept.get(c10d, _NO_ARGS), kept.get(func, _NO_ARGS), kept.get(title, _NO_ARGS))
         if key is not None:
             fk = file_keys.get(fi)
             if fk is None:

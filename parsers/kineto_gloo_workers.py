@@ -55,19 +55,17 @@ def pair_workers(
     fam = {"all_to_allv": "all_to_all"}
     family: dict[str, str] = {}  # worker / call name -> family, memoised (few distinct names)
     in_nelems = [rows.field(i, "in_nelems") for i in range(len(rows.sig))]
+    # the calls a worker may carry out, by file, in call order (one pass over the calls, not one per file)
+    issued: dict[int, list[int]] = {}
+    for i in range(len(rows.sig)):
+        if i not in with_kernels and rows.field(i, "backend") != "nccl":
+            issued.setdefault(rows.file[i], []).append(i)
     pairs = []
     for w_file in workers.partition_by(FILE, maintain_order=True):
         fi = w_file[FILE][0]
         kept = files[fi].kept
         pending: dict[str, deque[int]] = {}
-        for i in sorted(
-            (
-                i
-                for i in range(len(rows.sig))
-                if rows.file[i] == fi and i not in with_kernels and rows.field(i, "backend") != "nccl"
-            ),
-            key=lambda i: rows.cpu_start_ns[i] or 0,
-        ):
+        for i in sorted(issued.get(fi, []), key=lambda i: rows.cpu_start_ns[i] or 0):
             c = rows.field(i, "collective")
             pending.setdefault(fam.get(c, c), deque()).append(i)
         w_sorted = w_file.sort("start_ns")

@@ -239,20 +239,25 @@ def build_graph(
         .with_columns(pl.col("node").cast(pl.Int64))
     )
     nodes = _link(nodes, starts)
+
+    def of(df: pl.DataFrame, b: tuple[int, int]) -> pl.DataFrame:
+        return df.filter(pl.col("rank").is_between(b[0], b[1]))
+
+    def act_of(b: tuple[int, int] | None) -> pl.DataFrame:
+        """The activity of block ``b`` (None: all ranks): the iterator's next frame, or a filter."""
+        if isinstance(activity, Iterator):
+            return next(activity)
+        return activity if b is None else of(activity, b)
+
     if len(rank_blocks) > 1:
         # node ids grow with the rank (nodes are sorted by rank first): the blocks' works, each sorted
         # by node, concatenate in node order
-        def of(df: pl.DataFrame, b: tuple[int, int]) -> pl.DataFrame:
-            return df.filter(pl.col("rank").is_between(b[0], b[1]))
-
-        def act_of(b: tuple[int, int]) -> pl.DataFrame:
-            return next(activity) if isinstance(activity, Iterator) else of(activity, b)
 
         work = pl.concat(
             [_work(of(nodes, b), starts, off, act_of(b), of(stages, b), of(stalls, b)) for b in rank_blocks]
         )
     else:
-        work = _work(nodes, starts, off, next(activity) if isinstance(activity, Iterator) else activity, stages, stalls)
+        work = _work(nodes, starts, off, act_of(None), stages, stalls)
     return StepGraph(nodes=nodes, starts=starts, work=work)
 
 

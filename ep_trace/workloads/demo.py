@@ -103,14 +103,13 @@ class DemoConfig:
         _at_least(self.seed, 0, "--seed")
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
+        got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
         if self.backward and self.max_chunks > 1:
-            got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
             raise ConfigError(f"--backward: needs --chunks 1 (the chunked pipeline is forward-only), got {got}")
         lat = self.link_latency_ms
         if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not math.isfinite(lat) or lat < 0:
             raise ConfigError(f"--link-latency-ms: must be a finite number of ms >= 0, got {lat!r}")
         if lat > 0 and self.max_chunks > 1:
-            got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
             raise ConfigError(
                 f"--link-latency-ms: needs --chunks 1 (a host-side delay would stall the pipelined GEMMs too), got {got}"
             )

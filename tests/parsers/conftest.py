@@ -12,6 +12,23 @@ import pytest
 
 BASE = 1_700_000_000_000_000_000
 
+#: ``record_param_comms`` metadata of a 2-rank all_to_allv (torch 2.x keys), without the per-call
+#: ``Seq`` / ``Comms Id``.
+A2AV_META: dict[str, Any] = {
+    "Collective name": "all_to_allv",
+    "dtype": "BFloat16",
+    "In msg nelems": 8 * 1024,
+    "Out msg nelems": 6 * 1024,
+    "Group size": 2,
+    "In split size": "[3, 5]",
+    "Out split size": "[4, 2]",
+    "Process Group Name": "3",
+    "Process Group Description": "ep_group",
+    "Process Group Ranks": "[0, 1]",
+    "Global rank start": 0,
+    "Global rank stride": 1,
+}
+
 
 def write_trace(
     path: Path,

@@ -16,20 +16,7 @@ from ep_trace.parsers import kineto_collectives, read_kineto
 from ep_trace.parsers.kineto_coll_fields import META_KEYS, OP_KEYS, call_signature, fields_from
 from ep_trace.parsers.read_pool import read_kineto_files
 
-_BASE_META = {
-    "Collective name": "all_to_allv",
-    "dtype": "BFloat16",
-    "In msg nelems": 8 * 1024,
-    "Out msg nelems": 6 * 1024,
-    "Group size": 2,
-    "In split size": "[3, 5]",
-    "Out split size": "[4, 2]",
-    "Process Group Name": "3",
-    "Process Group Description": "ep_group",
-    "Process Group Ranks": "[0, 1]",
-    "Global rank start": 0,
-    "Global rank stride": 1,
-}
+from .conftest import A2AV_META
 
 
 class _Recording(dict):  # type: ignore[type-arg]
@@ -78,7 +65,7 @@ def test_signature_holds_every_key_the_fields_read(external_dir, samples_dir, mo
     monkeypatch.setattr(kineto_collectives, "fields_from", _recorded(seen))
     legacy = {"Collective name": "send", "In msg size": 4, "Out msg size": 4, "Process Group ID": 7, "Dst Rank": 1}
     inline = [
-        kt.nccl_call(0, 10, 500, _BASE_META),
+        kt.nccl_call(0, 10, 500, A2AV_META),
         kt.nccl_call(200, 20, 510, legacy),
         kt.nccl_call(400, 30, 520, {**legacy, "Collective name": "recv", "Src Rank": 1}),
         [
@@ -117,9 +104,9 @@ def test_ranks_of_a_batch_share_signatures_only_with_the_same_process_groups(tmp
 
 def test_calls_sharing_a_signature_keep_their_own_seq_and_comms_id(tmp_path, kt):
     evs = [
-        *kt.nccl_call(0, 10, 500, {**_BASE_META, "Seq": 41, "Comms Id": 2**63 + 5}),
-        *kt.nccl_call(300, 20, 510, {**_BASE_META, "Seq": 42, "Comms Id": 7}),
-        *kt.nccl_call(600, 30, 520, {**_BASE_META, "Seq": 43}),
+        *kt.nccl_call(0, 10, 500, {**A2AV_META, "Seq": 41, "Comms Id": 2**63 + 5}),
+        *kt.nccl_call(300, 20, 510, {**A2AV_META, "Seq": 42, "Comms Id": 7}),
+        *kt.nccl_call(600, 30, 520, {**A2AV_META, "Seq": 43}),
     ]
     c = read_kineto(kt.write_trace(tmp_path / "a.json", evs)).collectives.sort("coll_id")
     assert c["seq"].to_list() == [41, 42, 43]
@@ -129,8 +116,8 @@ def test_calls_sharing_a_signature_keep_their_own_seq_and_comms_id(tmp_path, kt)
 
 def test_bad_comms_id_on_a_later_call_of_a_shared_signature_names_that_call(tmp_path, kt):
     evs = [
-        *kt.nccl_call(0, 10, 500, {**_BASE_META, "Comms Id": 1}),
-        *kt.nccl_call(300, 20, 510, {**_BASE_META, "Comms Id": -1}),
+        *kt.nccl_call(0, 10, 500, {**A2AV_META, "Comms Id": 1}),
+        *kt.nccl_call(300, 20, 510, {**A2AV_META, "Comms Id": -1}),
     ]
     bad = next(i for i, e in enumerate(evs) if e["name"] == "c10d::alltoall_base_" and e["ts"] == 300)
     with pytest.raises(Exception, match=rf"traceEvents\[{bad}\]: 'Comms Id' -1 is not an unsigned 64-bit integer"):
@@ -146,8 +133,8 @@ def test_signature_is_not_shared_when_null_or_big_ints_could_collide():
     c = call_signature({"Collective name": "allreduce", "Group size": True}, names, {}, {}, {})
     assert a is not None and len({a, b, c}) == 3  # 1, 1.0 and true are told apart
     # only the keys the fields read: per-call ids do not split a signature
-    assert call_signature({**_BASE_META, "External id": 1, "Seq": 1}, names, {}, {}, {}) == call_signature(
-        {**_BASE_META, "External id": 2, "Seq": 2}, names, {}, {}, {}
+    assert call_signature({**A2AV_META, "External id": 1, "Seq": 1}, names, {}, {}, {}) == call_signature(
+        {**A2AV_META, "External id": 2, "Seq": 2}, names, {}, {}, {}
     )
 
 

@@ -11,6 +11,8 @@ from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import kineto_json, read_kineto
 from ep_trace.parsers.kineto import rank_from_file_name, read_kineto_file
 
+from .conftest import A2AV_META
+
 
 def _ev(t, name):
     return t.events.filter(pl.col("name") == name).row(0, named=True)
@@ -157,22 +159,7 @@ def test_containment_on_other_thread_does_not_link(tmp_path, kt):
 
 # --- collectives -------------------------------------------------------------------------------------
 
-META_V = {
-    "Collective name": "all_to_allv",
-    "dtype": "BFloat16",
-    "In msg nelems": 8 * 1024,
-    "Out msg nelems": 6 * 1024,
-    "Group size": 2,
-    "In split size": "[3, 5]",
-    "Out split size": "[4, 2]",
-    "Process Group Name": "3",
-    "Process Group Description": "ep_group",
-    "Process Group Ranks": "[0, 1]",
-    "Global rank start": 0,
-    "Global rank stride": 1,
-    "Seq": 41,
-    "Comms Id": 10159970886766084423,
-}
+META_V = {**A2AV_META, "Seq": 41, "Comms Id": 10159970886766084423}
 
 
 def test_record_param_comms_metadata_modern_keys(tmp_path, kt):
