@@ -56,7 +56,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
             title_justify="left",
             show_edge=False,
         )
-        for c in ("what-if", "predicted step", "saving/step", "share", "ranks"):
+        for c in ("what-if", "predicted step", "saving/step", "of replayed step", "ranks"):
             t.add_column(c, justify="left" if c in ("what-if", "ranks") else "right")
         for r in wrows:
             t.add_row(r[0], r[2], r[3], r[4], r[5])

@@ -3,6 +3,11 @@
 One row per scenario of ``Analysis.whatif`` (``ep_trace.analysis.whatif``), the ``all`` row last: the
 bound of every fix at once, the figure to compare against (the rows' savings overlap and must not be
 added). A negative saving (chunking on ranks whose transfers cannot hide) reads "slower".
+
+A first row, ``as measured``, gives the baseline every row is compared with: the unedited step
+replayed, with the what-ifs' own statistic (median over steps of the mean over ranks). It differs from
+the verdict's "mean step" (the slowest rank's step, mean over steps) wherever ranks' steps differ in
+length (``param_dlrm_8rank``: 16.0 vs 19.9 ms), so the share column names its denominator.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
-__all__ = ["WHATIF_HEADERS", "whatif_rows", "SCENARIO_WORDS"]
+__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS"]
 
-WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "share", "ranks")
+WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "of replayed step", "ranks")
+#: The baseline row's name (no scenario of ``Analysis.whatif`` has it).
+MEASURED = "as measured"
 
 SCENARIO_WORDS = {
     "no_straggler": "the late rank's work before its arrivals set to the other ranks' median",
@@ -31,13 +38,24 @@ SCENARIO_WORDS = {
 
 
 def whatif_rows(analysis: Analysis) -> list[list[str]]:
-    """Table rows (strings) of the simulated what-ifs, ``all`` last; empty without a model."""
+    """Table rows (strings): the replayed baseline (:data:`MEASURED`) first, then the simulated
+    what-ifs, ``all`` last; empty without a model."""
     wf = analysis.whatif
     if wf is None or wf.is_empty():
         return []
     wf = wf.with_columns((pl.col("scenario") == "all").alias("_last")).sort("_last", maintain_order=True)
     base = (wf["predicted_step_ns"] + wf["saving_ns"]).to_list()
-    rows = []
+    ranks = sorted({int(x) for r in wf["ranks"].to_list() for x in r})
+    rows = [
+        [
+            MEASURED,
+            "the step replayed unedited (median over steps of the mean over ranks): the baseline of every row",
+            fmt_ns(base[0]),
+            "–",
+            "–",
+            rank_list(ranks, limit=6),
+        ]
+    ]
     for r, b in zip(wf.iter_rows(named=True), base, strict=True):
         sav = int(r["saving_ns"])
         words = SCENARIO_WORDS.get(r["scenario"], r["scenario"]).format(k=r.get("chunks"))

@@ -223,3 +223,21 @@ def test_device_gap_floor_from_cuda_graph_kernels():
     ]
     tables = build([{"rank": 0, "world_size": 1}], [_step(0, 200, 10_000), launch, *kernels], [])
     assert device_gap_floor(tables.events) == {0: pytest.approx(1_500)}
+
+
+def test_host_bound_title_names_every_rank_whose_gaps_the_saving_removes():
+    # two independent GPU ranks (no collective): rank 0 as above (900 µs of gaps in a 1,000 µs step),
+    # rank 1 with 40 µs gaps (400 µs in a 500 µs step). The what-if removes both ranks' gaps and its
+    # saving is the mean over ranks (650 µs), more than the named rank's would be on its own in a
+    # 2-rank mean (450 µs): the title must say that the saving is all ranks'.
+    spans1 = [(50 * i + 39, 50 * i + 40, 50 * i + 50) for i in range(10)]
+    ev = [_step(0, 1000, 10_000), *_kernels(0, [(100 * i + 89, 100 * i + 90, 100 * i + 100) for i in range(10)])]
+    ev += [_step(1, 500, 10_001), *_kernels(1, spans1, eid0=100)]
+    a = analyze(build([{"rank": 0, "world_size": 2}, {"rank": 1, "world_size": 2}], ev, []))
+    top = next(f for f in a.findings if f.kind == "host_bound")
+    assert top.ranks == (0,) and top.est_saving_ns == 650 * US
+    assert top.title == (
+        "Rank 0's device waits for its host 900 µs per step on the critical path, outside blocking calls (the most "
+        "of 2 GPU ranks); devices that never wait for their hosts would save 650 µs per step (simulated bound, all "
+        "2 ranks)."
+    )

@@ -23,6 +23,15 @@ def test_rows_all_last_and_slower_reads_slower():
         orient="row",
     )
     rows = whatif_rows(dataclasses.replace(a, whatif=wf))
+    assert rows[0] == [
+        "as measured",
+        "the step replayed unedited (median over steps of the mean over ranks): the baseline of every row",
+        "50.0 ms",
+        "–",
+        "–",
+        "0, 1",
+    ]
+    rows = rows[1:]
     assert [r[0] for r in rows] == ["chunked_pipeline", "fp8_dispatch", "all"]
     assert rows[0][1] == "dispatch / experts / combine pipelined over 2 chunks (the best k)"
     assert rows[0][3] == "1.77 ms slower" and rows[0][4] == "-3.5%"
