@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, severity, waits_measurable
+from ep_trace.analysis.finding_common import dominant_collective, fmt_ns, has_ep_traffic, severity, waits_measurable
 from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
@@ -80,6 +80,14 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
                 "rank, and route node-limited. Overlap needs a free resource for the transfer: on CPU (gloo) ranks a "
                 "core per rank beyond the compute thread."
             )
+    elif (dominant_collective(a) or "").startswith("all_to_all"):
+        # all-to-alls without MoE evidence (has_ep_traffic): sequence / context parallelism's activations
+        remedy = (
+            "Overlap the all-to-alls with independent compute (the attention or MLP of another micro-batch or head "
+            "group, as sequence-parallel schemes such as DeepSpeed-Ulysses do) and keep them off the compute stream; "
+            "no MoE routing or expert stage was found, so they are not treated as EP token traffic."
+        )
+        how = "full overlap"
     else:
         remedy = (
             "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
@@ -88,7 +96,9 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
         how = "full overlap"
     mostly_wait = measurable and wait > 0.5 * exp
     if mostly_wait:
-        remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first."
+        remedy += " Most of this exposed time is barrier wait for a late rank: fix the straggler" + (
+            " / imbalance first." if ep else " first."
+        )
     split = (
         ""
         if not measurable

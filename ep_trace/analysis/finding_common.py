@@ -10,7 +10,19 @@ import polars as pl
 
 from ep_trace.analysis.result import Analysis
 
-__all__ = ["severity", "fmt_ns", "rank_list", "num", "wf", "wf_ev", "has_ep_traffic", "waits_measurable"]
+__all__ = [
+    "severity",
+    "fmt_ns",
+    "rank_list",
+    "num",
+    "wf",
+    "wf_ev",
+    "MOE_STAGES",
+    "has_ep_traffic",
+    "has_expert_load",
+    "dominant_collective",
+    "waits_measurable",
+]
 
 
 def severity(saving_ns: float, step_ns: float) -> str:
@@ -60,12 +72,47 @@ def wf_ev(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Stages only an MoE layer has (``all_to_all``, the plain-PyTorch collective stage, is not one).
+MOE_STAGES = ("route", "permute", "dispatch", "expert", "shared_expert", "combine", "unpermute")
+
+
 def has_ep_traffic(a: Analysis) -> bool:
-    """The trace holds expert-parallel token all-to-all traffic (an all-to-all(v) moving bytes)."""
+    """The trace holds expert-parallel token all-to-all traffic: an all-to-all with MoE evidence.
+
+    An all-to-all alone is not EP: sequence / context parallelism (DeepSpeed-Ulysses, the FastVideo
+    ``AllToAll4D`` of ``../shared/external/nsys/nsys_ai_2gpu``) moves activations by even all-to-alls
+    too. The evidence is one of: an ``all_to_allv`` (uneven splits: PyTorch's ProcessGroupNCCL /
+    Gloo record ``all_to_allv`` only when split sizes are given; the EP kernels of DeepEP, pplx, MORI
+    and TensorRT-LLM are typed so), routing counts (``rank_load``), or an MoE stage (:data:`MOE_STAGES`,
+    from ep-trace, framework ranges or kernel families).
+    """
     c = a.calls
     if c.is_empty():
         return False
-    return bool(c.filter(pl.col("collective").str.starts_with("all_to_all")).height)
+    a2a = c.get_column("collective").filter(c.get_column("collective").str.starts_with("all_to_all"))
+    if a2a.is_empty():
+        return False
+    if (a2a == "all_to_allv").any() or a.rank_load.height:
+        return True
+    return bool(a.stages.height) and bool(a.stages.get_column("stage").is_in(MOE_STAGES).any())
+
+
+def has_expert_load(a: Analysis) -> bool:
+    """Routing counts are known (exact counts or split lists), so lateness can be weighed against load."""
+    return bool(a.rank_load.height)
+
+
+def dominant_collective(a: Analysis) -> str | None:
+    """The collective type with the most wait-free transfer time over the matched calls (None without calls)."""
+    c = a.calls
+    if c.is_empty():
+        return None
+    g = (
+        c.group_by("collective")
+        .agg(pl.col("transfer_ns").fill_null(0).sum().alias("_t"), pl.len().alias("_n"))
+        .sort(["_t", "_n", "collective"], descending=[True, True, False])
+    )
+    return str(g["collective"][0])
 
 
 def waits_measurable(a: Analysis) -> bool:

@@ -22,7 +22,10 @@ different findings come from one model and rank against each other (they still o
 
 Verdict hygiene (each rule has a test in tests/analysis/test_verdict.py): a finding with no positive
 simulated saving is not reported; EP remedies (all-to-all pipelining, DeepEP, count exchange,
-expert placement) only when the trace holds EP all-to-all traffic; with ranks missing from the
+expert placement) only when the trace holds EP all-to-all traffic (an all-to-all with MoE evidence:
+``finding_common.has_ep_traffic``; even all-to-alls alone, as sequence parallelism has, get an
+all-to-all overlap remedy that says so), and "its expert load does not explain" only where routing
+counts are known; with ranks missing from the
 calls' groups no wait / transfer split and no straggler is claimed; a headline never contradicts its
 remedy; figures carry 3 significant digits (:func:`fmt_ns`).
 """
@@ -35,7 +38,7 @@ from typing import cast
 import polars as pl
 
 from ep_trace.analysis.finding_comm import MIN_FIT_CALLS, MIN_FIT_R2, alpha_beta, exposed, fit_conclusive
-from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, severity, waits_measurable
+from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, has_expert_load, severity, waits_measurable
 from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
@@ -124,7 +127,8 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
     ep = has_ep_traffic(a)
-    why = "for reasons its expert load does not explain" if ep else "before the collectives"
+    # "its expert load does not explain" only where the load is known (routing counts or splits)
+    why = "for reasons its expert load does not explain" if ep and has_expert_load(a) else "before the collectives"
     return [
         Finding(
             "straggler_wait",

@@ -70,6 +70,33 @@ def test_ep_remedies_only_with_ep_traffic(synth):
     assert any("all-to-all" in f.remedy for f in ep.findings)
 
 
+def test_all_to_all_without_moe_evidence_is_not_ep(synth):
+    # the same 4-rank job with its ep: ranges and grouped GEMM renamed: even all-to-alls around
+    # attention (sequence parallelism, e.g. the FastVideo AllToAll4D of nsys_ai_2gpu) are no EP traffic
+    t = synth["gpu_job"](STARTS, 600_000)
+    name = pl.col("name")
+    ev = t.events.with_columns(
+        pl.when(name.str.starts_with("ep:"))
+        .then(pl.lit("AllToAll4D"))
+        .when(name == "cutlass_grouped_gemm_kernel")
+        .then(pl.lit("ampere_sgemm_128x64_nn"))
+        .otherwise(name)
+        .alias("name")
+    )
+    even = t.collectives.with_columns(pl.lit("all_to_all").alias("collective"))  # no split sizes given
+    a = analyze(dataclasses.replace(t, events=ev, collectives=even))
+    assert set(a.calls["collective"]) == {"all_to_all"} and a.rank_load.is_empty()
+    note = "; no MoE routing or expert stage was found, so they are not treated as EP token traffic."
+    text = " ".join(f.remedy.replace(note, "") + f.title for f in a.findings)
+    assert a.findings and "DeepEP" not in text and "expert" not in text.lower() and "token" not in text
+    comm = next(f for f in a.findings if f.kind == "exposed_comm")
+    assert comm.remedy.startswith("Overlap the all-to-alls with independent compute")
+    assert "not treated as EP token traffic" in comm.remedy
+    strag = [f for f in a.findings if f.kind == "straggler_wait"]
+    assert strag and "late before the collectives" in strag[0].title
+    assert "extra work on that rank" in strag[0].remedy
+
+
 def test_missing_ranks_no_wait_claims(synth):
     t = synth["gpu_job"](STARTS, 600_000)
     keep = pl.col("rank") < 3  # rank 3 of the group of 4 is not in the trace set
