@@ -42,8 +42,9 @@ __all__ = [
 ]
 
 #: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` an
-#: Enum; 3: ``events.category`` Categorical).
-SCHEMA_VERSION = 3
+#: Enum; 3: ``events.category`` Categorical; 4: ``events.seq`` also on serving engines' iteration
+#: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``).
+SCHEMA_VERSION = 4
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
 #: that performs a collective's transfer; ``other`` = an unknown category kept, never an error.
@@ -126,7 +127,13 @@ _EVENTS_COLS = [
     ("op_id", _I64, True, "event_id of the innermost CPU op / annotation enclosing the launch"),
     ("coll_id", _I64, True, "collectives.coll_id this event implements (comm kernels, gloo ranges)"),
     ("bytes", _I64, True, "bytes moved (memcpy / memset)"),
-    ("seq", _I64, True, "profiler-step number of 'ProfilerStep#N' rows, else None"),
+    (
+        "seq",
+        _I64,
+        True,
+        "profiler-step number of 'ProfilerStep#N' rows (on a rank without them: the ordinal of a serving "
+        "engine's iteration annotation, parsers/serving_steps.py), else None",
+    ),
 ]
 
 _COLLECTIVES_COLS = [

@@ -286,6 +286,7 @@ def _with_kernel_collectives(parts: list[schema.TraceTables]) -> dict[str, pl.Da
 def decode_batch(spec: BatchSpec) -> BatchResult:
     """Run one batch (in any process): see the module doc. Never raises for bad input."""
     from ep_trace.parsers.routing_splits import routing_from_splits
+    from ep_trace.parsers.serving_steps import with_iteration_steps
 
     files: list[FileResult] = []
     parts: list[schema.TraceTables] = []
@@ -320,6 +321,9 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
         return BatchResult(spec.index, files, issues, sc_issues, used, None, None, {})
     cat = _with_kernel_collectives(parts)
     del parts
+    # serving traces have no ProfilerStep: their per-iteration annotations become the steps (before
+    # the splits' routing, which takes each call's step from them)
+    cat["events"] = with_iteration_steps(cat["events"])
     splits = None
     if cat["routing_matrix"].height == 0:  # else some rank has a sidecar and splits are not used
         splits = routing_from_splits(cat["collectives"], cat["events"])

@@ -95,6 +95,10 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     notes: list[str] = []
     if (windows["method"] == "whole_trace").any():
         notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
+    if (windows["method"] == "iteration").any():
+        notes.append(
+            "steps are the serving engine's iterations (vLLM execute_context_* annotations; no ProfilerStep rows)"
+        )
 
     say("overlap", 1, total)
     mode = first_pass.mode
@@ -271,7 +275,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         hiding,
         lambda: rank_pass.chunk_cost(tables, blocks, stage_df, mode),
         # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
-        frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") == "profiler_step")["rank"].to_list()),
+        frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") != "whole_trace")["rank"].to_list()),
         gap_floor if gpu_ranks else None,
     )
     # only the model's small frames are kept: the graph's node and work tables are freed here

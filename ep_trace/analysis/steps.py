@@ -1,4 +1,5 @@
-"""Step windows: one row per (rank, step) from the ``ProfilerStep#N`` rows (``events.seq``).
+"""Step windows: one row per (rank, step) from the ``ProfilerStep#N`` rows (``events.seq``), or
+from a serving engine's per-iteration annotations where ingest numbered them (``seq`` too).
 
 A trace without ``ProfilerStep`` rows on a rank gets one whole-trace step ``0`` spanning its
 events, and the caller is told (``method`` column) so the report can say so.
@@ -19,8 +20,9 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
         steps: Inclusive ``(first, last)`` step filter; ``None`` keeps all.
 
     Returns:
-        Columns ``rank, step, start_ns, end_ns, tid, method`` (``method`` is ``'profiler_step'`` or
-        ``'whole_trace'``). When a rank has duplicate rows for one step (a CPU and a GPU copy of the
+        Columns ``rank, step, start_ns, end_ns, tid, method`` (``method`` is ``'profiler_step'``,
+        ``'iteration'`` (a serving engine's per-iteration annotation, e.g. vLLM's
+        ``execute_context_...``: :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``). When a rank has duplicate rows for one step (a CPU and a GPU copy of the
         annotation) the host one (``cpu_*`` kinds first) wins.
     """
     prof = (
@@ -34,7 +36,11 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
             "start_ns",
             "end_ns",
             "tid",
-            pl.lit("profiler_step").alias("method"),
+            # serving traces: per-iteration annotations numbered at ingest (parsers/serving_steps.py)
+            pl.when(pl.col("name").str.starts_with("ProfilerStep#"))
+            .then(pl.lit("profiler_step"))
+            .otherwise(pl.lit("iteration"))
+            .alias("method"),
         )
     )
     have = prof["rank"].unique()

@@ -1,0 +1,86 @@
+"""Serving traces without ProfilerStep: vLLM's per-iteration annotations become the steps."""
+
+from __future__ import annotations
+
+import polars as pl
+
+import ep_trace
+from ep_trace.parsers.serving_steps import with_iteration_steps
+
+
+def _vllm_iteration(kt, ts: float, name: str, ext: int, corr: int, kernel_us: float) -> list[dict]:
+    """vLLM's Worker.annotate_profile range (host + its GPU copy) around one kernel launch."""
+    return [
+        kt.x("user_annotation", name, ts, 900),
+        kt.x("gpu_user_annotation", name, ts + 20, kernel_us + 10, pid=0, tid=7),
+        kt.x("cpu_op", "aten::mm", ts + 5, 30, **{"External id": ext}),
+        kt.x("cuda_runtime", "cudaLaunchKernel", ts + 10, 5, correlation=corr, **{"External id": ext}),
+        kt.x(
+            "kernel", "ampere_sgemm_128x64_nn", ts + 25, kernel_us, pid=0, tid=7, correlation=corr, stream=7, device=0
+        ),
+    ]
+
+
+def test_vllm_iterations_are_the_steps_of_a_trace_without_profiler_steps(kt, tmp_path):
+    names = [
+        "execute_context_1(512)_generation_0(0)",  # prefill
+        "execute_context_0(0)_generation_1(1)",
+        "execute_context_0(0)_generation_1(1)",
+    ]
+    ev = []
+    for i, n in enumerate(names):
+        ev += _vllm_iteration(kt, 1_000 + 1_000 * i, n, 10 + i, 100 + i, kernel_us=400 if i == 0 else 100)
+    kt.write_trace(tmp_path / "rank0.pt.trace.json", ev, world_size=1)
+    a = ep_trace.load([tmp_path])
+    steps = a.steps.sort("step")
+    assert steps["step"].to_list() == [1, 2, 3]
+    # the host range of each iteration: 900 µs each, 1 ms apart
+    assert (steps["step_time_ns"] == 900_000).all()
+    assert any("serving engine's iterations" in n for n in a.notes)
+    assert not any("whole trace is analysed as step 0" in n for n in a.notes)
+
+
+def test_profiler_steps_win_and_other_ranks_are_left_alone():
+    ev = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 1, 1, 1],
+            "kind": [
+                "cpu_annotation",
+                "cpu_annotation",
+                "gpu_annotation",
+                "cpu_annotation",
+                "cpu_annotation",
+                "cpu_op",
+            ],
+            "name": [
+                "execute_context_0(0)_generation_4(4)",
+                "execute_context_0(0)_generation_4(4)",
+                "execute_context_0(0)_generation_4(4)",
+                "ProfilerStep#7",
+                "execute_context_0(0)_generation_2(2)",
+                "execute_context_0(0)_generation_2(2)",  # an op of that name is no annotation
+            ],
+            "start_ns": [200, 100, 150, 0, 10, 20],
+            "seq": [None, None, None, 7, None, None],
+        },
+        schema_overrides={"seq": pl.Int64},
+    )
+    got = with_iteration_steps(ev)
+    # rank 0: numbered by start per kind (the GPU copy of the first iteration is its step 1 too);
+    # rank 1 has a ProfilerStep row: its annotations are no steps
+    assert got["seq"].to_list() == [2, 1, 1, 7, None, None]
+    assert got.drop("seq").equals(ev.drop("seq"))
+
+
+def test_names_that_only_look_like_markers_are_not_steps():
+    ev = pl.DataFrame(
+        {
+            "rank": [0, 0],
+            "kind": ["cpu_annotation", "cpu_annotation"],
+            "name": ["execute_context_stuff", "execute_context_1(3)_generation_0(0)_x"],
+            "start_ns": [0, 10],
+            "seq": [None, None],
+        },
+        schema_overrides={"seq": pl.Int64},
+    )
+    assert with_iteration_steps(ev)["seq"].null_count() == 2
