@@ -11,6 +11,8 @@ profiler, for Nsight) named from the scheduler's batch::
     execute_context_<ctx requests>(<ctx tokens>)_generation_<gen requests>(<gen tokens>)
 
 (some vLLM versions and forks write more figures inside the parentheses: ``(sq12sk4096...)``).
+SGLang writes no iteration range, but its profiler records Python frames by default, and
+``Scheduler.run_batch`` runs once per iteration: its frame is the step there.
 Without steps the whole trace would be one step; with them a serving trace gets per-iteration
 figures, P50 / P99 over iterations and the warm-up rule, like a training trace.
 
@@ -26,14 +28,45 @@ import polars as pl
 
 __all__ = ["ITERATION_MARKERS", "with_iteration_steps"]
 
-#: Per-iteration range names of serving engines (regexes, anchored), with their source.
-ITERATION_MARKERS: dict[str, str] = {
-    # vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile
-    "vllm": r"^execute_context_\d+\([^)]*\)_generation_\d+\([^)]*\)$",
+#: Per-iteration rows of serving engines: ``name -> (regex, literal the name contains, event kinds)``.
+ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # vllm-project/vllm vllm/v1/worker/gpu_worker.py Worker.annotate_profile (record_function or NVTX,
+    # Kineto also writes the GPU copy of the range)
+    "vllm": (
+        r"^execute_context_\d+\([^)]*\)_generation_\d+\([^)]*\)$",
+        "execute_context_",
+        ("cpu_annotation", "gpu_annotation"),
+    ),
+    # sgl-project/sglang python/sglang/srt/managers/scheduler.py: event_loop_normal / event_loop_overlap
+    # call Scheduler.run_batch once per iteration; SGLang's profiler records Python frames by default
+    # (scheduler_profiler_mixin.py: with_stack True), which torch's Python tracer names
+    # "<co_filename>(<line>): <function>" (torch/csrc/autograd/profiler_python.cpp), kind cpu_op here
+    "sglang": (r"sglang/srt/managers/scheduler\.py\(\d+\): run_batch$", "scheduler.py(", ("cpu_op",)),
 }
-_PATTERN = "|".join(f"(?:{p})" for p in ITERATION_MARKERS.values())
-_PREFIXES = ("execute_context_",)  # a literal test first: the regex runs on those rows only
-_KINDS = ("cpu_annotation", "gpu_annotation")
+
+
+def _candidates(events: pl.DataFrame) -> pl.Series:
+    """Rows that may be markers: a literal test per marker on the rows of its kinds (the regexes run
+    on the candidates only). Python frames are only looked for when the trace has some (Kineto's
+    ``python_function`` category, ``with_stack=True``): a literal search over every op cost 3 ms per
+    190k events."""
+    has_frames = "category" in events.columns and bool((events.get_column("category") == "python_function").any())
+    kind, name = events.get_column("kind"), events.get_column("name")
+    cand = pl.repeat(False, events.height, eager=True)
+    for _, lit, kinds in ITERATION_MARKERS.values():
+        if "cpu_op" in kinds and not has_frames:
+            continue
+        rows = kind.is_in(kinds).arg_true()  # the literal test on those rows only (annotations: a few)
+        hit = rows.filter(name.gather(rows).str.contains(lit, literal=True).fill_null(False))
+        if hit.len():
+            cand = cand.scatter(hit, True)
+    return cand
+
+
+def _is_marker() -> pl.Expr:
+    return pl.any_horizontal(
+        *[pl.col("kind").is_in(kinds) & pl.col("name").str.contains(rx) for rx, _, kinds in ITERATION_MARKERS.values()]
+    )
 
 
 def with_iteration_steps(events: pl.DataFrame) -> pl.DataFrame:
@@ -44,20 +77,18 @@ def with_iteration_steps(events: pl.DataFrame) -> pl.DataFrame:
 
     Returns:
         The same rows in the same order; unchanged when no rank qualifies (the common case costs one
-        ``starts_with`` over the annotation rows).
+        literal ``contains`` per marker over the rows).
     """
     if events.is_empty() or "seq" not in events.columns:
         return events
-    # a literal prefix test on the annotation rows first: the regex and the rest run on those only
-    starts = pl.any_horizontal(*[pl.col("name").str.starts_with(p) for p in _PREFIXES])
-    cand = events.select((pl.col("kind").is_in(_KINDS) & starts).fill_null(False)).to_series()
+    cand = _candidates(events)
     if not cand.any():
         return events
     stepped = events.filter(pl.col("seq").is_not_null()).get_column("rank").unique()
     rows = (
         events.with_row_index("_row")
         .filter(cand)
-        .filter(~pl.col("rank").is_in(stepped.implode()) & pl.col("name").str.contains(_PATTERN))
+        .filter(~pl.col("rank").is_in(stepped.implode()) & _is_marker())
         .select("_row", "rank", "kind", "start_ns")
     )
     if rows.is_empty():

@@ -97,7 +97,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
     if (windows["method"] == "iteration").any():
         notes.append(
-            "steps are the serving engine's iterations (vLLM execute_context_* annotations; no ProfilerStep rows)"
+            "steps are the serving engine's iterations (vLLM execute_context_* ranges, SGLang Scheduler.run_batch "
+            "frames; no ProfilerStep rows)"
         )
 
     say("overlap", 1, total)

@@ -84,3 +84,21 @@ def test_names_that_only_look_like_markers_are_not_steps():
         schema_overrides={"seq": pl.Int64},
     )
     assert with_iteration_steps(ev)["seq"].null_count() == 2
+
+
+def test_sglang_run_batch_frames_are_the_steps():
+    frame = "/usr/local/lib/python3.12/dist-packages/sglang/srt/managers/scheduler.py(2104): run_batch"
+    ev = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 0],
+            "kind": ["cpu_op", "cpu_op", "cpu_op", "cpu_annotation"],
+            "category": ["python_function"] * 3 + ["user_annotation"],
+            "name": [frame, frame, frame.replace("run_batch", "process_batch_result"), frame],
+            "start_ns": [500, 100, 200, 300],
+            "seq": [None, None, None, None],
+        },
+        schema_overrides={"seq": pl.Int64},
+    )
+    # the run_batch frames (python_function rows, kind cpu_op) in start order; another frame and an
+    # annotation that happens to hold the text are not steps
+    assert with_iteration_steps(ev)["seq"].to_list() == [2, 1, None, None]
