@@ -94,7 +94,8 @@ def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.Dat
     Rules, in order: trailing steps with no device / compute activity on any rank are dropped (a
     profiler schedule's last, empty ``ProfilerStep``); with at least 3 steps left, a first step
     longer than :data:`WARMUP_FACTOR` x the median of the other steps (median over ranks per step)
-    is warm-up (allocator growth, lazy init, first-call autotuning) and dropped.
+    is warm-up (allocator growth, lazy init, first-call autotuning) and dropped; not on a serving
+    trace's iterations (``method`` ``'iteration'``), where a long first one is a prefill.
 
     Args:
         windows: :func:`step_windows` output.
@@ -111,7 +112,10 @@ def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.Dat
             f"step {steps[-1]} holds no activity on any rank (empty trailing step): left out (--steps overrides)"
         )
         steps.pop()
-    if len(steps) >= 3:
+    # a serving trace's first iteration is often a prefill, longer than the decodes after it by the
+    # work it does, not warm-up: the rule is for training steps, which repeat the same work
+    serving = bool((windows["method"] == "iteration").any())
+    if len(steps) >= 3 and not serving:
         per = (
             windows.filter(pl.col("step").is_in(steps))
             .group_by("step")

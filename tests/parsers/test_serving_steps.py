@@ -28,15 +28,17 @@ def test_vllm_iterations_are_the_steps_of_a_trace_without_profiler_steps(kt, tmp
         "execute_context_0(0)_generation_1(1)",
     ]
     ev = []
-    for i, n in enumerate(names):
-        ev += _vllm_iteration(kt, 1_000 + 1_000 * i, n, 10 + i, 100 + i, kernel_us=400 if i == 0 else 100)
+    for i, (n, ts) in enumerate(zip(names, (1_000, 3_500, 4_500), strict=True)):
+        ev += _vllm_iteration(kt, ts, n, 10 + i, 100 + i, kernel_us=400 if i == 0 else 100)
+    ev[0]["dur"] = 2_000  # the prefill's host range: 2.2x the decodes' (the warm-up rule's factor is 1.5)
     kt.write_trace(tmp_path / "rank0.pt.trace.json", ev, world_size=1)
     a = ep_trace.load([tmp_path])
     steps = a.steps.sort("step")
     assert steps["step"].to_list() == [1, 2, 3]
-    # the host range of each iteration: 900 µs each, 1 ms apart
-    assert (steps["step_time_ns"] == 900_000).all()
+    # the host range of each iteration
+    assert steps["step_time_ns"].to_list() == [2_000_000, 900_000, 900_000]
     assert any("serving engine's iterations" in n for n in a.notes)
+    assert not any("warm-up" in n for n in a.notes)  # a long first iteration is a prefill, kept
     assert not any("whole trace is analysed as step 0" in n for n in a.notes)
 
 
