@@ -12,7 +12,8 @@ profiler, for Nsight) named from the scheduler's batch::
 
 (some vLLM versions and forks write more figures inside the parentheses: ``(sq12sk4096...)``).
 SGLang writes no iteration range, but its profiler records Python frames by default, and
-``Scheduler.run_batch`` runs once per iteration: its frame is the step there.
+``Scheduler.run_batch`` runs once per iteration: its frame is the step there. TensorRT-LLM's
+PyTorch backend marks each engine forward with the NVTX range ``_forward_step`` (Nsight traces).
 Without steps the whole trace would be one step; with them a serving trace gets per-iteration
 figures, P50 / P99 over iterations and the warm-up rule, like a training trace.
 
@@ -42,6 +43,11 @@ ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # (scheduler_profiler_mixin.py: with_stack True), which torch's Python tracer names
     # "<co_filename>(<line>): <function>" (torch/csrc/autograd/profiler_python.cpp), kind cpu_op here
     "sglang": (r"sglang/srt/managers/scheduler\.py\(\d+\): run_batch$", "scheduler.py(", ("cpu_op",)),
+    # NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/model_engine.py: @nvtx_range("_forward_step") on
+    # the engine's forward, once per iteration (an NVTX range: Nsight traces; its torch profiler,
+    # py_executor.py _profiler, neither steps nor records NVTX). A speculative-decoding draft engine's
+    # forward is one more range per iteration.
+    "trtllm": (r"^_forward_step$", "_forward_step", ("cpu_annotation",)),
 }
 
 

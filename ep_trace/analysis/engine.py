@@ -98,7 +98,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     if (windows["method"] == "iteration").any():
         notes.append(
             "steps are the serving engine's iterations (vLLM execute_context_* ranges, SGLang Scheduler.run_batch "
-            "frames; no ProfilerStep rows)"
+            "frames, TensorRT-LLM _forward_step ranges; no ProfilerStep rows)"
         )
 
     say("overlap", 1, total)

@@ -394,3 +394,24 @@ def test_partial_rank_map_names_the_missing_pid(make_export) -> None:
     assert str(e.value) == f"--rank-map: {path} holds GPU processes 144, 145; no rank given for pid 145"
     with pytest.raises(ConfigError, match="rank 0 is given to two processes"):
         read_nsys(path, rank_map={PID: 0, PID2: 0})
+
+
+def test_trtllm_forward_step_ranges_are_the_steps_of_an_nsys_export(make_export, tmp_path: Path) -> None:
+    """A serving engine's NVTX iteration ranges (TensorRT-LLM ``_forward_step``), no ProfilerStep."""
+    from ep_trace.analysis import analyze
+    from ep_trace.parsers.dispatch import read_trace_dir
+
+    t = gtid(PID)
+    strings = {**STRINGS, 12: "sm90_gemm"}
+    nvtx = [(0, 4_000, 59, "_forward_step", t, None, None, 0), (5_000, 7_000, 59, "_forward_step", t, None, None, 0)]
+    runtime = [(100, 110, 0, t, 1, 3), (5_100, 5_110, 0, t, 2, 3)]
+    kernels = [(1_000, 3_000, 0, 7, 1, gpid(PID), 12), (5_500, 6_500, 0, 7, 2, gpid(PID), 12)]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    make_export("run/rank0.sqlite", strings=strings, kernels=kernels, runtime=runtime, nvtx=nvtx)
+    tables = read_trace_dir(folder)
+    steps = tables.events.filter(pl.col("seq").is_not_null() & (pl.col("kind") == "cpu_annotation"))
+    assert steps.sort("start_ns")["seq"].to_list() == [1, 2]
+    a = analyze(tables)
+    assert a.steps.sort("step").select("step", "step_time_ns").rows() == [(1, 4_000), (2, 2_000)]
+    assert any("serving engine's iterations" in n for n in a.notes)

@@ -104,3 +104,17 @@ def test_sglang_run_batch_frames_are_the_steps():
     # the run_batch frames (python_function rows, kind cpu_op) in start order; another frame and an
     # annotation that happens to hold the text are not steps
     assert with_iteration_steps(ev)["seq"].to_list() == [2, 1, None, None]
+
+
+def test_trtllm_forward_step_ranges_are_the_steps():
+    ev = pl.DataFrame(
+        {
+            "rank": [0, 0, 0],
+            "kind": ["cpu_annotation"] * 3,
+            "name": ["_forward_step", "_forward_step_inter_pp", "_forward_step"],
+            "start_ns": [10, 0, 50],
+            "seq": [None, None, None],
+        },
+        schema_overrides={"seq": pl.Int64},
+    )
+    assert with_iteration_steps(ev)["seq"].to_list() == [1, None, 2]
