@@ -83,9 +83,10 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
     elif (dominant_collective(a) or "").startswith("all_to_all"):
         # all-to-alls without MoE evidence (has_ep_traffic): sequence / context parallelism's activations
         remedy = (
-            "Overlap the all-to-alls with independent compute (the attention or MLP of another micro-batch or head "
-            "group, as sequence-parallel schemes such as DeepSpeed-Ulysses do) and keep them off the compute stream; "
-            "no MoE routing or expert stage was found, so they are not treated as EP token traffic."
+            "Overlap the all-to-alls with independent compute: embedding all-to-alls with the dense work of another "
+            "batch (TorchRec's TrainPipelineSparseDist), sequence-parallel ones with the attention of another head "
+            "group or micro-batch (DeepSpeed-Ulysses); keep them off the compute stream; no MoE routing or expert "
+            "stage was found, so they are not treated as EP token traffic."
         )
         how = "full overlap"
     else:

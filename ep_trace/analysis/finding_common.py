@@ -72,8 +72,11 @@ def wf_ev(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-#: Stages only an MoE layer has (``all_to_all``, the plain-PyTorch collective stage, is not one).
-MOE_STAGES = ("route", "permute", "dispatch", "expert", "shared_expert", "combine", "unpermute")
+#: Stages only an MoE layer has. ``all_to_all`` (the plain-PyTorch collective stage) is not one, nor
+#: ``route``: the PyTorch sort / top-k kernel families make route rows wherever a model sorts
+#: (``../shared/external/kineto/param_dlrm_8rank``, a DLRM with TorchRec embedding all-to-alls, has 8
+#: route rows from ``DeviceRadixSort`` kernels and no MoE).
+MOE_STAGES = ("permute", "dispatch", "expert", "shared_expert", "combine", "unpermute")
 
 
 def has_ep_traffic(a: Analysis) -> bool:

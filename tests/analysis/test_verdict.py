@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -87,6 +88,7 @@ def test_all_to_all_without_moe_evidence_is_not_ep(synth):
     a = analyze(dataclasses.replace(t, events=ev, collectives=even))
     assert set(a.calls["collective"]) == {"all_to_all"} and a.rank_load.is_empty()
     note = "; no MoE routing or expert stage was found, so they are not treated as EP token traffic."
+    assert "(TorchRec's TrainPipelineSparseDist)" in next(f for f in a.findings if f.kind == "exposed_comm").remedy
     text = " ".join(f.remedy.replace(note, "") + f.title for f in a.findings)
     assert a.findings and "DeepEP" not in text and "expert" not in text.lower() and "token" not in text
     comm = next(f for f in a.findings if f.kind == "exposed_comm")
@@ -232,3 +234,19 @@ def test_one_finding_per_whatif(synth):
     found = with_findings(dataclasses.replace(a, whatif=wf, alpha_beta=ab)).findings
     backed = [f.evidence["whatif"]["scenario"] for f in found if "whatif" in f.evidence]
     assert backed.count("fp8_dispatch") == 1
+
+
+def test_dlrm_embedding_all_to_alls_with_sort_kernels_are_not_ep():
+    # param_dlrm_8rank: TorchRec embedding all-to-alls, and DeviceRadixSort kernels that the PyTorch
+    # sort family turns into 8 route rows: no MoE, so no EP remedy and no expert-load wording
+    import ep_trace
+    from ep_trace.analysis.finding_common import has_ep_traffic
+
+    path = Path(__file__).resolve().parents[3] / "shared" / "external" / "kineto" / "param_dlrm_8rank"
+    if not path.is_dir():
+        pytest.skip("../shared/external is not beside the checkout")
+    a = ep_trace.load([path])
+    assert set(a.stages["stage"]) == {"all_to_all", "route"} and not has_ep_traffic(a)
+    text = " ".join(f.title + " " + f.remedy for f in a.findings)
+    for ep_word in ("expert", "DeepEP", "dispatch", "token all-to-all"):
+        assert ep_word not in text
