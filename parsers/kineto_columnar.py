@@ -51,7 +51,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from ep_trace.parsers import kineto_json, kineto_stream
+from ep_trace.parsers import kineto_json, kineto_native, kineto_stream
 
 __all__ = ["decode_columnar"]
 
@@ -409,7 +409,13 @@ def _null_coll_name(sl: kineto_stream.Slice, df: pl.DataFrame, rows: pl.Series, 
 def _work(
     sl: kineto_stream.Slice, keep_prefixes: tuple[str, ...]
 ) -> tuple[pl.DataFrame, int, list[tuple[int, dict[str, Any]]]] | None:
-    """One slice in a worker thread; None: decode it with orjson instead (exact by construction)."""
+    """One slice in a worker thread: the native scanner when built and enabled
+    (:mod:`ep_trace.parsers.kineto_native`), else or where it gives up polars' reader; None: decode
+    it with orjson instead (exact by construction)."""
+    if kineto_native.enabled():
+        got = kineto_native.slice_frame(sl, keep_prefixes)
+        if got is not None:
+            return got
     try:
         return _slice_frame(sl, 0, keep_prefixes)
     except (_Surprise, pl.exceptions.PolarsError):  # a polars complaint on odd data is a surprise too

@@ -13,7 +13,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ep_trace.errors import TraceFormatError
-from ep_trace.parsers import kineto, kineto_columnar, kineto_json
+from ep_trace.parsers import kineto, kineto_columnar, kineto_json, kineto_native
+
+from .decoder_paths import decoder  # noqa: F401 - the fixture, used by pytestmark
+
+pytestmark = pytest.mark.usefixtures("decoder")
 
 
 def _same_decode(path: Path) -> tuple[int, int]:
@@ -167,9 +171,15 @@ def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
         assert want in str(ei.value), name
 
 
-def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch):
-    """The fast path really runs (no silent per-slice fallback) on a modern NCCL trace."""
+def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch, decoder):
+    """The fast path really runs (no silent per-slice fallback) on a modern NCCL trace: the native
+    scanner on every slice, or (``EP_TRACE_NATIVE=0``) polars' reader."""
     used = []
+    if decoder == "native":
+        real_native = kineto_native.slice_frame
+        monkeypatch.setattr(
+            kineto_native, "slice_frame", lambda *a: (r := real_native(*a), r is not None and used.append(1))[0]
+        )
     real = kineto_columnar._slice_frame
     monkeypatch.setattr(kineto_columnar, "_slice_frame", lambda *a: used.append(1) or real(*a))
     monkeypatch.setattr(kineto_json, "CHUNK_BYTES", 256 << 10)
@@ -359,9 +369,10 @@ def test_compact_cuts_equal_the_regex_whatever_the_blanks(text):
 
 
 @pytest.mark.parametrize("null_at", [5, 190])  # in the first piece of the slice, or a later one
-def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monkeypatch, null_at):
+def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monkeypatch, null_at, decoder):
     """Only the pieces holding an X kernel without a ``Collective name`` are counted: a null one
-    there sends the slice to orjson (which keeps that kernel's args); one on a CPU op does not."""
+    there sends the slice to orjson (which keeps that kernel's args); one on a CPU op does not.
+    The native scanner sees the key itself: it keeps that kernel's args with no fallback."""
     events = [_ev(i) for i in range(200)]
     events[100] = _ev(100, cat="cpu_op", args={"Collective name": None})  # in a piece of no kernel: no effect
     events[null_at] = _ev(null_at, cat="kernel", name="ncclDevKernel_AllReduce", args={"Collective name": None})
@@ -371,7 +382,7 @@ def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monk
     real = kineto_columnar._work
     monkeypatch.setattr(kineto_columnar, "_work", lambda *a: (r := real(*a), fast.append(r is not None))[0])
     _, kept = _same_decode(p)
-    assert kept == 1 and fast == [False]
+    assert kept == 1 and fast == [decoder == "native"]
     events[null_at] = _ev(null_at, cat="kernel", name="ncclDevKernel_AllReduce")  # no key: nothing to count
     p = _write(tmp_path, "u.json", events)
     fast.clear()

@@ -18,6 +18,10 @@ import pytest
 
 from ep_trace.parsers import read_kineto, read_trace_dir
 
+from .decoder_paths import decoder  # noqa: F401 - the fixture, used by pytestmark
+
+pytestmark = pytest.mark.usefixtures("decoder")
+
 FILES = [
     "param_dlrm_8rank/worker0_step_12.1694128201545.pt.trace.json.gz",
     "param_dlrm_8rank/worker7_step_12.1694128201553.pt.trace.json.gz",

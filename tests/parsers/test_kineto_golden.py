@@ -12,6 +12,9 @@ from ep_trace.parsers import kineto_json, read_kineto
 from ep_trace.parsers.kineto import rank_from_file_name, read_kineto_file
 
 from .conftest import A2AV_META
+from .decoder_paths import decoder  # noqa: F401 - the fixture, used by pytestmark
+
+pytestmark = pytest.mark.usefixtures("decoder")
 
 
 def _ev(t, name):
