@@ -9,6 +9,8 @@ so a multi-threaded reader pays for every thread) gives MB (1e6 bytes) per CPU-s
 * ``ep-trace-warm`` -- the same, timed on a second read of the file in the same process: the
   steady state of a directory of big ranks (the first read also pays one-off costs: the heap's
   first growth, polars' and the allocator's first use);
+* ``ep-decode-warm`` -- only the per-file decode (``kineto._decode``: slices to column frames, the
+  native scanner unless ``EP_TRACE_NATIVE=0``, no links / collectives / sort), on a second read;
 * ``polars-read``   -- only the reader ep-trace's decode is built on: the file streamed in its
   ~256 KB ``traceEvents`` pieces and ``pl.read_json`` with its schema over each
   (``kineto_columnar._read``), no checks, no tables: the floor of ep-trace's own decode;
@@ -47,6 +49,10 @@ if mode in ("ep-trace", "ep-trace-warm"):
     if mode == "ep-trace-warm":
         read_kineto_file(path)
     t = time.process_time(); read_kineto_file(path); dt = time.process_time() - t
+elif mode == "ep-decode-warm":
+    from ep_trace.parsers import kineto
+    kineto._decode(Path(path))
+    t = time.process_time(); kineto._decode(Path(path)); dt = time.process_time() - t
 elif mode == "polars-read":
     from ep_trace.parsers import kineto_columnar, kineto_json, kineto_stream
     piece = kineto_json.CHUNK_BYTES // kineto_columnar._PARTS
@@ -87,7 +93,7 @@ elif mode == "simdjson":
 print(dt)
 """
 
-MODES = ("orjson", "ep-trace", "ep-trace-warm", "polars-read", "msgspec", "msgspec-typed", "simdjson")
+MODES = ("orjson", "ep-trace", "ep-trace-warm", "ep-decode-warm", "polars-read", "msgspec", "msgspec-typed", "simdjson")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -184,7 +184,7 @@ static int scan_string(P *q, Tok *t) {
 static int scan_number(P *q, Tok *t) {
     const uint8_t *p = q->p, *end = q->end;
     long ex = 0;
-    int exneg = 0, idig = 0;
+    int exneg = 0, idig = 0, int0 = 0;
     t->type = T_NUM;
     t->s = p;
     t->is_int = 1;
@@ -193,6 +193,7 @@ static int scan_number(P *q, Tok *t) {
     if (*p == '0') {
         p++;
         idig = 1;
+        int0 = 1;
     } else if (*p >= '1' && *p <= '9') {
         while (p < end && *p >= '0' && *p <= '9') p++, idig++;
     } else
@@ -213,8 +214,12 @@ static int scan_number(P *q, Tok *t) {
             p++;
         }
     }
-    /* |value| < 10^301 always (no infinity); tiny values refused too (rare, not worth the thought) */
-    if (idig > 300 || ex > 300 || (!exneg && idig + ex > 300)) BAIL(q, "number near the float range");
+    /* |value| < 10^308 (never infinity in orjson): its decimal exponent is at most 307 (an int part
+     * "0" makes it < 10^ex); exponents <= -400 refused too (orjson reads them as 0.0; not worth it) */
+    {
+        long mag = exneg ? (long)idig - 1 - ex : (int0 ? ex - 1 : (long)idig - 1 + ex);
+        if (mag > 307 || (exneg && ex > 400)) BAIL(q, "number near the float range");
+    }
     t->digits = idig;
     t->n = (size_t)(p - t->s);
     q->p = p;

@@ -4,6 +4,7 @@ the awkward inputs it must either read identically or hand back to orjson."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from unittest import mock
 
@@ -18,6 +19,11 @@ from ep_trace.parsers import kineto, kineto_columnar, kineto_json, kineto_native
 from .decoder_paths import decoder  # noqa: F401 - the fixture, used by pytestmark
 
 pytestmark = pytest.mark.usefixtures("decoder")
+
+
+def _native_on() -> bool:
+    """Whether this run of the test (the ``decoder`` fixture) uses the native scanner."""
+    return os.environ.get("EP_TRACE_NATIVE") == "1"
 
 
 def _same_decode(path: Path) -> tuple[int, int]:
@@ -171,11 +177,11 @@ def test_bad_values_keep_the_orjson_error_word_for_word(tmp_path):
         assert want in str(ei.value), name
 
 
-def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch, decoder):
+def test_slices_use_the_columnar_reader_on_gpu_traces(external_dir, monkeypatch):
     """The fast path really runs (no silent per-slice fallback) on a modern NCCL trace: the native
     scanner on every slice, or (``EP_TRACE_NATIVE=0``) polars' reader."""
     used = []
-    if decoder == "native":
+    if _native_on():
         real_native = kineto_native.slice_frame
         monkeypatch.setattr(
             kineto_native, "slice_frame", lambda *a: (r := real_native(*a), r is not None and used.append(1))[0]
@@ -369,7 +375,7 @@ def test_compact_cuts_equal_the_regex_whatever_the_blanks(text):
 
 
 @pytest.mark.parametrize("null_at", [5, 190])  # in the first piece of the slice, or a later one
-def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monkeypatch, null_at, decoder):
+def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monkeypatch, null_at):
     """Only the pieces holding an X kernel without a ``Collective name`` are counted: a null one
     there sends the slice to orjson (which keeps that kernel's args); one on a CPU op does not.
     The native scanner sees the key itself: it keeps that kernel's args with no fallback."""
@@ -382,7 +388,7 @@ def test_null_collective_name_on_a_kernel_in_any_piece_falls_back(tmp_path, monk
     real = kineto_columnar._work
     monkeypatch.setattr(kineto_columnar, "_work", lambda *a: (r := real(*a), fast.append(r is not None))[0])
     _, kept = _same_decode(p)
-    assert kept == 1 and fast == [decoder == "native"]
+    assert kept == 1 and fast == [_native_on()]
     events[null_at] = _ev(null_at, cat="kernel", name="ncclDevKernel_AllReduce")  # no key: nothing to count
     p = _write(tmp_path, "u.json", events)
     fast.clear()
