@@ -106,6 +106,9 @@ static int hex4(const uint8_t *s, const uint8_t *end, unsigned *out) {
     return 0;
 }
 
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+
 /* bytes that end the plain run of a string: '"', '\\', controls, non-ASCII */
 static uint8_t STOP[256];
 
@@ -140,6 +143,16 @@ static int scan_string(P *q, Tok *t) {
     t->esc = 0;
     t->ascii = 1;
     for (;;) {
+        /* 8 bytes at a time while none of them is a '"', a '\\', a control or a non-ASCII byte
+         * (the classic has-zero-byte tests, SWAR; a hit only hands over to the byte loop) */
+        while (end - p >= 8) {
+            uint64_t v, a, b;
+            memcpy(&v, p, 8);
+            a = v ^ 0x2222222222222222ULL;
+            b = v ^ 0x5C5C5C5C5C5C5C5CULL;
+            if ((((a - ONES) & ~a) | ((b - ONES) & ~b) | ((v - 0x2020202020202020ULL) & ~v) | v) & HIGHS) break;
+            p += 8;
+        }
         while (p < end && !STOP[*p]) p++;
         if (p >= end) BAIL(q, "unterminated string");
         if (*p == '"') break;
