@@ -1,5 +1,9 @@
 """Columnar decode of ``traceEvents`` slices with polars' JSON reader: no Python object per event.
 
+(Each slice goes first to the native scanner, :mod:`ep_trace.parsers.kineto_native`, when it is
+built and not switched off by ``EP_TRACE_NATIVE=0``; this module's reader takes the slices it
+gives up on, and the orjson path those this reader could read differently.)
+
 The orjson path (:func:`ep_trace.parsers.kineto._chunk_frame`) builds ~25 Python objects per event
 and then one list comprehension per field; on GPU traces (~530k events per 100 MB) that is over half
 of the ingest time. Here each slice from :func:`ep_trace.parsers.kineto_stream.stream_slices` is read
