@@ -41,6 +41,7 @@ static int buf_grow(Buf *b, size_t extra) {
 }
 
 static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (!n) return 0; /* (an empty string into a buffer not yet allocated: no memcpy on NULL) */
     if (b->len + n > b->cap && buf_grow(b, n)) return -1;
     memcpy(b->p + b->len, src, n);
     b->len += n;
