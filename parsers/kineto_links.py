@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ep_trace.parsers.kineto_keys import key_packs
+
 __all__ = ["innermost_enclosing", "link_events"]
 
 _KEY = ["pid", "tid"]
@@ -121,8 +123,11 @@ def _packed_enclosing(points: pl.DataFrame, ops: pl.DataFrame, by: list[str]) ->
     bits = (hi - lo + 1).bit_length()
     if (n_threads << bits) >= 2**62:
         return None
-    threads = ops.select(by).with_columns(gid.alias("_g")).unique(by)
     g = gid.to_numpy()
+    # one row per thread id: any row of each (all rows of an id hold the same key), no hash unique
+    first_row = np.zeros(n_threads, dtype=np.int64)
+    first_row[g] = np.arange(len(g))
+    threads = ops.select(by).gather(first_row).with_columns(pl.Series("_g", np.arange(n_threads, dtype=np.int64)))
     base = g << bits
     ps = base + (s.to_numpy() - lo)
     pe = base + (e.to_numpy() - lo)
@@ -134,7 +139,8 @@ def _packed_enclosing(points: pl.DataFrame, ops: pl.DataFrame, by: list[str]) ->
     first_of_thread = np.searchsorted(g, np.arange(n_threads), side="left")
     pos = np.arange(len(ps)) - first_of_thread[g]
     ends = np.sort(pe)
-    ended = np.searchsorted(ends, ps, side="left") - np.searchsorted(ends, g << bits, side="left")
+    # ops of earlier threads, counted once per thread (not one search per op)
+    ended = np.searchsorted(ends, ps, side="left") - np.searchsorted(ends, np.arange(n_threads) << bits)[g]
     depth = pos - ended  # >= 0: every op that ended before this start also started before it
     # each point on its thread's axis; a point outside [lo, hi] is contained by no op
     pg = points.select(by).join(threads, on=by, how="left", maintain_order="left").get_column("_g")
@@ -175,29 +181,31 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
     if n.height == 0:
         none = pl.lit(None, dtype=ev.schema["event_id"])
         return ev.with_columns(none.alias("launch_id"), none.alias("op_id"))
+    # (file, id) pairs as one int64 join key each (kineto_keys: half the cost of a two-column key)
+    packs = key_packs(ev, {"corr": ["correlation"], "ext": ["external_id"], "event": ["event_id"]}, file_key)
+    ck, xk, ek = packs["corr"].key, packs["ext"].key, packs["event"].key
     # Every filter runs on the lazily selected columns it needs: an eager filter of ``ev`` would
     # first copy all of its columns (names included), ~0.5x the events frame per filter at peak.
     lazy = ev.lazy()
     runtime, ops, by_ext = pl.collect_all(
         [
-            lazy.select(*ids, "event_id", "kind", *_KEY, "start_ns", "correlation").filter(
-                (pl.col("kind") == "runtime") & pl.col("correlation").is_not_null()
-            ),
+            lazy.select(*ids, "event_id", "kind", *_KEY, "start_ns", "correlation")
+            .filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
+            .select(*key, "start_ns", "event_id", ck("correlation").alias("_ck"), ek("event_id").alias("_ek")),
             lazy.select(*ids, "event_id", "kind", "category", *_KEY, "start_ns", "end_ns")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function"))
             .select(*key, "start_ns", "end_ns", pl.col("event_id").alias("op")),
             lazy.select(*ids, "event_id", "kind", "external_id")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())
-            .select(*ids, "external_id", pl.col("event_id").alias("_ext_op"))
-            .unique([*ids, "external_id"], keep="first"),
+            .select(xk("external_id").alias("_xk"), pl.col("event_id").alias("_ext_op"))
+            .unique("_xk", keep="first"),
         ]
     )
-    launches = runtime.select(*ids, "correlation", pl.col("event_id").alias("_launch")).unique(
-        [*ids, "correlation"], keep="first"
-    )
+    launches = runtime.select("_ck", pl.col("event_id").alias("_launch")).unique("_ck", keep="first")
     # Joins run on a narrow frame (ids only) and the two results are attached in row order, so the
     # wide events frame (names, ...) is never copied by a join.
-    n = n.join(launches, on=[*ids, "correlation"], how="left", maintain_order="left").with_columns(
+    n = n.with_columns(ck("correlation").alias("_ck"), xk("external_id").alias("_xk"))
+    n = n.join(launches, on="_ck", how="left", maintain_order="left").with_columns(
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
         pl.when(pl.col("kind") == "runtime")
         .then(pl.col("event_id"))
@@ -205,19 +213,20 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
         .then(pl.col("_launch"))
         .alias("_launch"),
     )
-    n = n.join(by_ext, on=[*ids, "external_id"], how="left", maintain_order="left")
+    n = n.join(by_ext, on="_xk", how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
     # Containment only for the launches some row cannot link by External id, and only against the
     # ops of their threads (each point's answer depends on nothing else): on modern GPU traces most
     # launches carry a resolvable External id.
-    need = n.filter(~ext_ok & pl.col("_launch").is_not_null()).select(*ids, pl.col("_launch").alias("event_id"))
-    points = runtime.join(need.unique(), on=[*ids, "event_id"], how="semi").select(
-        *key, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch")
+    n = n.with_columns(ek("_launch").alias("_lk"))
+    need = n.filter(~ext_ok & pl.col("_launch").is_not_null()).select("_lk")
+    points = runtime.join(need.unique(), left_on="_ek", right_on="_lk", how="semi").select(
+        *key, pl.col("start_ns").alias("t"), pl.col("event_id").alias("_launch"), pl.col("_ek").alias("_lk")
     )
     ops = ops.join(points.select(key).unique(), on=key, how="semi")
     contained = innermost_enclosing(points, ops, tuple(key))
-    launch_op = contained.select(*ids, "_launch", pl.col("op").alias("_launch_op"))
-    n = n.join(launch_op, on=[*ids, "_launch"], how="left", maintain_order="left")
+    launch_op = contained.select("_lk", pl.col("op").alias("_launch_op"))
+    n = n.join(launch_op, on="_lk", how="left", maintain_order="left")
     op_id = pl.when(ext_ok).then(pl.col("_ext_op")).otherwise(pl.col("_launch_op"))
     n = n.select("_row", "launch_id", op_id.alias("op_id"))
     rows = n.get_column("_row")
