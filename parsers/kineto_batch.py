@@ -25,6 +25,7 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.parsers import validate
 from ep_trace.parsers.kineto_collectives import FILE, FileContext, build_collectives
+from ep_trace.parsers.kineto_keys import key_packs
 from ep_trace.parsers.kineto_links import link_events
 
 __all__ = ["FILE", "Decoded", "finish_files"]
@@ -336,8 +337,10 @@ def finish_files(files: Sequence[Decoded]) -> list[tuple[schema.TraceTables, Any
     ctx = [FileContext(d.kept_args, d.rank, d.dist, str(d.path)) for d in files]
     colls, coll_of_event = build_collectives(ev, ctx)
     if coll_of_event.height:
+        ek = key_packs(ev, {"event": ["event_id"]}, FILE, n)["event"].key
+        of_event = coll_of_event.select(ek("event_id").alias("_ek"), "coll_id")
         ev = ev.with_columns(
-            ev.select(FILE, "event_id").join(coll_of_event, on=[FILE, "event_id"], how="left", maintain_order="left")[
+            ev.select(ek("event_id").alias("_ek")).join(of_event, on="_ek", how="left", maintain_order="left")[
                 "coll_id"
             ]
         )

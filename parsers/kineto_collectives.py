@@ -53,6 +53,7 @@ from ep_trace.parsers.kineto_coll_fields import (
     without_per_call,
 )
 from ep_trace.parsers.kineto_gloo_workers import pair_workers
+from ep_trace.parsers.kineto_keys import key_packs
 
 __all__ = ["FileContext", "build_collectives", "normalise_collective"]
 
@@ -239,28 +240,40 @@ def _kernel_members(
     """(file, event_id, _call) of the kernels implementing each call; kernels carrying collective
     metadata whose CPU op is outside the window become calls of their own (added to ``rows``)."""
     file_dtype = ev.schema[FILE]
+    # (file, id) pairs as one int64 join key each (kineto_keys: half the cost of a two-column key)
+    packs = key_packs(ev, {"event": ["event_id"], "ext": ["external_id"]}, FILE, len(files))
+    ek, xk = packs["event"].key, packs["ext"].key
     # Kernels implementing each call: launched inside the call's root interval on its thread ...
     # (columns first, then rows: a filter of the whole frame copies every column of the kept rows)
     kind = ev.get_column("kind")
     kernels = ev.select(
-        FILE, "event_id", "name", "start_ns", "end_ns", "launch_id", "external_id", "correlation"
+        FILE,
+        "event_id",
+        "name",
+        "start_ns",
+        "end_ns",
+        "external_id",
+        "correlation",
+        ek("event_id").alias("_ek"),
+        ek("launch_id").alias("_lk"),
     ).filter(kind == "gpu_kernel")
-    launch = ev.select(FILE, pl.col("event_id").alias("launch_id"), "pid", "tid", pl.col("start_ns").alias("t")).filter(
+    launch = ev.select(ek("event_id").alias("_lk"), "pid", "tid", pl.col("start_ns").alias("t")).filter(
         kind == "runtime"
     )
-    k = kernels.join(launch, on=[FILE, "launch_id"], how="left").sort("t", nulls_last=True)
+    k = kernels.join(launch, on="_lk", how="left").sort("t", nulls_last=True)
     k_in = k.filter(pl.col("t").is_not_null()).join_asof(
         roots, left_on="t", right_on="_rs", by=[FILE, "pid", "tid"], strategy="backward", check_sortedness=False
     )
-    k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select(FILE, "event_id", "_call")
+    k_in = k_in.filter(pl.col("t") <= pl.col("_re")).select("_ek", "_call")
     # ... or linked by External id to one of its ops (kernels without a launch in the window).
     k_ext = (
         kernels.filter(pl.col("external_id") != pl.col("correlation"))
-        .join(ext, on=[FILE, "external_id"])
-        .select(FILE, "event_id", "_call")
+        .with_columns(xk("external_id").alias("_xk"))
+        .join(ext.select(xk("external_id").alias("_xk"), "_call"), on="_xk")
+        .select("_ek", "_call")
     )
-    assigned = pl.concat([k_in, k_ext]).unique([FILE, "event_id"], keep="first")
-    k = kernels.join(assigned, on=[FILE, "event_id"], how="left")
+    assigned = pl.concat([k_in, k_ext]).unique("_ek", keep="first")
+    k = kernels.join(assigned, on="_ek", how="left")
     # Kernels carrying collective metadata whose CPU op is not in the window: calls of their own.
     kept_ids = pl.DataFrame(
         {
@@ -269,6 +282,7 @@ def _kernel_members(
         },
         schema={FILE: file_dtype, "event_id": pl.Int64},
     )
+    # (kept ids may be rows dropped as duplicates, outside the packed range: the two columns here)
     orphan = k.filter(pl.col("_call").is_null()).join(kept_ids, on=[FILE, "event_id"], how="semi")
     if orphan.height:
         orphan = orphan.with_columns(pl.coalesce("external_id", "correlation").alias("_grp"))
@@ -289,7 +303,7 @@ def _kernel_members(
             ]
         )
         k = (
-            k.join(fill, on=[FILE, "event_id"], how="left")
+            k.join(fill.select(ek("event_id").alias("_ek"), "_orph"), on="_ek", how="left")
             .with_columns(pl.coalesce("_call", "_orph").alias("_call"))
             .drop("_orph")
         )
@@ -385,8 +399,10 @@ def _finish(
         pl.Series(FILE, rows.file, dtype=file_dtype),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"),
     )
+    ek = key_packs(ev, {"event": ["event_id"]}, FILE, len(files))["event"].key
     activity = (
-        members.join(ev.select(FILE, "event_id", "start_ns", "end_ns"), on=[FILE, "event_id"])
+        members.select(ek("event_id").alias("_ek"), "_call")
+        .join(ev.select(ek("event_id").alias("_ek"), "start_ns", "end_ns"), on="_ek")
         .group_by("_call")
         .agg(
             pl.col("start_ns").min().alias("_s"),

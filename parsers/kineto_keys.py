@@ -37,7 +37,8 @@ class KeyPack:
 
     def key(self, value: str | pl.Expr, file: str | pl.Expr | None = None) -> pl.Expr:
         """The join key of ``value`` (an id column) in the file column ``file`` (default the
-        pack's); null where the id is null."""
+        pack's); null where the id is null. Only ids of the range the pack was made from have
+        distinct keys: both sides of a join must take their ids from it."""
         v = pl.col(value) if isinstance(value, str) else value
         if self.file_key is None:
             return v.cast(pl.Int64)
