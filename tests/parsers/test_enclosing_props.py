@@ -87,3 +87,11 @@ def test_packed_enclosing_equals_asof_path_on_any_intervals(ops, ts, offset):
     with mock.patch.object(kineto_links, "_packed_enclosing", lambda *a: None):
         want = innermost_enclosing(pts, ops_df)
     assert got.equals(want), (got, want)
+    # the thread numbers link_events passes (the points' threads; ops of other threads dropped)
+    threads = pts.select("pid", "tid").unique(maintain_order=True).with_row_index("_g")
+    numbered = innermost_enclosing(
+        pts.join(threads, on=["pid", "tid"], how="left", maintain_order="left"),
+        ops_df.join(threads, on=["pid", "tid"], how="inner", maintain_order="left"),
+        thread_ids="_g",
+    )
+    assert dict(numbered.select("i", "op").iter_rows()) == dict(got.select("i", "op").iter_rows())
