@@ -25,7 +25,7 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.parsers import validate
 from ep_trace.parsers.kineto_collectives import FILE, FileContext, build_collectives
-from ep_trace.parsers.kineto_keys import key_packs
+from ep_trace.parsers.kineto_keys import first_rows, key_packs
 from ep_trace.parsers.kineto_links import link_events
 
 __all__ = ["FILE", "Decoded", "finish_files"]
@@ -338,12 +338,8 @@ def finish_files(files: Sequence[Decoded]) -> list[tuple[schema.TraceTables, Any
     colls, coll_of_event = build_collectives(ev, ctx)
     if coll_of_event.height:
         ek = key_packs(ev, {"event": ["event_id"]}, FILE, n)["event"].key
-        of_event = coll_of_event.select(ek("event_id").alias("_ek"), "coll_id")
-        ev = ev.with_columns(
-            ev.select(ek("event_id").alias("_ek")).join(of_event, on="_ek", how="left", maintain_order="left")[
-                "coll_id"
-            ]
-        )
+        row = first_rows(coll_of_event.select(ek("event_id")).to_series(), ev.select(ek("event_id")).to_series())
+        ev = ev.with_columns(coll_of_event.get_column("coll_id").gather(row))
     holder = [ev]
     del ev
     ev = _sort_columns(holder, FILE, "start_ns", "event_id", order=order, constant=(FILE, "rank") if n == 1 else ())

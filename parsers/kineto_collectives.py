@@ -53,7 +53,7 @@ from ep_trace.parsers.kineto_coll_fields import (
     without_per_call,
 )
 from ep_trace.parsers.kineto_gloo_workers import pair_workers
-from ep_trace.parsers.kineto_keys import key_packs
+from ep_trace.parsers.kineto_keys import first_rows, key_packs
 
 __all__ = ["FileContext", "build_collectives", "normalise_collective"]
 
@@ -260,7 +260,8 @@ def _kernel_members(
     launch = ev.select(ek("event_id").alias("_lk"), "pid", "tid", pl.col("start_ns").alias("t")).filter(
         kind == "runtime"
     )
-    k = kernels.join(launch, on="_lk", how="left").sort("t", nulls_last=True)
+    at = first_rows(launch.get_column("_lk"), kernels.get_column("_lk"))
+    k = kernels.with_columns(launch.select(pl.col("pid", "tid", "t").gather(at))).sort("t", nulls_last=True)
     k_in = k.filter(pl.col("t").is_not_null()).join_asof(
         roots, left_on="t", right_on="_rs", by=[FILE, "pid", "tid"], strategy="backward", check_sortedness=False
     )

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
-__all__ = ["KeyPack", "key_packs"]
+__all__ = ["KeyPack", "first_rows", "key_packs"]
 
 #: Packed keys stay below this (int64, with room for the sign).
 _LIMIT = 1 << 62
@@ -77,3 +78,56 @@ def key_packs(
         bits = max(1, int(hi - lo).bit_length())
         out[d] = KeyPack(file_key, int(lo), bits if (files << bits) < _LIMIT else None)
     return out
+
+
+def first_rows(build: pl.Series, probe: pl.Series) -> pl.Series:
+    """For each ``probe`` key, the row of the first equal ``build`` key (null when there is none
+    or the probe is null): ``build.unique(keep="first")`` then a left join, as one gather.
+
+    Kineto ids are dense (CUPTI correlation ids and External ids count up from 1, event ids index
+    ``traceEvents``), so a table indexed by ``key - min`` replaces the hash table of a join (a
+    unique + left join of 60k launches cost 4.6 ms per 188k events). Keys spread much wider than
+    the rows (or struct keys: :class:`KeyPack` without ``bits``) take the join.
+
+    Args:
+        build: Keys (int64 or struct; nulls never match).
+        probe: Keys to look up.
+
+    Returns:
+        UInt32 row numbers into ``build``, one per probe row.
+    """
+    if build.dtype == pl.Int64 and probe.dtype == pl.Int64:
+        b = build.drop_nulls()
+        lo, hi = b.min(), b.max()
+        if lo is None:
+            return pl.repeat(None, probe.len(), dtype=pl.UInt32, eager=True)
+        span = int(hi) - int(lo) + 1  # type: ignore[arg-type]
+        if span <= 8 * (build.len() + probe.len()) + 4096 and int(lo) + span < 2**63:  # type: ignore[arg-type]
+            return _table_rows(build, probe, int(lo), span)  # type: ignore[arg-type]
+    right = pl.DataFrame({"_k": build}).with_row_index("_r").unique("_k", keep="first")
+    return pl.DataFrame({"_k": probe}).join(right, on="_k", how="left", maintain_order="left").get_column("_r")
+
+
+def _table_rows(build: pl.Series, probe: pl.Series, lo: int, span: int) -> pl.Series:
+    """:func:`first_rows` by a direct-address table over ``[lo, lo + span)``."""
+    none = np.iinfo(np.int64).max
+    table = np.full(span, none, dtype=np.int64)
+    rows = np.arange(build.len(), dtype=np.int64)
+    if build.null_count():
+        valid = build.is_not_null().to_numpy()
+        rows = rows[valid]
+        b = build.drop_nulls().to_numpy() - lo
+    else:
+        b = build.to_numpy() - lo
+    table[b] = rows
+    if not np.array_equal(table[b], rows):  # repeated keys: the first row of each must win
+        table[b] = none
+        np.minimum.at(table, b, rows)
+    pv = probe.fill_null(lo).to_numpy()
+    inside = (pv >= lo) & (pv < lo + span)  # (tested before the subtraction: it could wrap outside)
+    if probe.null_count():
+        inside &= probe.is_not_null().to_numpy()
+    p = pv - lo
+    found = np.where(inside, table[np.where(inside, p, 0)], none)
+    out = pl.Series("_r", np.where(found == none, 0, found), dtype=pl.UInt32)
+    return out.scatter(np.flatnonzero(found == none), None) if (found == none).any() else out

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ep_trace.parsers.kineto_keys import key_packs
+from ep_trace.parsers.kineto_keys import first_rows, key_packs
 
 __all__ = ["innermost_enclosing", "link_events"]
 
@@ -214,15 +214,19 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
             .select(*key, "start_ns", "end_ns", pl.col("event_id").alias("op")),
             lazy.select(*ids, "event_id", "kind", "external_id")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())
-            .select(xk("external_id").alias("_xk"), pl.col("event_id").alias("_ext_op"))
-            .unique("_xk", keep="first"),
+            .select(xk("external_id").alias("_xk"), pl.col("event_id").alias("_ext_op")),
         ]
     )
-    launches = runtime.select("_ck", pl.col("event_id").alias("_launch")).unique("_ck", keep="first")
-    # Joins run on a narrow frame (ids only) and the two results are attached in row order, so the
-    # wide events frame (names, ...) is never copied by a join.
+    # Lookups run on a narrow frame (ids only) and the two results are attached in row order, so the
+    # wide events frame (names, ...) is never copied by a join; each is the first row of its key
+    # (unique keep="first" + left join) found in a table indexed by the dense ids (first_rows).
     n = n.with_columns(ck("correlation").alias("_ck"), xk("external_id").alias("_xk"))
-    n = n.join(launches, on="_ck", how="left", maintain_order="left").with_columns(
+    launch_row = first_rows(runtime.get_column("_ck"), n.get_column("_ck"))
+    ext_row = first_rows(by_ext.get_column("_xk"), n.get_column("_xk"))
+    n = n.with_columns(
+        runtime.get_column("event_id").gather(launch_row).alias("_launch"),
+        by_ext.get_column("_ext_op").gather(ext_row),
+    ).with_columns(
         pl.when(gpu).then(pl.col("_launch")).alias("launch_id"),
         pl.when(pl.col("kind") == "runtime")
         .then(pl.col("event_id"))
@@ -230,7 +234,6 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
         .then(pl.col("_launch"))
         .alias("_launch"),
     )
-    n = n.join(by_ext, on="_xk", how="left", maintain_order="left")
     ext_ok = pl.col("_ext_op").is_not_null() & (pl.col("external_id") != pl.col("correlation")).fill_null(True)
     # Containment only for the launches some row cannot link by External id, and only against the
     # ops of their threads (each point's answer depends on nothing else): on modern GPU traces most
@@ -245,8 +248,11 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
     ops = ops.join(threads, on=key, how="inner", maintain_order="left")
     points = points.join(threads, on=key, how="left", maintain_order="left")
     contained = innermost_enclosing(points, ops, tuple(key), thread_ids="_g")
-    launch_op = contained.select("_lk", pl.col("op").alias("_launch_op"))
-    n = n.join(launch_op, on="_lk", how="left", maintain_order="left")
+    n = n.with_columns(
+        contained.get_column("op")
+        .gather(first_rows(contained.get_column("_lk"), n.get_column("_lk")))
+        .alias("_launch_op")
+    )
     op_id = pl.when(ext_ok).then(pl.col("_ext_op")).otherwise(pl.col("_launch_op"))
     n = n.select("_row", "launch_id", op_id.alias("op_id"))
     rows = n.get_column("_row")
