@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -114,7 +114,7 @@ def _kind_of_category(cat: pl.Series) -> pl.Series:
     other = kinds.index("other")
     uniq = cat.unique()
     codes = uniq.to_physical()
-    top = codes.max()
+    top = cast("int | None", codes.max())
     if top is None or int(top) > max(1 << 16, 4 * cat.len()):  # (a huge global category table: by name)
         return cat.replace_strict(_KIND_OF_CAT, default="other", return_dtype=_KIND_DTYPE)
     lut = np.full(int(top) + 2, other, dtype=np.uint8)  # the last slot: a null category (-> other)

@@ -124,10 +124,10 @@ def _packed_enclosing(
     if s.null_count() or e.null_count() or t.null_count() or bool((e < s).any()):
         return None
     lo, hi = int(s.min()), int(e.max())  # type: ignore[arg-type]
-    given = thread_ids is not None and not ops.get_column(thread_ids).null_count()
-    if given:
-        gid = ops.get_column(thread_ids).cast(pl.Int64)
-        pg = points.get_column(thread_ids).cast(pl.Int64)
+    given = thread_ids if thread_ids is not None and not ops.get_column(thread_ids).null_count() else None
+    if given is not None:
+        gid = ops.get_column(given).cast(pl.Int64)
+        pg = points.get_column(given).cast(pl.Int64)
         n_threads = max(int(gid.max()), int(pg.max() if pg.null_count() < pg.len() else 0)) + 1  # type: ignore[arg-type]
     else:  # thread ids in key order (dense rank of the key struct: exact, no hash)
         gid = ops.select(pl.struct(by).rank("dense").cast(pl.Int64) - 1).to_series()
@@ -136,7 +136,7 @@ def _packed_enclosing(
     if (n_threads << bits) >= 2**62:
         return None
     g = gid.to_numpy()
-    if not given:
+    if given is None:
         # one row per thread id: any row of each (all rows of an id hold the same key), no hash unique
         first_row = np.zeros(n_threads, dtype=np.int64)
         first_row[g] = np.arange(len(g))
