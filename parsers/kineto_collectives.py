@@ -261,9 +261,7 @@ def _kernel_members(
         kind == "runtime"
     )
     at = first_rows(launch.get_column("_lk"), kernels.get_column("_lk"))
-    k = kernels.with_columns(launch.select(pl.col("pid", "tid", "t").gather(at)).get_columns()).sort(
-        "t", nulls_last=True
-    )
+    k = kernels.with_columns(launch.select(pl.col("pid", "tid", "t").gather(at))).sort("t", nulls_last=True)
     k_in = k.filter(pl.col("t").is_not_null()).join_asof(
         roots, left_on="t", right_on="_rs", by=[FILE, "pid", "tid"], strategy="backward", check_sortedness=False
     )
@@ -403,12 +401,9 @@ def _finish(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("_call"),
     )
     ek = key_packs(ev, {"event": ["event_id"]}, FILE, len(files))["event"].key
-    # each member's row of ev (event ids are unique per file: the inner join's one match)
-    at = first_rows(ev.select(ek("event_id")).to_series(), members.select(ek("event_id")).to_series())
     activity = (
-        members.select("_call")
-        .with_columns(*ev.select(pl.col("start_ns", "end_ns").gather(at)).get_columns(), at.alias("_at"))
-        .filter(pl.col("_at").is_not_null())
+        members.select(ek("event_id").alias("_ek"), "_call")
+        .join(ev.select(ek("event_id").alias("_ek"), "start_ns", "end_ns"), on="_ek")
         .group_by("_call")
         .agg(
             pl.col("start_ns").min().alias("_s"),
