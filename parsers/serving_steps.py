@@ -83,7 +83,7 @@ def with_iteration_steps(events: pl.DataFrame) -> pl.DataFrame:
 
     Returns:
         The same rows in the same order; unchanged when no rank qualifies (the common case costs one
-        literal ``contains`` per marker over the rows).
+        literal ``contains`` per marker over the rows of its kinds).
     """
     if events.is_empty() or "seq" not in events.columns:
         return events

@@ -89,15 +89,15 @@ def has_ep_traffic(a: Analysis) -> bool:
     and TensorRT-LLM are typed so), routing counts (``rank_load``), or an MoE stage (:data:`MOE_STAGES`,
     from ep-trace, framework ranges or kernel families).
     """
-    c = a.calls
-    if c.is_empty():
+    if a.calls.is_empty():
         return False
-    a2a = c.get_column("collective").filter(c.get_column("collective").str.starts_with("all_to_all"))
+    coll = a.calls.get_column("collective")
+    a2a = coll.filter(coll.str.starts_with("all_to_all"))
     if a2a.is_empty():
         return False
-    if (a2a == "all_to_allv").any() or a.rank_load.height:
+    if (a2a == "all_to_allv").any() or has_expert_load(a):
         return True
-    return bool(a.stages.height) and bool(a.stages.get_column("stage").is_in(MOE_STAGES).any())
+    return bool(a.stages.get_column("stage").is_in(MOE_STAGES).any())
 
 
 def has_expert_load(a: Analysis) -> bool:

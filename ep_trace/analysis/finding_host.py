@@ -125,18 +125,16 @@ def host_bound(a: Analysis, step_ns: float) -> list[Finding]:
     # The what-if removes the launch gaps of every GPU rank, and its saving is the mean over ranks: with
     # several ranks it can exceed the named rank's on-path gaps (param_dlrm_8rank: rank 7 7.20 ms on
     # the path, 10.9 ms saved), so the title says whose gaps the saving removes.
-    if len(gpu) > 1:
-        title = (
-            f"Rank {rank}'s device waits for its host {fmt_ns(per_step)} per step on the critical path, outside "
-            f"blocking calls (the most of {len(gpu)} GPU ranks); devices that never wait for their hosts would save "
-            f"{fmt_ns(saving)} per step (simulated bound, all {len(gpu)} ranks)."
-        )
-    else:
-        title = (
-            f"Rank {rank}'s device waits for its host {fmt_ns(per_step)} per step on the critical path, outside "
-            f"blocking calls; a device that never waits for the host would save {fmt_ns(saving)} per step "
-            "(simulated bound)."
-        )
+    waits = (
+        f"Rank {rank}'s device waits for its host {fmt_ns(per_step)} per step on the critical path, outside "
+        "blocking calls"
+    )
+    title = (
+        f"{waits} (the most of {len(gpu)} GPU ranks); devices that never wait for their hosts would save "
+        f"{fmt_ns(saving)} per step (simulated bound, all {len(gpu)} ranks)."
+        if len(gpu) > 1
+        else f"{waits}; a device that never waits for the host would save {fmt_ns(saving)} per step (simulated bound)."
+    )
     return [
         Finding(
             "host_bound",

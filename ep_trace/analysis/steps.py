@@ -22,8 +22,9 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
     Returns:
         Columns ``rank, step, start_ns, end_ns, tid, method`` (``method`` is ``'profiler_step'``,
         ``'iteration'`` (a serving engine's per-iteration annotation, e.g. vLLM's
-        ``execute_context_...``: :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``). When a rank has duplicate rows for one step (a CPU and a GPU copy of the
-        annotation) the host one (``cpu_*`` kinds first) wins.
+        ``execute_context_...``: :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``). When a
+        rank has duplicate rows for one step (a CPU and a GPU copy of the annotation) the host one
+        (``cpu_*`` kinds first) wins.
     """
     prof = (
         events.filter(pl.col("seq").is_not_null())
