@@ -14,6 +14,9 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   spreads are the steps' interquartile ranges).
 * skew_ab: the skew pair inside one run (``--skew hot:1:0.45 --alt-skew uniform``, 2048 tokens),
   predicted = ``balanced_routing`` from each skewed step analysed alone.
+* readme_skew_ab: the README example's routing inside one run, its straggler on both sides
+  (``--skew zipf:1.2 --straggler 2:30 --alt-skew uniform``, 4 ranks, 512 tokens): a what-if that
+  predicts a *slower* step (balanced routing moves tokens onto the late rank) checked against reality.
 * readme: the README example, 4 ranks ``--skew zipf:1.2 --straggler 2:30`` vs ``--skew zipf:1.2`` (512 tokens);
   predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
 
@@ -130,10 +133,15 @@ def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, objec
 #: name -> (demo args, what-if, k, tokens): pairs measured inside one run, A on even steps (the
 #: cause: 1 chunk, or the skew), B on odd steps (K chunks, or uniform routing).
 AB_PAIRS = {
-    "chunks_ab": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 2048),
-    "chunks8_ab": (["--chunks", "1", "--alt-chunks", "8"], "chunked_pipeline", 8, 2048),
-    "chunks_ab_small": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 512),
-    "skew_ab": (["--skew", "hot:1:0.45", "--alt-skew", "uniform"], "balanced_routing", None, 2048),
+    "chunks_ab": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 2048, 2),
+    "chunks8_ab": (["--chunks", "1", "--alt-chunks", "8"], "chunked_pipeline", 8, 2048, 2),
+    "chunks_ab_small": (["--chunks", "1", "--alt-chunks", "4"], "chunked_pipeline", 4, 512, 2),
+    "skew_ab": (["--skew", "hot:1:0.45", "--alt-skew", "uniform"], "balanced_routing", None, 2048, 2),
+    # the README example's routing with its straggler kept on both sides: balancing moves tokens
+    # onto the late rank, so the model predicts a negative saving; 4 ranks on the 2 cores
+    "readme_skew_ab": (
+        ["--skew", "zipf:1.2", "--straggler", "2:30", "--alt-skew", "uniform"], "balanced_routing", None, 512, 4,
+    ),
 }
 
 
@@ -154,14 +162,14 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
     medians of all A and all B steps, with a bootstrap interval; the prediction is the median of the
     pair's what-if over ``predict_steps`` A steps per run, each analysed alone.
     """
-    demo_args, scenario, k, tokens = AB_PAIRS[name]
+    demo_args, scenario, k, tokens, ranks = AB_PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
     a_all: list[float] = []
     b_all: list[float] = []
     pred, diffs = [], []
     for i in range(repeats):
         d = work / f"{name}_{i}"
-        _demo(d, demo_args, 2 * steps + 2, tokens, 2)
+        _demo(d, demo_args, 2 * steps + 2, tokens, ranks)
         an = ep_trace.load([d], config=AnalysisConfig(steps=(2, 2 * steps + 1)))
         per = an.steps.group_by("step").agg(pl.col("step_time_ns").mean())
         a_steps = per.filter(pl.col("step") % 2 == 0)["step_time_ns"].to_list()

@@ -61,6 +61,8 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         for r in wrows:
             t.add_row(r[0], r[2], r[3], r[4], r[5])
         out.append(t)
+        # the terminal drops the "what it changes" column; a slower row keeps its reason
+        out += [Text(f"{r[0]} is slower: {r[1].split('; slower: ', 1)[1]}") for r in wrows if "; slower: " in r[1]]
     rt = digest.rank_table(analysis)
     if rt.height:
         title = "per rank: step time over steps; exposed comm and barrier wait as mean per step"

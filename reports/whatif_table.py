@@ -2,7 +2,9 @@
 
 One row per scenario of ``Analysis.whatif`` (``ep_trace.analysis.whatif``), the ``all`` row last: the
 bound of every fix at once, the figure to compare against (the rows' savings overlap and must not be
-added). A negative saving (chunking on ranks whose transfers cannot hide) reads "slower".
+added). A negative saving reads "slower", and its row says why (:func:`slower_reason`): balanced
+routing that moves tokens onto the late rank (the README example: predicted 8.6 ms slower, measured
+8.9 in an in-run A/B, benchmarks/README.md), or chunks that cost more than pipelining hides.
 
 A first row, ``as measured``, gives the baseline every row is compared with: the unedited step
 replayed, with the what-ifs' own statistic (median over steps of the mean over ranks). It differs from
@@ -18,7 +20,7 @@ from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
-__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS"]
+__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS", "slower_reason"]
 
 WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "of replayed step", "ranks")
 #: The baseline row's name (no scenario of ``Analysis.whatif`` has it).
@@ -37,6 +39,25 @@ SCENARIO_WORDS = {
 }
 
 
+def slower_reason(scenario: str, heavy: list[int], straggler: int | None) -> str:
+    """Why a what-if lengthens the step, in words ('' when there is no specific reason).
+
+    Args:
+        scenario: The what-if.
+        heavy: Its ranks (for ``balanced_routing``: the ranks that give tokens away).
+        straggler: The ``no_straggler`` row's rank, if any.
+    """
+    if scenario == "balanced_routing":
+        if straggler is not None and straggler not in heavy:
+            return f"balancing gives more tokens to rank {straggler}, the late rank, which then arrives later still"
+        return "the ranks that receive tokens finish later than the heavy ranks did"
+    if scenario == "chunked_pipeline":
+        return (
+            "each extra chunk's two collective calls and re-issued ops cost more than pipelining hides on these ranks"
+        )
+    return ""
+
+
 def whatif_rows(analysis: Analysis) -> list[list[str]]:
     """Table rows (strings): the replayed baseline (:data:`MEASURED`) first, then the simulated
     what-ifs, ``all`` last; empty without a model."""
@@ -46,6 +67,8 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
     wf = wf.with_columns((pl.col("scenario") == "all").alias("_last")).sort("_last", maintain_order=True)
     base = (wf["predicted_step_ns"] + wf["saving_ns"]).to_list()
     ranks = sorted({int(x) for r in wf["ranks"].to_list() for x in r})
+    late = wf.filter(pl.col("scenario") == "no_straggler")["ranks"].to_list()
+    straggler = int(late[0][0]) if late and late[0] else None
     rows = [
         [
             MEASURED,
@@ -59,6 +82,8 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
     for r, b in zip(wf.iter_rows(named=True), base, strict=True):
         sav = int(r["saving_ns"])
         words = SCENARIO_WORDS.get(r["scenario"], r["scenario"]).format(k=r.get("chunks"))
+        why = slower_reason(r["scenario"], [int(x) for x in r["ranks"]], straggler) if sav < 0 else ""
+        words += f"; slower: {why}" if why else ""
         saving = fmt_ns(sav) if sav >= 0 else f"{fmt_ns(-sav)} slower"
         rows.append(
             [
