@@ -45,7 +45,7 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import allocator, gc_pause, kineto_columnar, kineto_json, kineto_stream, validate
-from ep_trace.parsers.kineto_batch import Decoded, finish_files
+from ep_trace.parsers.kineto_batch import KINETO_CATEGORIES, Decoded, finish_files
 
 __all__ = [
     "KinetoFileInfo",
@@ -68,6 +68,21 @@ ARG_KEEP_PREFIXES = ("c10d::", "record_param_comms", "nccl:", "gloo:", "_c10d_fu
 
 _RANK_FILE_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_.]?(\d+)(?!\d)", re.IGNORECASE)
 _FIX = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
+#: Top-level keys only torch.profiler (Kineto) writes; a JSON with none of them and none of Kineto's
+#: event categories is some other tool's Chrome trace (SGLang writes ``<id>-TP-<r>-perfetto.json.gz``
+#: request spans next to its ``<id>-TP-<r>.trace.json.gz`` torch traces: python/sglang/srt/managers/
+#: scheduler_perfetto_trace_mixin.py), not a rank: read as one it took rank 0 from no evidence.
+_KINETO_KEYS = (
+    "schemaVersion",
+    "deviceProperties",
+    "distributedInfo",
+    "baseTimeNanoseconds",
+    "traceName",
+    "record_shapes",
+    "cupti_version",
+    "cuda_runtime_version",
+    "trace_id",
+)
 
 
 @dataclass(frozen=True)
@@ -293,6 +308,27 @@ def _decode(path: Path, columnar: bool = True) -> tuple[dict[str, Any], dict[int
     return header, kept_args, frames
 
 
+def _check_is_kineto(path: Path, header: dict[str, Any], ev: pl.DataFrame) -> None:
+    """Refuse a Chrome-format JSON that torch.profiler did not write (no Kineto key, no Kineto category).
+
+    Raises:
+        TraceFormatError: with the :data:`~ep_trace.parsers.input_guard.NOT_A_TRACE` prefix, so that a
+            directory read skips the file with a warning instead of giving it a rank.
+    """
+    if path.name.endswith((".pt.trace.json", ".pt.trace.json.gz")) or any(k in header for k in _KINETO_KEYS):
+        return  # torch.profiler's own file name (tensorboard_trace_handler): meant as a rank, never skipped
+    cats = ev.get_column("category").cast(pl.Utf8).drop_nulls().unique()
+    if cats.is_in(list(KINETO_CATEGORIES)).any():
+        return
+    seen = ", ".join(sorted(cats.to_list())[:4]) or "none"
+    raise TraceFormatError(
+        path,
+        "not a Chrome/Kineto trace of torch.profiler: no Kineto key (schemaVersion, distributedInfo, "
+        f"deviceProperties, ...) and none of its event categories (cpu_op, kernel, ...; this file has: {seen})",
+        "pass the torch.profiler traces (*.pt.trace.json[.gz]) and move other tools' Chrome traces out of the directory",
+    )
+
+
 def decode_kineto_file(path: str | Path, rank: int | None = None) -> Decoded:
     """The per-file half of reading a Kineto trace: decode, rank, time base and time checks.
 
@@ -361,6 +397,7 @@ def decode_kineto_file(path: str | Path, rank: int | None = None) -> Decoded:
         )
     # relative ts (kineto#928): the base is known only once the whole file is read
     ev = _times(ev, path, base_ns)
+    _check_is_kineto(path, header, ev)
     ws = dist.get("world_size")
     file_info = KinetoFileInfo(
         path=str(path),

@@ -28,7 +28,7 @@ from ep_trace.parsers.kineto_collectives import FILE, FileContext, build_collect
 from ep_trace.parsers.kineto_keys import first_rows, key_packs
 from ep_trace.parsers.kineto_links import link_events
 
-__all__ = ["FILE", "Decoded", "finish_files"]
+__all__ = ["FILE", "KINETO_CATEGORIES", "Decoded", "finish_files"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,10 @@ _KNOWN_OTHER = frozenset(
     }
 )
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
+#: Every event category torch.profiler writes (mapped or kept as ``other`` on purpose), and the
+#: capitalised ones of the first Kineto releases (torch 1.8: ``Operator``, ``Kernel``, ``Runtime``,
+#: ``Memcpy``, ``Memset``): a JSON with none of them and no Kineto key is not a Kineto trace.
+KINETO_CATEGORIES = frozenset(_KIND_OF_CAT) | _KNOWN_OTHER | {"Operator", "Kernel", "Runtime", "Memcpy", "Memset"}
 
 
 @dataclass

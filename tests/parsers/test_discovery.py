@@ -84,3 +84,49 @@ def test_files_of_different_world_sizes_list_every_group(tmp_path: Path):
     assert str(e.value) == (
         f"files from different jobs: world sizes differ (2: {f[0]}, {f[1]}; 4: {f[2]}); put one job per directory"
     )
+
+
+def _chrome(path: Path, events: list[dict]) -> Path:
+    """Another tool's Chrome trace: no Kineto key, no Kineto category (SGLang's request spans)."""
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
+
+
+def test_another_tools_chrome_trace_is_not_a_rank(tmp_path: Path):
+    """SGLang writes ``<id>-TP-<r>-perfetto.json.gz`` request spans beside its torch traces: read as a
+    rank it took rank 0 from no evidence and clashed with the real rank 0 (or its sidecar)."""
+    d = tmp_path / "sglang"
+    d.mkdir()
+    write_trace(d / "1733000000.1-TP-0.trace.json.gz", _ev(), rank=0)
+    write_trace(d / "1733000000.1-TP-1.trace.json.gz", _ev(), rank=1)
+    spans = [x("request", "req 7", 10, 50), x("scheduler", "run_batch", 12, 3)]
+    _chrome(d / "1733000000.1-TP-0-perfetto.json", spans)
+    t = read_trace_dir(d)
+    assert t.ranks["rank"].to_list() == [0, 1]
+    assert [(Path(i.file).name, i.level, i.message) for i in t.load_report] == [
+        (
+            "1733000000.1-TP-0-perfetto.json",
+            "warning",
+            "skipped, not a trace file: not a Chrome/Kineto trace of torch.profiler: no Kineto key (schemaVersion, "
+            "distributedInfo, deviceProperties, ...) and none of its event categories (cpu_op, kernel, ...; this "
+            "file has: request, scheduler)",
+        )
+    ]
+    with pytest.raises(TraceFormatError) as e:
+        read_trace_dir(d / "1733000000.1-TP-0-perfetto.json")
+    assert str(e.value).endswith(
+        "1733000000.1-TP-0-perfetto.json: not a Chrome/Kineto trace of torch.profiler: no Kineto key "
+        "(schemaVersion, distributedInfo, deviceProperties, ...) and none of its event categories (cpu_op, "
+        "kernel, ...; this file has: request, scheduler); pass the torch.profiler traces (*.pt.trace.json[.gz]) "
+        "and move other tools' Chrome traces out of the directory"
+    )
+
+
+def test_a_bare_kineto_file_is_still_read(tmp_path: Path):
+    """Keys stripped by a post-processing tool: a Kineto category, or torch's own file name, is enough."""
+    d = tmp_path / "bare"
+    d.mkdir()
+    _chrome(d / "rank0.json", _ev())  # categories cpu_op / kernel, no key
+    _chrome(d / "rank1.pt.trace.json", [x("my_tool", "step", 10, 5)])  # torch.profiler's file name
+    t = read_trace_dir(d)
+    assert t.ranks["rank"].to_list() == [0, 1]

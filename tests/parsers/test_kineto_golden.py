@@ -419,6 +419,11 @@ def test_functional_all_to_all_single_wrapper(tmp_path, kt):
         ("rank3.pt.trace.json", 3),
         ("rank_3.json.gz", 3),
         ("worker12_step_12.1694.pt.trace.json", 12),
+        # vLLM's worker names (vllm/v1/worker/gpu_worker.py; get_worker_rank_suffix): the global rank
+        ("0f3a-rank-5.1733000000123.pt.trace.json.gz", 5),
+        ("decode_dp1_pp0_tp2_dcp0_ep3_rank7.1733000000123.pt.trace.json.gz", 7),
+        # SGLang's TP rank is not a global rank (with DP it repeats): distributedInfo must say
+        ("1733000000.1-TP-3-DP-1-EP-3.trace.json.gz", None),
         ("trace.json", None),
     ],
 )
