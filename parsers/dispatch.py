@@ -88,6 +88,9 @@ def check_format(fmt: str, allowed: tuple[str, ...] = FORMATS) -> str:
 Progress = Callable[[str, int, int], None]
 
 _SIDECAR_RE = re.compile(r"^rank(\d+)\.ep\.jsonl$")
+#: The stage suffix of SGLang's per-stage traces (``<id>-TP-<t>-EXTEND.trace.json.gz``; the stage is a
+#: ``ForwardMode`` name: python/sglang/srt/managers/scheduler_profiler_mixin.py, ``stop_profile(stage)``).
+_SGLANG_STAGE_RE = re.compile(r"-(?:EXTEND|DECODE|MIXED|IDLE|PREFILL)(?=\.trace\.json)")
 _NSYS_DIR_MARKERS = (
     "StringIds.parquet",
     "CUPTI_ACTIVITY_KIND_KERNEL.parquet",
@@ -217,10 +220,16 @@ def _check_job(parts: list[tuple[pl.DataFrame, object | None]], ranks: pl.DataFr
         for r, f in t.select("rank", "source_file").iter_rows():
             if r in seen:
                 da, db = Path(seen[r]).parent, Path(f).parent
+                stages = {_SGLANG_STAGE_RE.sub("", Path(x).name) for x in (seen[r], f)}
                 where = (
                     f"; they are in different folders ({da}, {db}): point at one run's folder"
                     if da != db
-                    else "; keep one file per rank (or pass --rank-map)"
+                    else (
+                        "; SGLang's profile_by_stage writes one file per forward stage (-EXTEND, -DECODE): "
+                        "analyse one stage per directory"
+                        if len(stages) == 1 and _SGLANG_STAGE_RE.search(Path(f).name)
+                        else "; keep one file per rank (or pass --rank-map)"
+                    )
                 )
                 raise RankConflictError(f"rank {r} appears in two files: {seen[r]} and {f}{where}")
             seen[r] = f

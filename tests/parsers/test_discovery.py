@@ -130,3 +130,17 @@ def test_a_bare_kineto_file_is_still_read(tmp_path: Path):
     _chrome(d / "rank1.pt.trace.json", [x("my_tool", "step", 10, 5)])  # torch.profiler's file name
     t = read_trace_dir(d)
     assert t.ranks["rank"].to_list() == [0, 1]
+
+
+def test_sglang_per_stage_files_of_one_rank_say_why(tmp_path: Path):
+    d = tmp_path / "by_stage"
+    d.mkdir()
+    write_trace(d / "1733000000.1-TP-0-EXTEND.trace.json.gz", _ev(), rank=0)
+    write_trace(d / "1733000000.1-TP-0-DECODE.trace.json.gz", _ev(), rank=0)
+    with pytest.raises(RankConflictError) as e:
+        read_trace_dir(d)
+    assert str(e.value) == (
+        f"rank 0 appears in two files: {d / '1733000000.1-TP-0-DECODE.trace.json.gz'} and "
+        f"{d / '1733000000.1-TP-0-EXTEND.trace.json.gz'}; SGLang's profile_by_stage writes one file per forward "
+        "stage (-EXTEND, -DECODE): analyse one stage per directory"
+    )
