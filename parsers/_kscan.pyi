@@ -1,4 +1,4 @@
-"""Stub of the native scanner (parsers/_kscan.c)."""
+"""Stub of the native scanner (parsers/_kscan.c and the _kscan_*.c parts it includes)."""
 
 # ((n, nx, ids, cat_offsets, cat_data, cat_validity, name_offsets, name_data, name_validity,
 #   pid, pid_validity, tid, tid_validity, ts, ts_validity, dur, dur_validity, correlation,

@@ -1,16 +1,18 @@
 """The native decode of one ``traceEvents`` slice: the C scanner ``ep_trace.parsers._kscan``.
 
-The scanner (``parsers/_kscan.c``) reads a slice's JSON pieces once, validating every byte as JSON,
-and returns the columns of its X events as raw buffers (int64 / float64 values, Arrow validity
-bitmaps, UTF-8 data with int64 offsets), wrapped here as Arrow arrays and one polars frame with no
-copy per event. It is strict instead of clever: any input it does not read exactly as
-:func:`ep_trace.parsers.kineto._chunk_frame` reads the orjson objects (a duplicate or escaped key,
-a boolean / string time, a float / quoted / > 18-digit id, a bool or float pid, a label pid with
-non-ASCII text, args that are no object, invalid JSON or UTF-8, a lone surrogate ...) makes it
-return the reason instead, and :mod:`ep_trace.parsers.kineto_columnar` decodes that slice on its
-other paths (same result or the same one-line error). Kept args (collective markers by name,
-kernels with a ``Collective name`` key, even a null one) are decoded by one orjson call from the
-offsets the scanner gives, as on the polars path.
+The scanner (``parsers/_kscan.c``: the module glue, which includes the JSON lexer, the number
+conversion and the event-record scanner from ``parsers/_kscan_{json,num,record}.c``) reads a slice's
+JSON pieces once, validating every byte as JSON, and returns the columns of its X events as raw
+buffers (int64 / float64 values, Arrow validity bitmaps, UTF-8 data with int64 offsets), wrapped
+here as Arrow arrays and one polars frame with no copy per event. It is strict instead of clever:
+any input it does not read exactly as :func:`ep_trace.parsers.kineto._chunk_frame` reads the orjson
+objects (a duplicate or escaped key, a boolean / string time, a float / quoted / > 18-digit id, a
+bool or float pid, a label pid with non-ASCII text, args that are no object, invalid JSON or UTF-8,
+a lone surrogate ...) makes it return the reason instead, and
+:mod:`ep_trace.parsers.kineto_columnar` decodes that slice on its other paths (same result or the
+same one-line error). Kept args (collective markers by name, kernels with a ``Collective name`` key,
+even a null one) are decoded by one orjson call from the offsets the scanner gives, as on the polars
+path.
 
 ``EP_TRACE_NATIVE=0`` in the environment turns it off (tests of both paths, debugging); without
 a C compiler at install time the extension is absent and the other paths run.
