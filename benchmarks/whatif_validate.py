@@ -140,7 +140,11 @@ AB_PAIRS = {
     # the README example's routing with its straggler kept on both sides: balancing moves tokens
     # onto the late rank, so the model predicts a negative saving; 4 ranks on the 2 cores
     "readme_skew_ab": (
-        ["--skew", "zipf:1.2", "--straggler", "2:30", "--alt-skew", "uniform"], "balanced_routing", None, 512, 4,
+        ["--skew", "zipf:1.2", "--straggler", "2:30", "--alt-skew", "uniform"],
+        "balanced_routing",
+        None,
+        512,
+        4,
     ),
 }
 
