@@ -10,7 +10,8 @@ profiler, for Nsight) named from the scheduler's batch::
 
     execute_context_<ctx requests>(<ctx tokens>)_generation_<gen requests>(<gen tokens>)
 
-(some vLLM versions and forks write more figures inside the parentheses: ``(sq12sk4096...)``).
+(some vLLM versions and forks write more figures inside the parentheses: ``(sq12sk4096...)``; the
+first V1 releases wrote ``execute_new_<new requests>_cached_<cached requests>``).
 SGLang writes no iteration range, but its profiler records Python frames by default, and
 ``Scheduler.run_batch`` runs once per iteration: its frame is the step there. TensorRT-LLM's
 PyTorch backend marks each engine forward with the NVTX range ``_forward_step`` (Nsight traces).
@@ -38,6 +39,9 @@ ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "execute_context_",
         ("cpu_annotation", "gpu_annotation"),
     ),
+    # the same method in the first vLLM V1 releases named the range from the scheduler's new and
+    # cached requests: f"execute_new_{num_new}_cached_{num_cached}" (vllm/v1/worker/gpu_worker.py)
+    "vllm_v1_early": (r"^execute_new_\d+_cached_\d+$", "execute_new_", ("cpu_annotation", "gpu_annotation")),
     # sgl-project/sglang python/sglang/srt/managers/scheduler.py: event_loop_normal / event_loop_overlap
     # call Scheduler.run_batch once per iteration; SGLang's profiler records Python frames by default
     # (scheduler_profiler_mixin.py: with_stack True), which torch's Python tracer names

@@ -42,6 +42,18 @@ def test_vllm_iterations_are_the_steps_of_a_trace_without_profiler_steps(kt, tmp
     assert not any("whole trace is analysed as step 0" in n for n in a.notes)
 
 
+def test_early_vllm_v1_iteration_names_are_steps_too(kt, tmp_path):
+    """The first vLLM V1 releases named the range execute_new_<n>_cached_<m> (gpu_worker.py)."""
+    names = ["execute_new_2_cached_0", "execute_new_0_cached_2", "execute_new_0_cached_2"]
+    ev = []
+    for i, (n, ts) in enumerate(zip(names, (1_000, 3_500, 4_500), strict=True)):
+        ev += _vllm_iteration(kt, ts, n, 10 + i, 100 + i, kernel_us=100)
+    kt.write_trace(tmp_path / "rank0.pt.trace.json", ev, world_size=1)
+    a = ep_trace.load([tmp_path])
+    assert a.steps.sort("step")["step"].to_list() == [1, 2, 3]
+    assert a.steps["step_time_ns"].to_list() == [900_000] * 3
+
+
 def test_profiler_steps_win_and_other_ranks_are_left_alone():
     ev = pl.DataFrame(
         {
