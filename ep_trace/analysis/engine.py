@@ -44,6 +44,25 @@ Progress = Callable[[str, int, int], None]
 _TOL_FLOOR_NS = 10_000  # 10 µs: below any collective's launch jitter, above µs rounding of old traces
 
 
+def _iteration_count_note(windows: pl.DataFrame) -> list[str]:
+    """A note when ranks hold different numbers of serving iterations: steps are paired by number.
+
+    vLLM runs ``execute_dummy_batch`` on an idle data-parallel rank (to keep the EP all-to-alls in
+    step) without ``annotate_profile`` (vllm/v1/worker/gpu_worker.py), so such a rank has fewer
+    iteration ranges than the busy ones, and its step N is not theirs.
+    """
+    it = windows.filter(pl.col("method") == "iteration").group_by("rank").agg(pl.len().alias("n")).sort("rank")
+    if it.height < 2 or it["n"].n_unique() == 1:
+        return []
+    lo, hi = it.row(int(it["n"].arg_min() or 0), named=True), it.row(int(it["n"].arg_max() or 0), named=True)
+    return [
+        f"ranks hold different numbers of serving iterations (rank {lo['rank']}: {lo['n']}, rank {hi['rank']}: "
+        f"{hi['n']}; vLLM's idle data-parallel ranks run unannotated dummy batches): steps are paired across "
+        "ranks by number, so cross-rank per-step figures can pair different iterations (collectives with a "
+        "sequence number are still matched call by call, others by their order in the step)"
+    ]
+
+
 def _step_list(windows: pl.DataFrame, limit: int = 12) -> str:
     """``'0-3'`` / ``'0, 2, 5'`` / ``'0, 1, ... 99 (100 steps)'``: the steps present, for an error line."""
     steps = sorted(int(s) for s in windows["step"].unique())
@@ -100,6 +119,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
             "steps are the serving engine's iterations (vLLM execute_context_* ranges, SGLang Scheduler.run_batch "
             "frames, TensorRT-LLM _forward_step ranges; no ProfilerStep rows)"
         )
+        notes += _iteration_count_note(first_pass.all_windows)
 
     say("overlap", 1, total)
     mode = first_pass.mode

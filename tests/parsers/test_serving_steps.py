@@ -54,6 +54,29 @@ def test_early_vllm_v1_iteration_names_are_steps_too(kt, tmp_path):
     assert a.steps["step_time_ns"].to_list() == [900_000] * 3
 
 
+def test_ranks_with_different_iteration_counts_say_steps_pair_by_number(kt, tmp_path):
+    """vLLM's idle data-parallel ranks run dummy batches without an annotation: fewer iterations."""
+    for rank, n in ((0, 3), (1, 2)):
+        ev = []
+        for i in range(n):
+            ev += _vllm_iteration(kt, 1_000 + 1_500 * i, "execute_context_0(0)_generation_1(1)", 10 + i, 100 + i, 100)
+        kt.write_trace(tmp_path / f"rank{rank}.pt.trace.json", ev, rank=rank, world_size=2)
+    a = ep_trace.load([tmp_path])
+    assert (
+        "ranks hold different numbers of serving iterations (rank 1: 2, rank 0: 3; vLLM's idle data-parallel "
+        "ranks run unannotated dummy batches): steps are paired across ranks by number, so cross-rank per-step "
+        "figures can pair different iterations (collectives with a sequence number are still matched call by "
+        "call, others by their order in the step)"
+    ) in a.notes
+    kt.write_trace(
+        tmp_path / "rank1.pt.trace.json",
+        ev + _vllm_iteration(kt, 9_000, "execute_context_0(0)_generation_1(1)", 30, 300, 100),
+        rank=1,
+        world_size=2,
+    )
+    assert not any("different numbers of serving iterations" in n for n in ep_trace.load([tmp_path]).notes)
+
+
 def test_profiler_steps_win_and_other_ranks_are_left_alone():
     ev = pl.DataFrame(
         {
