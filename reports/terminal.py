@@ -10,7 +10,7 @@ from rich.text import Text
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import digest
 from ep_trace.reports.units import fmt_ns, fmt_pct
-from ep_trace.reports.whatif_table import whatif_rows
+from ep_trace.reports.whatif_table import slower_notes, whatif_rows
 
 __all__ = ["summary_renderables"]
 
@@ -61,8 +61,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         for r in wrows:
             t.add_row(r[0], r[2], r[3], r[4], r[5])
         out.append(t)
-        # the terminal drops the "what it changes" column; a slower row keeps its reason
-        out += [Text(f"{r[0]} is slower: {r[1].split('; slower: ', 1)[1]}") for r in wrows if "; slower: " in r[1]]
+        out += [Text(line) for line in slower_notes(analysis)]  # the table has no "what it changes" column
     rt = digest.rank_table(analysis)
     if rt.height:
         title = "per rank: step time over steps; exposed comm and barrier wait as mean per step"

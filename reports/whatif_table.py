@@ -20,7 +20,7 @@ from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
-__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS", "slower_reason"]
+__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS", "slower_reason", "slower_notes"]
 
 WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "of replayed step", "ranks")
 #: The baseline row's name (no scenario of ``Analysis.whatif`` has it).
@@ -58,6 +58,27 @@ def slower_reason(scenario: str, heavy: list[int], straggler: int | None) -> str
     return ""
 
 
+def _reasons(wf: pl.DataFrame) -> dict[str, str]:
+    """``scenario -> reason`` of the what-ifs of ``wf`` that lengthen the step and have one."""
+    late = wf.filter(pl.col("scenario") == "no_straggler")["ranks"].to_list()
+    straggler = int(late[0][0]) if late and late[0] else None
+    out = {}
+    for r in wf.filter(pl.col("saving_ns") < 0).iter_rows(named=True):
+        why = slower_reason(r["scenario"], [int(x) for x in r["ranks"]], straggler)
+        if why:
+            out[r["scenario"]] = why
+    return out
+
+
+def slower_notes(analysis: Analysis) -> list[str]:
+    """``'<what-if> is slower: <reason>'`` per what-if that lengthens the step (for the terminal,
+    whose table has no "what it changes" column)."""
+    wf = analysis.whatif
+    if wf is None or wf.is_empty():
+        return []
+    return [f"{s} is slower: {why}" for s, why in _reasons(wf).items()]
+
+
 def whatif_rows(analysis: Analysis) -> list[list[str]]:
     """Table rows (strings): the replayed baseline (:data:`MEASURED`) first, then the simulated
     what-ifs, ``all`` last; empty without a model."""
@@ -67,8 +88,7 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
     wf = wf.with_columns((pl.col("scenario") == "all").alias("_last")).sort("_last", maintain_order=True)
     base = (wf["predicted_step_ns"] + wf["saving_ns"]).to_list()
     ranks = sorted({int(x) for r in wf["ranks"].to_list() for x in r})
-    late = wf.filter(pl.col("scenario") == "no_straggler")["ranks"].to_list()
-    straggler = int(late[0][0]) if late and late[0] else None
+    reasons = _reasons(wf)
     rows = [
         [
             MEASURED,
@@ -82,8 +102,7 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
     for r, b in zip(wf.iter_rows(named=True), base, strict=True):
         sav = int(r["saving_ns"])
         words = SCENARIO_WORDS.get(r["scenario"], r["scenario"]).format(k=r.get("chunks"))
-        why = slower_reason(r["scenario"], [int(x) for x in r["ranks"]], straggler) if sav < 0 else ""
-        words += f"; slower: {why}" if why else ""
+        words += f"; slower: {reasons[r['scenario']]}" if r["scenario"] in reasons else ""
         saving = fmt_ns(sav) if sav >= 0 else f"{fmt_ns(-sav)} slower"
         rows.append(
             [
