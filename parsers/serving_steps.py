@@ -63,10 +63,13 @@ def _candidates(events: pl.DataFrame) -> pl.Series:
     has_frames = "category" in events.columns and bool((events.get_column("category") == "python_function").any())
     kind, name = events.get_column("kind"), events.get_column("name")
     cand = pl.repeat(False, events.height, eager=True)
+    rows_of: dict[tuple[str, ...], pl.Series] = {}  # the two vLLM markers share their kinds: one pass
     for _, lit, kinds in ITERATION_MARKERS.values():
         if "cpu_op" in kinds and not has_frames:
             continue
-        rows = kind.is_in(kinds).arg_true()  # the literal test on those rows only (annotations: a few)
+        if kinds not in rows_of:
+            rows_of[kinds] = kind.is_in(kinds).arg_true()  # the literal test on those rows only
+        rows = rows_of[kinds]
         hit = rows.filter(name.gather(rows).str.contains(lit, literal=True).fill_null(False))
         if hit.len():
             cand = cand.scatter(hit, True)
