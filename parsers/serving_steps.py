@@ -11,7 +11,14 @@ profiler, for Nsight) named from the scheduler's batch::
     execute_context_<ctx requests>(<ctx tokens>)_generation_<gen requests>(<gen tokens>)
 
 (some vLLM versions and forks write more figures inside the parentheses: ``(sq12sk4096...)``; the
-first V1 releases wrote ``execute_new_<new requests>_cached_<cached requests>``).
+first V1 releases wrote ``execute_new_<new requests>_cached_<cached requests>``; the V1 releases
+before them and V0 wrote no range at all). vLLM's profiler records Python frames by default
+(``with_stack`` True: ``VLLM_TORCH_PROFILER_WITH_STACK``, later ``ProfilerConfig.torch_profiler_with_stack``),
+so the worker's own frames mark its iterations too: ``Worker.execute_model`` once per scheduled batch,
+and ``Worker.execute_dummy_batch`` once per iteration of an idle data-parallel rank
+(``DPEngineCoreProc.run_busy_loop``, vllm/v1/engine/core.py: a rank without requests runs a dummy
+forward while other ranks have work, to take part in the MoE all-to-alls). The annotation does not
+wrap the dummy batch, so such a rank's frames, not its annotations, are its steps.
 SGLang writes no iteration range, but its profiler records Python frames by default, and
 ``Scheduler.run_batch`` runs once per iteration: its frame is the step there. TensorRT-LLM's
 PyTorch backend marks each engine forward with the NVTX range ``_forward_step`` (Nsight traces).
@@ -22,13 +29,16 @@ Rule: on a rank whose events hold no ``ProfilerStep#N`` row, the annotation rows
 :data:`ITERATION_MARKERS` become its steps: ``seq`` = 1, 2, ... in start order, numbered per (rank,
 kind) so that the host range and its GPU copy (Kineto's ``gpu_user_annotation``) of one iteration
 get the same number, as ``ProfilerStep`` rows do. A rank with ``ProfilerStep`` rows keeps them only.
+The vLLM worker frames (:data:`FRAME_MARKERS`) are a rank's steps instead when it has no annotation
+marker (the releases without one) or when it ran a dummy batch (its annotations miss those
+iterations); a frame nested in another marker frame of its thread is not a step of its own.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["ITERATION_MARKERS", "with_iteration_steps"]
+__all__ = ["FRAME_MARKERS", "ITERATION_MARKERS", "with_iteration_steps"]
 
 #: Per-iteration rows of serving engines: ``name -> (regex, literal the name contains, event kinds)``.
 ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -54,6 +64,21 @@ ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "trtllm": (r"^_forward_step$", "_forward_step", ("cpu_annotation",)),
 }
 
+#: vLLM worker frames (Python tracer, kind cpu_op): steps where the annotations are missing or
+#: incomplete (see the module rule). vllm-project/vllm vllm/v1/worker/gpu_worker.py ``Worker.execute_model``
+#: / ``Worker.execute_dummy_batch``; V0: vllm/worker/worker_base.py ``LocalOrDistributedWorkerBase.execute_model``.
+FRAME_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "vllm_worker": (
+        r"vllm/v1/worker/gpu_worker\.py\(\d+\): (?:execute_model|execute_dummy_batch)$",
+        "gpu_worker.py(",
+        ("cpu_op",),
+    ),
+    "vllm_v0_worker": (r"vllm/worker/worker_base\.py\(\d+\): execute_model$", "worker_base.py(", ("cpu_op",)),
+}
+
+_DUMMY = "): execute_dummy_batch"
+_ALL = {**ITERATION_MARKERS, **FRAME_MARKERS}
+
 
 def _candidates(events: pl.DataFrame) -> pl.Series:
     """Rows that may be markers: a literal test per marker on the rows of its kinds (the regexes run
@@ -64,7 +89,7 @@ def _candidates(events: pl.DataFrame) -> pl.Series:
     kind, name = events.get_column("kind"), events.get_column("name")
     cand = pl.repeat(False, events.height, eager=True)
     rows_of: dict[tuple[str, ...], pl.Series] = {}  # the two vLLM markers share their kinds: one pass
-    for _, lit, kinds in ITERATION_MARKERS.values():
+    for _, lit, kinds in _ALL.values():
         if "cpu_op" in kinds and not has_frames:
             continue
         if kinds not in rows_of:
@@ -76,10 +101,35 @@ def _candidates(events: pl.DataFrame) -> pl.Series:
     return cand
 
 
-def _is_marker() -> pl.Expr:
+def _is_marker(markers: dict[str, tuple[str, str, tuple[str, ...]]]) -> pl.Expr:
     return pl.any_horizontal(
-        *[pl.col("kind").is_in(kinds) & pl.col("name").str.contains(rx) for rx, _, kinds in ITERATION_MARKERS.values()]
+        *[pl.col("kind").is_in(kinds) & pl.col("name").str.contains(rx) for rx, _, kinds in markers.values()]
     )
+
+
+def _outermost(frames: pl.DataFrame) -> pl.DataFrame:
+    """Frames not nested in an earlier marker frame of the same (rank, thread): a V0 speculative
+    decoding worker calls its scorer's ``execute_model`` inside its own."""
+    if frames.height < 2 or "end_ns" not in frames.columns:
+        return frames
+    by = ["rank", "tid"] if "tid" in frames.columns else ["rank"]
+    prev_end = pl.col("end_ns").cum_max().shift(1).over(by)
+    return frames.sort([*by, "start_ns", "_row"]).filter(prev_end.is_null() | (pl.col("start_ns") >= prev_end))
+
+
+def _per_rank_choice(rows: pl.DataFrame) -> pl.DataFrame:
+    """Keep each rank's frame markers or its annotation markers (the module rule), never both."""
+    frame = rows.filter(pl.col("_frame"))
+    if frame.is_empty():
+        return rows
+    per = rows.group_by("rank").agg(
+        (~pl.col("_frame")).any().alias("_ann"),
+        (pl.col("_frame") & pl.col("name").str.ends_with(_DUMMY)).any().alias("_dummy"),
+    )
+    use_frames = per.filter(~pl.col("_ann") | pl.col("_dummy"))["rank"]
+    ann = rows.filter(~pl.col("_frame") & ~pl.col("rank").is_in(use_frames.implode()))
+    fr = _outermost(frame.filter(pl.col("rank").is_in(use_frames.implode())))
+    return pl.concat([ann, fr.select(ann.columns)])
 
 
 def with_iteration_steps(events: pl.DataFrame) -> pl.DataFrame:
@@ -98,14 +148,17 @@ def with_iteration_steps(events: pl.DataFrame) -> pl.DataFrame:
     if not cand.any():
         return events
     stepped = events.filter(pl.col("seq").is_not_null()).get_column("rank").unique()
+    extra = [c for c in ("tid", "end_ns") if c in events.columns]
     rows = (
         events.with_row_index("_row")
         .filter(cand)
-        .filter(~pl.col("rank").is_in(stepped.implode()) & _is_marker())
-        .select("_row", "rank", "kind", "start_ns")
+        .filter(~pl.col("rank").is_in(stepped.implode()) & _is_marker(_ALL))
+        .select("_row", "rank", "kind", "name", "start_ns", *extra)
+        .with_columns(_is_marker(FRAME_MARKERS).alias("_frame"))
     )
     if rows.is_empty():
         return events
+    rows = _per_rank_choice(rows)
     numbered = rows.sort("rank", "kind", "start_ns", "_row").with_columns(
         (pl.int_range(pl.len()).over("rank", "kind") + 1).cast(pl.Int64).alias("_seq")
     )

@@ -49,7 +49,9 @@ def _iteration_count_note(windows: pl.DataFrame) -> list[str]:
 
     vLLM runs ``execute_dummy_batch`` on an idle data-parallel rank (to keep the EP all-to-alls in
     step) without ``annotate_profile`` (vllm/v1/worker/gpu_worker.py), so such a rank has fewer
-    iteration ranges than the busy ones, and its step N is not theirs.
+    iteration ranges than the busy ones, and its step N is not theirs. With Python frames in the trace
+    (vLLM's default) the dummy batches are steps (``parsers/serving_steps.py``) and the counts agree;
+    this note is for traces taken with ``with_stack`` off.
     """
     it = windows.filter(pl.col("method") == "iteration").group_by("rank").agg(pl.len().alias("n")).sort("rank")
     if it.height < 2 or it["n"].n_unique() == 1:
@@ -57,7 +59,8 @@ def _iteration_count_note(windows: pl.DataFrame) -> list[str]:
     lo, hi = it.row(int(it["n"].arg_min() or 0), named=True), it.row(int(it["n"].arg_max() or 0), named=True)
     return [
         f"ranks hold different numbers of serving iterations (rank {lo['rank']}: {lo['n']}, rank {hi['rank']}: "
-        f"{hi['n']}; vLLM's idle data-parallel ranks run unannotated dummy batches): steps are paired across "
+        f"{hi['n']}; vLLM's idle data-parallel ranks run unannotated dummy batches, seen only with Python "
+        "frames in the trace, i.e. with_stack on): steps are paired across "
         "ranks by number, so cross-rank per-step figures can pair different iterations (collectives with a "
         "sequence number are still matched call by call, others by their order in the step)"
     ]

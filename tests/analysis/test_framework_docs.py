@@ -9,7 +9,7 @@ import tomllib
 
 from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
 from ep_trace.comm_classifier import COMM_KERNEL_PATTERNS
-from ep_trace.parsers.serving_steps import ITERATION_MARKERS
+from ep_trace.parsers.serving_steps import FRAME_MARKERS, ITERATION_MARKERS
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "frameworks.md").read_text()
 
@@ -23,6 +23,6 @@ def test_every_regex_is_in_the_framework_table():
     missing = [f.regex for f in KERNEL_FAMILIES if not _in_doc(f.regex)]
     missing += [rx for _, rx in COMM_KERNEL_PATTERNS if not _in_doc(rx)]
     missing += [p["pattern"] for p in presets if not _in_doc(p["pattern"])]
-    missing += [rx for rx, _, _ in ITERATION_MARKERS.values() if not _in_doc(rx)]
+    missing += [rx for rx, _, _ in {**ITERATION_MARKERS, **FRAME_MARKERS}.values() if not _in_doc(rx)]
     assert missing == []
     assert all(f.source for f in KERNEL_FAMILIES)

@@ -64,7 +64,8 @@ def test_ranks_with_different_iteration_counts_say_steps_pair_by_number(kt, tmp_
     a = ep_trace.load([tmp_path])
     assert (
         "ranks hold different numbers of serving iterations (rank 1: 2, rank 0: 3; vLLM's idle data-parallel "
-        "ranks run unannotated dummy batches): steps are paired across ranks by number, so cross-rank per-step "
+        "ranks run unannotated dummy batches, seen only with Python frames in the trace, i.e. with_stack on): "
+        "steps are paired across ranks by number, so cross-rank per-step "
         "figures can pair different iterations (collectives with a sequence number are still matched call by "
         "call, others by their order in the step)"
     ) in a.notes
@@ -153,3 +154,71 @@ def test_trtllm_forward_step_ranges_are_the_steps():
         schema_overrides={"seq": pl.Int64},
     )
     assert with_iteration_steps(ev)["seq"].to_list() == [1, None, 2]
+
+
+_WORKER = "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py({line}): {fn}"
+
+
+def _frames(rank: int, names: list[str], starts: list[int], ends: list[int], tid: int = 5) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "rank": [rank] * len(names),
+            "kind": ["cpu_annotation" if n.startswith("execute_") else "cpu_op" for n in names],
+            "category": ["user_annotation" if n.startswith("execute_") else "python_function" for n in names],
+            "name": names,
+            "start_ns": starts,
+            "end_ns": ends,
+            "tid": [tid] * len(names),
+            "seq": [None] * len(names),
+        },
+        schema_overrides={"seq": pl.Int64},
+    )
+
+
+def test_vllm_worker_frames_are_the_steps_of_releases_without_an_annotation():
+    """vLLM V1 releases before annotate_profile (and V0) wrote no iteration range; the profiler's
+    default with_stack=True still records Worker.execute_model's frame once per iteration."""
+    em = _WORKER.format(line=281, fn="execute_model")
+    other = _WORKER.format(line=300, fn="profile")
+    ev = _frames(0, [em, em, other, em], [300, 100, 50, 200], [390, 190, 60, 290])
+    assert with_iteration_steps(ev)["seq"].to_list() == [3, 1, None, 2]
+
+
+def test_an_idle_data_parallel_rank_takes_its_dummy_batches_as_steps():
+    """An idle DP rank runs Worker.execute_dummy_batch once per iteration (DPEngineCoreProc.run_busy_loop),
+    outside annotate_profile: its worker frames are its steps, while a busy rank keeps its annotations."""
+    em = _WORKER.format(line=281, fn="execute_model")
+    dummy = _WORKER.format(line=330, fn="execute_dummy_batch")
+    ann = "execute_context_0(0)_generation_1(1)"
+    busy = _frames(0, [em, ann, em, ann, em, ann], [0, 5, 100, 105, 200, 205], [90, 85, 190, 185, 290, 285])
+    idle = _frames(1, [em, ann, dummy, dummy], [0, 5, 100, 200], [90, 85, 190, 290])
+    out = with_iteration_steps(pl.concat([busy, idle]))
+    # rank 0: the annotations (1, 2, 3), not its frames; rank 1: its frames, the execute_model one
+    # holding the annotation and two dummy batches, so both ranks have 3 steps
+    assert out["seq"].to_list() == [None, 1, None, 2, None, 3] + [1, None, 2, 3]
+
+
+def test_a_worker_frame_nested_in_another_is_not_a_step():
+    """V0's speculative decoding worker calls its scorer's execute_model inside its own."""
+    v0 = "/opt/vllm/vllm/worker/worker_base.py(410): execute_model"
+    ev = _frames(0, [v0, v0, v0], [0, 10, 100], [90, 50, 190])
+    assert with_iteration_steps(ev)["seq"].to_list() == [1, None, 2]
+
+
+def test_idle_rank_dummy_batches_pair_the_iterations_in_a_kineto_trace(kt, tmp_path):
+    """End to end: a busy rank's 3 annotated iterations, an idle rank's 3 dummy batches (with_stack on):
+    3 steps each and no note about different iteration counts."""
+    dummy = _WORKER.format(line=330, fn="execute_dummy_batch")
+    busy: list[dict] = []
+    idle: list[dict] = []
+    for i in range(3):
+        ts = 1_000 + 1_500 * i
+        busy += _vllm_iteration(kt, ts, "execute_context_0(0)_generation_1(1)", 10 + i, 100 + i, 100)
+        idle += [kt.x("python_function", dummy, ts, 950)]
+        idle += _vllm_iteration(kt, ts, "unrelated", 20 + i, 200 + i, 100)[2:]  # its launch and kernel
+    kt.write_trace(tmp_path / "rank0.pt.trace.json", busy, rank=0, world_size=2)
+    kt.write_trace(tmp_path / "rank1.pt.trace.json", idle, rank=1, world_size=2)
+    a = ep_trace.load([tmp_path])
+    assert a.steps.group_by("rank").agg(pl.len()).sort("rank")["len"].to_list() == [3, 3]
+    assert a.steps.filter(pl.col("rank") == 1).sort("step")["step_time_ns"].to_list() == [950_000] * 3
+    assert not any("different numbers of serving iterations" in n for n in a.notes)
