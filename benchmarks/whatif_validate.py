@@ -158,7 +158,9 @@ def _median_diff_ci(a: list[float], b: list[float], n: int = 2000) -> tuple[floa
     return float(lo), float(hi)
 
 
-def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: int = 10) -> dict[str, object]:
+def run_ab_pair(
+    name: str, repeats: int, steps: int, work: Path, predict_steps: int = 10, keep: bool = False
+) -> dict[str, object]:
     """``repeats`` runs of ``2 * steps + 2`` steps, A on even and B on odd steps, steps pooled over runs.
 
     The step-to-step spread of one side (~±10 ms at 2048 tokens: the ranks' threads on the 2 shared
@@ -188,7 +190,8 @@ def run_ab_pair(name: str, repeats: int, steps: int, work: Path, predict_steps: 
             p = _predicted(a1, scenario)
             if p is not None:
                 pred.append(p)
-        shutil.rmtree(d, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
     ma, mb = statistics.median(a_all), statistics.median(b_all)
     measured = ma - mb
     lo, hi = _median_diff_ci(a_all, b_all)
@@ -217,7 +220,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--pairs", default="straggler,skew,chunks")
-    ap.add_argument("--work", type=Path, default=None, help="keep the traces here (default: a temp dir)")
+    ap.add_argument("--work", type=Path, default=None, help="work here (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the in-run pairs' traces under --work")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
@@ -227,7 +231,10 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
-            r = (run_ab_pair if name in AB_PAIRS else run_pair)(name, args.repeats, args.steps, work)
+            if name in AB_PAIRS:
+                r = run_ab_pair(name, args.repeats, args.steps, work, keep=args.keep)
+            else:
+                r = run_pair(name, args.repeats, args.steps, work)
             ps = r["predicted_spread_ms"]
             print(
                 f"| {r['pair']} | {r['scenario']} | {r['A_ms']:.1f} ({r['A_spread_ms'][0]:.1f}..{r['A_spread_ms'][1]:.1f}) "
