@@ -43,11 +43,16 @@ __all__ = [
 
 #: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` an
 #: Enum; 3: ``events.category`` Categorical; 4: ``events.seq`` also on serving engines' iteration
-#: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``).
-SCHEMA_VERSION = 4
+#: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``; 5: kind
+#: ``python_frame``).
+SCHEMA_VERSION = 5
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
-#: that performs a collective's transfer; ``other`` = an unknown category kept, never an error.
+#: that performs a collective's transfer; ``python_frame`` = a Python call frame of the profiler's
+#: stack tracer (Kineto ``python_function``, ``with_stack=True``: vLLM's and SGLang's default): call
+#: context that encloses the ops, never work itself (read as ``cpu_op`` it covered every collective
+#: call of a CPU rank and turned its exposed communication into "overlapped"); ``other`` = an
+#: unknown category kept, never an error.
 EVENT_KINDS: tuple[str, ...] = (
     "gpu_kernel",
     "gpu_memcpy",
@@ -58,6 +63,7 @@ EVENT_KINDS: tuple[str, ...] = (
     "runtime",
     "comm_worker",
     "other",
+    "python_frame",
 )
 
 _I32 = pl.Int32

@@ -21,8 +21,8 @@ Rules (facts in ``shared/reference/kineto.md``):
   ``end_ns = start_ns + round(dur * 1000)``. ts 5.1 -> base + 5100.
 * Kinds (schema ``EVENT_KINDS``): ``kernel`` -> gpu_kernel, ``gpu_memcpy``, ``gpu_memset``,
   ``gpu_user_annotation`` -> gpu_annotation, ``user_annotation`` -> cpu_annotation except
-  ``gloo:*`` ranges on a gloo worker thread -> comm_worker, ``cpu_op`` and ``python_function``
-  -> cpu_op (``category`` keeps them apart; python frames are never link targets),
+  ``gloo:*`` ranges on a gloo worker thread -> comm_worker, ``cpu_op`` -> cpu_op,
+  ``python_function`` -> python_frame (call context, not work: never compute, never a link target),
   ``cuda_runtime`` / ``cuda_driver`` -> runtime; other accelerators: ``mtia_ccp_events`` ->
   gpu_kernel (device work, device ``mtia:N``), ``mtia_runtime`` / ``xpu_runtime`` / ``xpu_driver`` /
   ``hpu_op`` / ``privateuse1_*`` -> runtime; ``Trace``, ``overhead``, ``cuda_sync`` ... -> other; any

@@ -39,7 +39,7 @@ _KIND_OF_CAT = {
     "gpu_user_annotation": "gpu_annotation",
     "user_annotation": "cpu_annotation",
     "cpu_op": "cpu_op",
-    "python_function": "cpu_op",
+    "python_function": "python_frame",
     "cuda_runtime": "runtime",
     "cuda_driver": "runtime",
     # other accelerators (pytorch/kineto libkineto/include/ActivityType.h): MTIA device ops are

@@ -55,8 +55,8 @@ ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # sgl-project/sglang python/sglang/srt/managers/scheduler.py: event_loop_normal / event_loop_overlap
     # call Scheduler.run_batch once per iteration; SGLang's profiler records Python frames by default
     # (scheduler_profiler_mixin.py: with_stack True), which torch's Python tracer names
-    # "<co_filename>(<line>): <function>" (torch/csrc/autograd/profiler_python.cpp), kind cpu_op here
-    "sglang": (r"sglang/srt/managers/scheduler\.py\(\d+\): run_batch$", "scheduler.py(", ("cpu_op",)),
+    # "<co_filename>(<line>): <function>" (torch/csrc/autograd/profiler_python.cpp), kind python_frame here
+    "sglang": (r"sglang/srt/managers/scheduler\.py\(\d+\): run_batch$", "scheduler.py(", ("python_frame",)),
     # NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/model_engine.py: @nvtx_range("_forward_step") on
     # the engine's forward, once per iteration (an NVTX range: Nsight traces; its torch profiler,
     # py_executor.py _profiler, neither steps nor records NVTX). A speculative-decoding draft engine's
@@ -64,16 +64,16 @@ ITERATION_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "trtllm": (r"^_forward_step$", "_forward_step", ("cpu_annotation",)),
 }
 
-#: vLLM worker frames (Python tracer, kind cpu_op): steps where the annotations are missing or
+#: vLLM worker frames (Python tracer, kind python_frame): steps where the annotations are missing or
 #: incomplete (see the module rule). vllm-project/vllm vllm/v1/worker/gpu_worker.py ``Worker.execute_model``
 #: / ``Worker.execute_dummy_batch``; V0: vllm/worker/worker_base.py ``LocalOrDistributedWorkerBase.execute_model``.
 FRAME_MARKERS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "vllm_worker": (
         r"vllm/v1/worker/gpu_worker\.py\(\d+\): (?:execute_model|execute_dummy_batch)$",
         "gpu_worker.py(",
-        ("cpu_op",),
+        ("python_frame",),
     ),
-    "vllm_v0_worker": (r"vllm/worker/worker_base\.py\(\d+\): execute_model$", "worker_base.py(", ("cpu_op",)),
+    "vllm_v0_worker": (r"vllm/worker/worker_base\.py\(\d+\): execute_model$", "worker_base.py(", ("python_frame",)),
 }
 
 _DUMMY = "): execute_dummy_batch"
@@ -82,16 +82,11 @@ _ALL = {**ITERATION_MARKERS, **FRAME_MARKERS}
 
 def _candidates(events: pl.DataFrame) -> pl.Series:
     """Rows that may be markers: a literal test per marker on the rows of its kinds (the regexes run
-    on the candidates only). Python frames are only looked for when the trace has some (Kineto's
-    ``python_function`` category, ``with_stack=True``): a literal search over every op cost 3 ms per
-    190k events."""
-    has_frames = "category" in events.columns and bool((events.get_column("category") == "python_function").any())
+    on the candidates only)."""
     kind, name = events.get_column("kind"), events.get_column("name")
     cand = pl.repeat(False, events.height, eager=True)
     rows_of: dict[tuple[str, ...], pl.Series] = {}  # the two vLLM markers share their kinds: one pass
     for _, lit, kinds in _ALL.values():
-        if "cpu_op" in kinds and not has_frames:
-            continue
         if kinds not in rows_of:
             rows_of[kinds] = kind.is_in(kinds).arg_true()  # the literal test on those rows only
         rows = rows_of[kinds]

@@ -82,7 +82,7 @@ def test_kinds_and_dropped_phases(tmp_path, kt):
         "ep:dispatch:l0:fwd": "gpu_annotation",
         "ProfilerStep#12": "cpu_annotation",
         "aten::mm": "cpu_op",
-        "torch/nn/x.py(1): f": "cpu_op",
+        "torch/nn/x.py(1): f": "python_frame",
         "cudaLaunchKernel": "runtime",
         "cuLaunchKernelEx": "runtime",
         "mystery": "other",

@@ -33,7 +33,7 @@ KIND = {
     "gpu_user_annotation": "gpu_annotation",
     "user_annotation": "cpu_annotation",
     "cpu_op": "cpu_op",
-    "python_function": "cpu_op",
+    "python_function": "python_frame",
     "cuda_runtime": "runtime",
     "cuda_driver": "runtime",
 }

@@ -129,7 +129,7 @@ def test_sglang_run_batch_frames_are_the_steps():
     ev = pl.DataFrame(
         {
             "rank": [0, 0, 0, 0],
-            "kind": ["cpu_op", "cpu_op", "cpu_op", "cpu_annotation"],
+            "kind": ["python_frame", "python_frame", "python_frame", "cpu_annotation"],
             "category": ["python_function"] * 3 + ["user_annotation"],
             "name": [frame, frame, frame.replace("run_batch", "process_batch_result"), frame],
             "start_ns": [500, 100, 200, 300],
@@ -137,7 +137,7 @@ def test_sglang_run_batch_frames_are_the_steps():
         },
         schema_overrides={"seq": pl.Int64},
     )
-    # the run_batch frames (python_function rows, kind cpu_op) in start order; another frame and an
+    # the run_batch frames (python_function rows, kind python_frame) in start order; another frame and an
     # annotation that happens to hold the text are not steps
     assert with_iteration_steps(ev)["seq"].to_list() == [2, 1, None, None]
 
@@ -163,7 +163,7 @@ def _frames(rank: int, names: list[str], starts: list[int], ends: list[int], tid
     return pl.DataFrame(
         {
             "rank": [rank] * len(names),
-            "kind": ["cpu_annotation" if n.startswith("execute_") else "cpu_op" for n in names],
+            "kind": ["cpu_annotation" if n.startswith("execute_") else "python_frame" for n in names],
             "category": ["user_annotation" if n.startswith("execute_") else "python_function" for n in names],
             "name": names,
             "start_ns": starts,
