@@ -52,6 +52,12 @@ def demo(
             "--link-latency-ms", help="Fixed delay added to every all-to-all (a stand-in for a cross-node hop)."
         ),
     ] = 0.0,
+    with_stack: Annotated[
+        bool,
+        typer.Option(
+            "--with-stack", help="Record Python frames (with_stack=True, vLLM's and SGLang's profiler default)."
+        ),
+    ] = False,
     sweep: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -75,7 +81,7 @@ def demo(
     cfg = DemoConfig(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
-        backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew,
+        backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew, with_stack=with_stack,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

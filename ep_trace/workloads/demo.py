@@ -66,6 +66,8 @@ class DemoConfig:
             cores was larger than the saving at stake. 0 = off.
         alt_skew: When set, the odd traced steps route with this skew spec instead of ``skew``
             (the same in-run A/B for routing imbalance). ``None`` = off.
+        with_stack: Record Python call frames (``torch.profiler`` ``with_stack=True``, the default of
+            vLLM's and SGLang's profilers), so that the traces have the frames theirs have.
     """
 
     ranks: int = 4
@@ -84,6 +86,7 @@ class DemoConfig:
     link_latency_ms: float = 0.0
     alt_chunks: int = 0
     alt_skew: str | None = None
+    with_stack: bool = False
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     alt_skew_spec: SkewSpec | None = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
@@ -163,6 +166,7 @@ class DemoConfig:
             else f"{self.straggler_spec.rank}:{self.straggler_spec.ms:g}",
             "link_latency_ms": float(self.link_latency_ms),
             "backward": self.backward,
+            **({"with_stack": True} if self.with_stack else {}),
             "seed": self.seed,
             "phase": "training" if self.backward else "forward",
         }
@@ -294,7 +298,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "device": str(dev),
             "workload": cfg.workload_meta(),
         }
-        tracer = Tracer(out_dir, job_id=job_id, meta=meta)
+        tracer = Tracer(out_dir, job_id=job_id, meta=meta, with_stack=cfg.with_stack)
         with _quiet_stderr_fd():
             tracer.start()
         try:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import orjson
+import polars as pl
 import pytest
 
 from ep_trace.cli import main
@@ -336,3 +337,20 @@ def test_routing_bias_realises_the_skew() -> None:
     assert not torch.equal(
         routing_bias(cfg, 0, 1, 0), routing_bias(DemoConfig(ranks=2, experts=4, tokens=1000, skew="hot:2:0.5"), 1, 1, 0)
     )
+
+
+def test_with_stack_frames_leave_synchronous_gloo_calls_exposed(tmp_path: Path) -> None:
+    """A real 2-rank run with Python frames (vLLM's and SGLang's profiler default): the frames are
+    kind python_frame, and the synchronous gloo all-to-alls stay exposed (the caller's
+    ``<built-in method wait ...>`` frame covers each transfer; read as compute it made them 'overlapped')."""
+    import ep_trace
+
+    cfg = DemoConfig(ranks=2, experts=4, hidden=16, tokens=40, layers=2, steps=3, seed=1, with_stack=True)
+    run_demo(cfg, tmp_path)
+    a = ep_trace.load([tmp_path])
+    ev = a.tables.scan_events().select("kind", "name").collect()
+    frames = ev.filter(pl.col("kind") == "python_frame")
+    assert frames.height > 100 and frames["name"].str.contains("wait").any()
+    assert a.rank_summary["overlap_efficiency"].fill_null(0.0).to_list() == [0.0, 0.0]
+    assert (a.steps["overlapped_ns"] == 0).all() and (a.steps["exposed_comm_ns"] > 0).all()
+    assert set(a.stages["stage"].unique()) >= {"route", "permute", "dispatch", "expert", "combine", "unpermute"}
