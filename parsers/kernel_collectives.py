@@ -7,6 +7,17 @@ symmetric-memory and vLLM / SGLang custom all-reduce kernels are launched from C
 without this step their time would count as communication but no call would be matched, waited on
 or overlapped per call.
 
+NCCL kernels normally reach the trace under a collective op; vLLM's ``PyNcclCommunicator``
+(vllm/distributed/device_communicators/pynccl.py) calls NCCL through ctypes, so its calls have no op
+and no ``record_param_comms`` in a Kineto trace, only the kernel (vLLM's default expert-parallel
+backend, ``allgather_reducescatter``: ``AgRsAll2AllManager`` in
+vllm/distributed/device_communicators/all2all.py, dispatches with ``all_gatherv`` and combines with
+``reduce_scatterv`` through it). Such a kernel is one call too: its type is read from the kernel
+name (``ncclDevKernel_<Coll>_...``, ``ncclKernel_<Coll>_...``, NVIDIA/nccl src/device/generate.py),
+its process group is ``nccl:<type>`` (calls are matched by their order among the rank's calls of
+that type in the step; a count that differs between ranks leaves the group unmatched, as for any
+ordinal match).
+
 One row per call per rank: every such kernel is one call, except that a DeepEP notify kernel
 (``notify_dispatch``, ``cached_notify_dispatch``, ``cached_notify_combine``, ``cached_notify``,
 ``clean_low_latency_buffer``; deepseek-ai/DeepEP csrc/kernels/legacy/*.cu) only exchanges the counts
@@ -27,8 +38,19 @@ from ep_trace.parsers.collective_names import normalise_collective
 
 __all__ = ["with_kernel_collectives", "KERNEL_COLLECTIVE_FAMILIES"]
 
-#: Families whose kernels become collectives here (NCCL-family calls come from their ops / ranges).
-KERNEL_COLLECTIVE_FAMILIES = tuple(FAMILY_COLLECTIVE)
+#: Families whose kernels become collectives here. NCCL kernels come from their ops / ranges, and
+#: here only when no op or range claimed them (``coll_id`` still null).
+KERNEL_COLLECTIVE_FAMILIES = (*FAMILY_COLLECTIVE, "nccl")
+
+#: The collective token of an NCCL kernel name: ``ncclDevKernel_AllGather_RING_LL``,
+#: ``ncclKernel_ReduceScatter_RING_LL_Sum_half`` (< 2.19), ``ncclAllReduceRingLLKernel_sum_f32`` (< 2.4).
+_NCCL_COLL = r"^(?:void\s+)?(?:::)?nccl(?:Dev)?Kernel_([A-Za-z]+)|^(?:void\s+)?(?:::)?nccl((?:All)?(?:Gather|Reduce|ReduceScatter|Broadcast|SendRecv))(?:Ring|Tree|CollNet)"
+_NCCL_TYPE = {
+    "allgather": "allgather",
+    "reducescatter": "reduce_scatter",
+    "allreduce": "allreduce",
+    "broadcast": "broadcast",
+}
 
 _NOTIFY = r"::(?:notify_dispatch|cached_notify_dispatch|cached_notify_combine|cached_notify|clean_low_latency_buffer|barrier)\b"
 _DISPATCH = r"(?i)dispatch"
@@ -94,6 +116,12 @@ def with_kernel_collectives(tables: schema.TraceTables) -> schema.TraceTables:
     op_types = {n: normalise_collective(n) for n in calls["_op"].drop_nulls().unique().to_list()}
     op_type = pl.col("_op").replace_strict(op_types, default="unknown", return_dtype=pl.Utf8)
     fam_type = pl.col("_fam").replace_strict(FAMILY_COLLECTIVE, default="unknown", return_dtype=pl.Utf8)
+    token = pl.coalesce(
+        pl.col("_kname").str.extract(_NCCL_COLL, 1), pl.col("_kname").str.extract(_NCCL_COLL, 2)
+    ).str.to_lowercase()
+    # Reduce, SendRecv (a point-to-point or a grouped all-to-all: the kernel cannot tell) stay unknown
+    nccl_type = token.replace_strict(_NCCL_TYPE, default="unknown", return_dtype=pl.Utf8)
+    fam_type = pl.when(pl.col("_fam") == "nccl").then(nccl_type).otherwise(fam_type)
     direction = (
         pl.when(pl.col("_fam").is_in(["deepep", "pplx", "mori", "trtllm_moe_a2a"]))
         .then(
@@ -108,8 +136,14 @@ def with_kernel_collectives(tables: schema.TraceTables) -> schema.TraceTables:
         pl.when(op_type != "unknown").then(op_type).otherwise(fam_type).alias("collective"),
         pl.coalesce("_op", "_kname").alias("op_name"),
         pl.col("_fam").alias("backend"),
-        pl.col("_fam").alias("pg_name"),
-        pl.int_range(pl.len()).over(["rank", "_fam"]).cast(pl.Int64).alias("ordinal"),
+    ).with_columns(
+        pl.when(pl.col("_fam") == "nccl")
+        .then(pl.format("nccl:{}", pl.col("collective")))
+        .otherwise(pl.col("_fam"))
+        .alias("pg_name"),
+    )
+    rows = rows.with_columns(
+        pl.int_range(pl.len()).over(["rank", "pg_name"]).cast(pl.Int64).alias("ordinal"),
         pl.lit(False).alias("splits_truncated"),
         direction.alias("direction"),
     )

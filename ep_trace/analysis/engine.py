@@ -23,6 +23,7 @@ from ep_trace.analysis import (
     matching,
     rank_pass,
     rank_tables,
+    stage_families,
     whatif,
 )
 from ep_trace.analysis.breakdown import step_breakdown
@@ -138,6 +139,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
 
     say("matching", 3, total)
     world = max(ranks.height, int(cast(int, ranks["world_size"].max()) or 0) if ranks.height else 0)
+    coll = stage_families.kernel_call_directions(coll, stage_df)  # vLLM's PyNccl EP calls: their stage
     matched, misaligned = matching.match_collectives(coll, windows, world)
     n_setup = int(matched.filter(pl.col("step").is_null())["coll_id"].len())
     if n_setup:

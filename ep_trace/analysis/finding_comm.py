@@ -80,6 +80,14 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
                 "rank, and route node-limited. Overlap needs a free resource for the transfer: on CPU (gloo) ranks a "
                 "core per rank beyond the compute thread."
             )
+        if not (dominant_collective(a) or "").startswith("all_to_all"):
+            # vLLM's allgather_reducescatter backend (its default): every rank receives every token
+            remedy = (
+                "The dispatch is an all-gather and the combine a reduce-scatter (vLLM's default EP backend): every "
+                "rank gets every token, not only those routed to its experts. An all-to-all backend sends each token "
+                "to its experts' ranks only (vLLM --all2all-backend deepep_high_throughput for prefill, "
+                "deepep_low_latency for decode); then overlap it with compute (--enable-dbo)."
+            )
     elif (dominant_collective(a) or "").startswith("all_to_all"):
         # all-to-alls without MoE evidence (has_ep_traffic): sequence / context parallelism's activations
         remedy = (

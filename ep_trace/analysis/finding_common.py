@@ -87,14 +87,21 @@ def has_ep_traffic(a: Analysis) -> bool:
     too. The evidence is one of: an ``all_to_allv`` (uneven splits: PyTorch's ProcessGroupNCCL /
     Gloo record ``all_to_allv`` only when split sizes are given; the EP kernels of DeepEP, pplx, MORI
     and TensorRT-LLM are typed so), routing counts (``rank_load``), or an MoE stage (:data:`MOE_STAGES`,
-    from ep-trace, framework ranges or kernel families).
+    from ep-trace, framework ranges or kernel families). Without an all-to-all: all-gather /
+    reduce-scatter calls that are the dispatch / combine stage of an MoE layer (vLLM's default
+    ``allgather_reducescatter`` backend, ``AgRsAll2AllManager`` in
+    vllm/distributed/device_communicators/all2all.py).
     """
     if a.calls.is_empty():
         return False
     coll = a.calls.get_column("collective")
     a2a = coll.filter(coll.str.starts_with("all_to_all"))
     if a2a.is_empty():
-        return False
+        # vLLM's default EP backend moves the tokens by all-gather (dispatch) and reduce-scatter
+        # (combine): EP traffic when those calls are a dispatch / combine stage of an MoE layer
+        gs = coll.is_in(["allgather", "reduce_scatter"]).any()
+        st = a.stages.filter(pl.col("stage").is_in(["dispatch", "combine"]) & (pl.col("comm_ns") > 0))
+        return bool(gs and st.height)
     if (a2a == "all_to_allv").any() or has_expert_load(a):
         return True
     return bool(a.stages.get_column("stage").is_in(MOE_STAGES).any())

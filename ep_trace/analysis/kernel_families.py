@@ -19,7 +19,11 @@ Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermu
   GEMMs) and ``unpermute`` after it; else no stage;
 * ``gemm`` -- a plain GEMM (cuBLAS ``nvjet_*`` / ``sm90_xmma_*``, hipBLASLt ``Cijk_*``, CUTLASS
   ``GemmUniversal``): expert work only when it runs inside an MoE range *after* the routing kernels
-  of that range (the gate GEMM before routing is not expert work), else no stage.
+  of that range (the gate GEMM before routing is not expert work), else no stage;
+* ``ep_collective`` -- an NCCL all-gather / reduce-scatter / send-recv kernel: inside an MoE range it
+  is the token ``dispatch`` before the range's first expert kernel and the ``combine`` after it
+  (vLLM's default expert-parallel backend gathers the tokens and reduce-scatters the outputs), else
+  no stage (a data- or tensor-parallel collective).
 """
 
 from __future__ import annotations
@@ -276,6 +280,16 @@ KERNEL_FAMILIES: tuple[KernelFamily, ...] = (
         r"^nvjet_|sm\d+_xmma_gemm|^(?:ampere|volta|turing|hopper)_\w*gemm|^Cijk_|cutlass::gemm::kernel::GemmUniversal"
         r"|cublasLt\w*|gemv2?T?_kernel|gemmSN_",
         "cuBLAS / hipBLASLt kernel naming (nvjet_sm103_* in tracelens_moe_micro; Tensile Cijk_* on ROCm)",
+    ),
+    # --- NCCL collectives inside an MoE range: dispatch before its expert kernels, combine after -------
+    KernelFamily(
+        "vLLM (allgather_reducescatter EP) / NCCL",
+        "ep_collective",
+        _V + r"(?:::)?nccl(?:Dev)?Kernel_(?:AllGather|ReduceScatter|SendRecv|AllToAll)(?:_|\()",
+        "vllm-project/vllm vllm/distributed/device_communicators/all2all.py (AgRsAll2AllManager: dispatch = "
+        "all_gatherv, combine = reduce_scatterv, the default all2all_backend of vllm/config/parallel.py), "
+        "called from vllm::moe_forward (model_executor/layers/fused_moe/layer.py); NCCL kernel names from "
+        "NVIDIA/nccl src/device/generate.py",
     ),
 )
 

@@ -17,6 +17,9 @@ vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in 
      with a top-k / sort kernel; else it gets no stage;
    * a notify kernel (DeepEP ``notify_dispatch``, ``cached_notify``, ...) is communication of the
      *next* DeepEP dispatch / combine kernel on the rank (the previous one when none follows);
+   * an NCCL all-gather / reduce-scatter / send-recv kernel inside a container is the ``dispatch``
+     before the container's first expert kernel and the ``combine`` after it (vLLM's default EP
+     backend); outside a container it gets no stage;
    * a kernel already attributed to a range (an attention range, an ep-trace range) keeps that
      stage: a grouped GEMM inside an attention range is attention, never expert work;
 
@@ -36,7 +39,14 @@ from ep_trace.analysis.intervals import range_join
 from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
 from ep_trace.comm_classifier import first_match_expr
 
-__all__ = ["family_label_expr", "container_index", "family_rows", "family_ranges", "layers_from_containers"]
+__all__ = [
+    "family_label_expr",
+    "container_index",
+    "family_rows",
+    "family_ranges",
+    "layers_from_containers",
+    "kernel_call_directions",
+]
 
 _RANGE = "__range"
 _TABLE = tuple((f.stage, f.regex) for f in KERNEL_FAMILIES)
@@ -113,6 +123,8 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
         .then(pl.coalesce(next_dc, prev_dc))
         .when((pl.col("_fam") == "route_aux") & in_c)
         .then(pl.lit("route"))
+        .when(pl.col("_fam") == "ep_collective")
+        .then(pl.when(in_c & expert_seen).then(pl.lit("combine")).when(in_c).then(pl.lit("dispatch")).otherwise(None))
         .otherwise(pl.col("_fam"))
         .alias("_lab"),
         (pl.col("_fam") == "route_aux").alias("_aux"),
@@ -206,4 +218,50 @@ def layers_from_containers(ranges: pl.DataFrame, cont: pl.DataFrame) -> pl.DataF
         ranges.join(j, on="sid", how="left")
         .with_columns(pl.coalesce("layer", "c_layer").cast(pl.Int32).alias("layer"))
         .drop("c_layer")
+    )
+
+
+def kernel_call_directions(coll: pl.DataFrame, stage_rows: pl.DataFrame) -> pl.DataFrame:
+    """``direction`` and ``layer`` of the NCCL calls built from bare kernels, from their stage.
+
+    Such a call (``pg_name`` ``nccl:<type>``, :mod:`ep_trace.parsers.kernel_collectives`) has no op or
+    sidecar that names its role; when its device span lies inside a ``dispatch`` / ``combine`` stage
+    row of its rank (the ``ep_collective`` family rule above) it is that stage's call, so the
+    what-ifs that edit dispatch or combine transfers (``fp8_dispatch``, ``chunked_pipeline``) see it.
+
+    Args:
+        coll: ``collectives`` rows (epoch ns).
+        stage_rows: Stage rows (``rank, stage, layer, start_ns, end_ns`` device windows).
+
+    Returns:
+        ``coll`` with those two columns filled where they were null; other rows unchanged.
+    """
+    need = coll.filter(
+        pl.col("pg_name").str.starts_with("nccl:").fill_null(False) & pl.col("direction").is_null()
+    ).select("rank", "coll_id", "start_ns", "end_ns")
+    st = stage_rows.filter(
+        pl.col("stage").is_in(["dispatch", "combine"])
+        & pl.col("start_ns").is_not_null()
+        & pl.col("end_ns").is_not_null()
+    ).select(
+        pl.col("rank").cast(coll.schema["rank"]),
+        pl.col("stage").alias("_dir"),
+        pl.col("layer").cast(pl.Int32).alias("_layer"),
+        pl.col("start_ns").alias("_ss"),
+        pl.col("end_ns").alias("_se"),
+    )
+    if need.is_empty() or st.is_empty():
+        return coll
+    hit = (
+        range_join(need, st, ("start_ns", "end_ns"), ("_ss", "_se"))
+        .filter((pl.col("start_ns") >= pl.col("_ss")) & (pl.col("end_ns") <= pl.col("_se")))
+        .unique(["rank", "coll_id"], keep="first")
+        .select("rank", "coll_id", "_dir", "_layer")
+    )
+    return (
+        coll.join(hit, on=["rank", "coll_id"], how="left")
+        .with_columns(
+            pl.coalesce("direction", "_dir").alias("direction"), pl.coalesce("layer", "_layer").alias("layer")
+        )
+        .drop("_dir", "_layer")
     )

@@ -140,6 +140,57 @@ def test_vllm_triton_fused_moe_and_custom_allreduce(tmp_path):
     assert a.steps["comm_ns"].to_list() == [20_000, 20_000]
 
 
+def test_vllm_default_ep_allgather_reducescatter(tmp_path):
+    # vLLM's default EP backend (all2all_backend "allgather_reducescatter", AgRsAll2AllManager in
+    # vllm/distributed/device_communicators/all2all.py): inside vllm::moe_forward the tokens and router
+    # logits are all-gathered, the experts run, the outputs are reduce-scattered; PyNcclCommunicator
+    # calls NCCL through ctypes, so the kernels have no collective op of their own
+    prog = [
+        (
+            "op",
+            "vllm::moe_forward",
+            [
+                ("k", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 25),
+                ("k", "void vllm::moe::topkGatingSoftmax<4, 64, 4, 16>(float const*)", 5),
+                ("k", "void vllm::moe::moe_align_block_size_kernel<int>(int const*)", 3),
+                ("k", "fused_moe_kernel", 40),
+                ("k", "void vllm::act_and_mul_kernel<c10::BFloat16>(c10::BFloat16*)", 4),
+                ("k", "fused_moe_kernel", 30),
+                ("k", "void vllm::moe::moe_sum_kernel<c10::BFloat16, 2>(c10::BFloat16*)", 6),
+                ("k", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20),
+            ],
+        ),
+        # a data-parallel all-gather outside the MoE layer is no EP stage
+        ("op", "dp_gather", [("k", "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 8)]),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert _stages(a) == [
+        (0, "dispatch", 25_000, 25_000),
+        (0, "route", 5_000, 0),
+        (0, "permute", 3_000, 0),
+        (0, "expert", 70_000, 0),
+        (0, "unpermute", 6_000, 0),
+        (0, "combine", 20_000, 20_000),
+    ]
+    # one call per kernel, typed from the kernel name, matched across the 2 ranks by order within its type
+    assert _calls(a) == [(r, t, "nccl", None, 1) for r in (0, 1) for t in ("allgather", "reduce_scatter", "allgather")]
+    assert a.calls.filter(pl.col("complete"))["n_ranks"].to_list() == [2, 2, 2]
+    assert set(a.calls["pg_name"]) == {"nccl:allgather", "nccl:reduce_scatter"}
+    # the calls inside the MoE layer take their stage as direction (the what-ifs that edit dispatch /
+    # combine transfers see them); the DP all-gather outside has none
+    assert a.calls.sort("arrival_ns").select("collective", "direction", "layer").rows() == [
+        ("allgather", "dispatch", 0),
+        ("reduce_scatter", "combine", 0),
+        ("allgather", None, None),
+    ]
+    assert "fp8_dispatch" in a.whatif["scenario"].to_list()
+    top = a.findings[0]
+    assert top.kind == "exposed_comm"
+    assert top.remedy.startswith(
+        "The dispatch is an all-gather and the combine a reduce-scatter (vLLM's default EP backend)"
+    )
+
+
 def test_sglang_deepep_cuda_graph_decode(tmp_path):
     # CUDA-graph decode: no host range around the MoE; DeepEP normal mode (layer 0) and low-latency mode
     # (layer 1). Layers come from the order of MoE blocks (route opens a block).

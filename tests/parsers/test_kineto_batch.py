@@ -149,3 +149,37 @@ def test_kernel_collectives_of_a_batch_equal_each_rank_alone(tmp_path, kt):
     assert got is not None and got.collectives.filter(pl.col("backend") == "deepep").height == 7  # 2 + 3 + 2 calls
     for name in ("events", "collectives"):
         assert_frame_equal(got.table(name), pl.concat([t.table(name) for t in alone]))
+
+
+def test_nccl_kernels_without_a_collective_op_are_calls_typed_from_their_names(tmp_path, kt):
+    """vLLM's PyNcclCommunicator calls NCCL through ctypes: no c10d op, no record_param_comms, only
+    the kernels (of every NCCL naming era); one call each, typed from the name, in pg nccl:<type>.
+    A kernel launched under a c10d op keeps that op's collective row."""
+    from ep_trace.parsers.kernel_collectives import with_kernel_collectives
+
+    names = [
+        "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)",  # NCCL >= 2.19
+        "ncclKernel_ReduceScatter_RING_LL_Sum_half(ncclWorkElem)",  # < 2.19
+        "ncclAllReduceRingLLKernel_sum_f32(CollectiveArgs)",  # < 2.4
+        "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)",  # p2p or a grouped all-to-all
+    ]
+    ev = []
+    for i, k in enumerate(names):
+        t = 10.0 + 40 * i
+        ev.append(kt.x("cuda_runtime", "cudaLaunchKernelExC", t, 1, pid=1, tid=1, correlation=i + 1))
+        ev.append(kt.x("kernel", k, t + 5, 20, pid=0, tid=7, correlation=i + 1, stream=7, device=0))
+    ev.append(kt.x("cpu_op", "c10d::allreduce_", 300, 10, pid=1, tid=1))
+    ev.append(kt.x("cuda_runtime", "cudaLaunchKernel", 302, 1, pid=1, tid=1, correlation=9))
+    ev.append(kt.x("kernel", names[2], 305, 20, pid=0, tid=7, correlation=9, stream=7, device=0))
+    kt.write_trace(tmp_path / "rank0.json", ev, rank=0, world_size=1)
+    t = with_kernel_collectives(read_one(tmp_path / "rank0.json", "kineto", None)[0])
+    c = t.collectives.sort("start_ns")
+    assert c.select("collective", "backend", "pg_name").rows() == [
+        ("allgather", "nccl", "nccl:allgather"),
+        ("reduce_scatter", "nccl", "nccl:reduce_scatter"),
+        ("allreduce", "nccl", "nccl:allreduce"),
+        ("unknown", "nccl", "nccl:unknown"),
+        ("allreduce", None, None),  # the c10d op's own row (no process-group metadata here)
+    ]
+    assert c["n_kernels"].to_list() == [1] * 5
+    assert t.events.filter(pl.col("kind") == "gpu_kernel")["coll_id"].null_count() == 0
