@@ -99,7 +99,10 @@ def has_ep_traffic(a: Analysis) -> bool:
     if a2a.is_empty():
         # vLLM's default EP backend moves the tokens by all-gather (dispatch) and reduce-scatter
         # (combine): EP traffic when those calls are a dispatch / combine stage of an MoE layer
-        gs = coll.is_in(["allgather", "reduce_scatter"]).any()
+        # (PyNccl runs the uneven-size ones as grouped broadcasts / reduces: typed broadcast / unknown)
+        if bool(a.calls.get_column("direction").is_in(["dispatch", "combine"]).any()):
+            return True
+        gs = coll.is_in(["allgather", "reduce_scatter", "broadcast"]).any()
         st = a.stages.filter(pl.col("stage").is_in(["dispatch", "combine"]) & (pl.col("comm_ns") > 0))
         return bool(gs and st.height)
     if (a2a == "all_to_allv").any() or has_expert_load(a):

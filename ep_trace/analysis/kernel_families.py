@@ -20,7 +20,8 @@ Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermu
 * ``gemm`` -- a plain GEMM (cuBLAS ``nvjet_*`` / ``sm90_xmma_*``, hipBLASLt ``Cijk_*``, CUTLASS
   ``GemmUniversal``): expert work only when it runs inside an MoE range *after* the routing kernels
   of that range (the gate GEMM before routing is not expert work), else no stage;
-* ``ep_collective`` -- an NCCL all-gather / reduce-scatter / send-recv kernel: inside an MoE range it
+* ``ep_collective`` -- an NCCL all-gather / reduce-scatter / broadcast / reduce / send-recv kernel
+  (vLLM's ``all_gatherv`` / ``reduce_scatterv`` of uneven sizes are grouped broadcasts / reduces): inside an MoE range it
   is the token ``dispatch`` before the range's first expert kernel and the ``combine`` after it
   (vLLM's default expert-parallel backend gathers the tokens and reduce-scatters the outputs), else
   no stage (a data- or tensor-parallel collective).
@@ -285,9 +286,10 @@ KERNEL_FAMILIES: tuple[KernelFamily, ...] = (
     KernelFamily(
         "vLLM (allgather_reducescatter EP) / NCCL",
         "ep_collective",
-        _V + r"(?:::)?nccl(?:Dev)?Kernel_(?:AllGather|ReduceScatter|SendRecv|AllToAll)(?:_|\()",
+        _V + r"(?:::)?nccl(?:Dev)?Kernel_(?:AllGather|ReduceScatter|Broadcast|Reduce|SendRecv|AllToAll)(?:_|\()",
         "vllm-project/vllm vllm/distributed/device_communicators/all2all.py (AgRsAll2AllManager: dispatch = "
-        "all_gatherv, combine = reduce_scatterv, the default all2all_backend of vllm/config/parallel.py), "
+        "all_gatherv, combine = reduce_scatterv, the default all2all_backend of vllm/config/parallel.py; with "
+        "uneven sizes PyNcclCommunicator runs them as grouped ncclBroadcast / ncclReduce, pynccl.py), "
         "called from vllm::moe_forward (model_executor/layers/fused_moe/layer.py); NCCL kernel names from "
         "NVIDIA/nccl src/device/generate.py",
     ),

@@ -17,7 +17,7 @@ vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in 
      with a top-k / sort kernel; else it gets no stage;
    * a notify kernel (DeepEP ``notify_dispatch``, ``cached_notify``, ...) is communication of the
      *next* DeepEP dispatch / combine kernel on the rank (the previous one when none follows);
-   * an NCCL all-gather / reduce-scatter / send-recv kernel inside a container is the ``dispatch``
+   * an NCCL all-gather / reduce-scatter / broadcast / reduce / send-recv kernel inside a container is the ``dispatch``
      before the container's first expert kernel and the ``combine`` after it (vLLM's default EP
      backend); outside a container it gets no stage;
    * a kernel already attributed to a range (an attention range, an ep-trace range) keeps that

@@ -191,6 +191,35 @@ def test_vllm_default_ep_allgather_reducescatter(tmp_path):
     )
 
 
+def test_vllm_default_ep_with_uneven_token_counts(tmp_path):
+    # with uneven per-rank token counts PyNcclCommunicator runs all_gatherv / reduce_scatterv as grouped
+    # ncclBroadcast / ncclReduce (vllm/distributed/device_communicators/pynccl.py): one kernel each
+    prog = [
+        (
+            "op",
+            "vllm::moe_forward",
+            [
+                ("k", "ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 25),
+                ("k", "void vllm::moe::topkGatingSoftmax<4, 64, 4, 16>(float const*)", 5),
+                ("k", "fused_moe_kernel", 40),
+                ("k", "ncclDevKernel_Reduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20),
+            ],
+        ),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert _stages(a) == [
+        (0, "dispatch", 25_000, 25_000),
+        (0, "route", 5_000, 0),
+        (0, "expert", 40_000, 0),
+        (0, "combine", 20_000, 20_000),
+    ]
+    assert a.calls.sort("arrival_ns").select("collective", "direction").rows() == [
+        ("broadcast", "dispatch"),
+        ("unknown", "combine"),
+    ]
+    assert a.findings[0].remedy.startswith("The dispatch is an all-gather and the combine a reduce-scatter")
+
+
 def test_sglang_deepep_cuda_graph_decode(tmp_path):
     # CUDA-graph decode: no host range around the MoE; DeepEP normal mode (layer 0) and low-latency mode
     # (layer 1). Layers come from the order of MoE blocks (route opens a block).
