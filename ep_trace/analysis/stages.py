@@ -135,7 +135,8 @@ def _host(events: pl.DataFrame) -> pl.DataFrame:
     # lazy: only the five columns are gathered, not every column of the events table
     return (
         events.lazy()
-        .filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op"]))
+        # Python frames too: a preset may name a framework's method frame (Megatron-Core's MoELayer)
+        .filter(pl.col("kind").is_in(["cpu_annotation", "cpu_op", "python_frame"]))
         .select("rank", "tid", "name", "start_ns", "end_ns")
         .collect()
     )

@@ -32,7 +32,7 @@ def _trace(path: Path, rank: int, world: int, program: list[Item]) -> Path:
                 state["t"] += 1
                 emit(it[2])
                 state["t"] += 1
-                cat = "cpu_op" if "::" in it[1] else "user_annotation"
+                cat = "python_function" if ".py(" in it[1] else "cpu_op" if "::" in it[1] else "user_annotation"
                 ev.append(
                     {"ph": "X", "cat": cat, "name": it[1], "pid": 1, "tid": 1, "ts": start, "dur": state["t"] - start}
                 )
@@ -352,6 +352,40 @@ def test_megatron_core_transformer_engine_ranges(tmp_path):
         ("unpermute", 3_000, 0),
     ]
     assert set(a.stages["method"].unique()) == {"preset:megatron", "preset:transformer_engine"}
+
+
+def test_megatron_core_moe_layer_frames(tmp_path):
+    # Kineto records no NVTX; with --pytorch-profiler-collect-callstack (with_stack=True) the MoELayer
+    # methods are Python frames (megatron/core/transformer/moe/moe_layer.py), read by path and method
+    f = "/workspace/Megatron-LM/megatron/core/transformer/moe/moe_layer.py({}): {}"
+    prog = [
+        (
+            "op",
+            f.format(607, "router_and_preprocess"),
+            [("k", "void transformer_engine::fused_topk_with_score_function_forward_kernel<float>(X)", 4)],
+        ),
+        (
+            "op",
+            f.format(496, "dispatch"),
+            [("op", "c10d::alltoall_base_", [("k", "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 30)])],
+        ),
+        (
+            "op",
+            f.format(536, "routed_experts_compute"),
+            [("k", "void cutlass::device_kernel<GemmUniversal<GroupProblemShape<X>>>(P)", 45)],
+        ),
+        ("op", f.format(573, "combine"), [("op", "c10d::alltoall_base_", [("k", "ncclDevKernel_SendRecv(x)", 25)])]),
+        # a frame of another file with the same method name is no stage
+        ("op", "/workspace/app/router.py(12): dispatch", [("k", "void at::native::elementwise_kernel<128>(x)", 3)]),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert [(s, b, c) for _, s, b, c in _stages(a)] == [
+        ("route", 4_000, 0),
+        ("dispatch", 30_000, 30_000),
+        ("expert", 45_000, 0),
+        ("combine", 25_000, 25_000),
+    ]
+    assert set(a.stages["method"].unique()) == {"preset:megatron_frames"}
 
 
 def test_aiter_ck_mori(tmp_path):
