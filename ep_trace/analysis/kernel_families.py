@@ -23,8 +23,9 @@ Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermu
 * ``ep_collective`` -- an NCCL all-gather / reduce-scatter / broadcast / reduce / send-recv kernel
   (vLLM's ``all_gatherv`` / ``reduce_scatterv`` of uneven sizes are grouped broadcasts / reduces): inside an MoE range it
   is the token ``dispatch`` before the range's first expert kernel and the ``combine`` after it
-  (vLLM's default expert-parallel backend gathers the tokens and reduce-scatters the outputs), else
-  no stage (a data- or tensor-parallel collective).
+  (vLLM's default expert-parallel backend gathers the tokens and reduce-scatters the outputs);
+  outside one (a CUDA-graph replay) only when it sits right before the routing kernels or right
+  after the expert / unpermute kernels; else no stage (a data- or tensor-parallel collective).
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in 
      *next* DeepEP dispatch / combine kernel on the rank (the previous one when none follows);
    * an NCCL all-gather / reduce-scatter / broadcast / reduce / send-recv kernel inside a container is the ``dispatch``
      before the container's first expert kernel and the ``combine`` after it (vLLM's default EP
-     backend); outside a container it gets no stage;
+     backend); outside a container (a CUDA-graph replay) only right next to the MoE block
+     (:func:`_with_edge_roles`), else no stage;
    * a kernel already attributed to a range (an attention range, an ep-trace range) keeps that
      stage: a grouped GEMM inside an attention range is attention, never expert work;
 
@@ -81,6 +82,38 @@ def _with_container(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
     return k.join(j.unique("aid"), on="aid", how="left")
 
 
+_GATHER = r"Kernel_(?:AllGather|Broadcast)(?:_|\()"
+_SCATTER = r"Kernel_(?:ReduceScatter|Reduce)(?:_|\()"
+
+
+def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
+    """``_edge``: the role of an ``ep_collective`` kernel outside any MoE range, from its neighbours.
+
+    A CUDA-graph replay (vLLM's decode) runs no host op, so no ``vllm::moe_forward`` range holds the
+    layer. There an all-gather / broadcast kernel is the ``dispatch`` only when the next kernel of
+    the rank that is not such a collective is a routing kernel (vLLM gathers the tokens and router
+    logits, then runs top-k), and a reduce-scatter / reduce kernel is the ``combine`` only when the
+    previous one is an expert or unpermute kernel; any kernel without a family in between (a norm,
+    an attention kernel, the LM head) breaks the adjacency, so data- and tensor-parallel
+    collectives stay without a stage.
+    """
+    if not bool((k.get_column("_fam") == "ep_collective").any()):
+        return k.with_columns(pl.lit(None, pl.Utf8).alias("_edge"))
+    k = k.sort(["rank", "start_ns"])
+    coll = pl.col("_fam") == "ep_collective"
+    lab = pl.when(coll).then(None).otherwise(pl.col("_fam").fill_null(""))
+    nxt = lab.shift(-1).backward_fill().over(["rank", "step"])
+    prv = lab.shift(1).forward_fill().over(["rank", "step"])
+    edge = (
+        pl.when(coll & pl.col("name").str.contains(_GATHER) & nxt.is_in(["route", "route_aux"]))
+        .then(pl.lit("dispatch"))
+        .when(coll & pl.col("name").str.contains(_SCATTER) & prv.is_in(["expert", "unpermute"]))
+        .then(pl.lit("combine"))
+        .otherwise(None)
+    )
+    return k.with_columns(edge.alias("_edge"))
+
+
 def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
     """Device kernels of the analysed steps with their resolved family ``stage`` and contiguous-group ``run``.
 
@@ -97,6 +130,7 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
     k = k.join(names, on="name", how="left")
     claimed = pl.col("aid").is_in(attributed.implode())
     k = k.with_columns(pl.when(claimed).then(pl.lit(_RANGE)).otherwise(pl.col("_fam")).alias("_fam"))
+    k = _with_edge_roles(k)
     k = _with_container(k.filter(pl.col("_fam").is_not_null()), cont).sort(["rank", "start_ns"])
     in_c = pl.col("cid").is_not_null()
     # routing seen earlier in the same container (rank, container): cum max over the container's rows
@@ -124,7 +158,13 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
         .when((pl.col("_fam") == "route_aux") & in_c)
         .then(pl.lit("route"))
         .when(pl.col("_fam") == "ep_collective")
-        .then(pl.when(in_c & expert_seen).then(pl.lit("combine")).when(in_c).then(pl.lit("dispatch")).otherwise(None))
+        .then(
+            pl.when(in_c & expert_seen)
+            .then(pl.lit("combine"))
+            .when(in_c)
+            .then(pl.lit("dispatch"))
+            .otherwise(pl.col("_edge"))  # no container (a CUDA-graph replay): only right next to the MoE block
+        )
         .otherwise(pl.col("_fam"))
         .alias("_lab"),
         (pl.col("_fam") == "route_aux").alias("_aux"),
@@ -140,7 +180,7 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
     # a softmax outside a container is routing only in a group with a real top-k / sort kernel
     keep = (pl.col("cid").is_not_null() | (~pl.col("_aux")).any()).over(["rank", "run"])
     fam = fam.filter(keep)
-    return fam.rename({"_lab": "stage"}).drop(["_fam", "_aux", "_gx"])
+    return fam.rename({"_lab": "stage"}).drop(["_fam", "_aux", "_gx", "_edge"])
 
 
 def family_ranges(fam: pl.DataFrame) -> pl.DataFrame:

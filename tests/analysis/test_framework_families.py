@@ -220,6 +220,37 @@ def test_vllm_default_ep_with_uneven_token_counts(tmp_path):
     assert a.findings[0].remedy.startswith("The dispatch is an all-gather and the combine a reduce-scatter")
 
 
+def test_vllm_default_ep_in_a_cuda_graph_replay(tmp_path):
+    # decode replays a CUDA graph: no vllm::moe_forward range on the host. The all-gather right before
+    # routing is the dispatch and the reduce-scatter right after the experts the combine; the data-parallel
+    # all-gather in front of the LM head (a GEMM without a family between it and the experts) is neither
+    ag = "ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    rs = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    prog = [
+        ("k", "void at::native::rms_norm_kernel<float>(x)", 3),
+        ("k", ag, 20),
+        ("k", ag, 5),  # the router logits, a second gather right after the tokens'
+        ("k", "void vllm::moe::topkGatingSoftmax<4, 64, 4, 16>(float const*)", 5),
+        ("k", "void vllm::moe::moe_align_block_size_kernel<int>(int const*)", 3),
+        ("k", "fused_moe_kernel", 40),
+        ("k", "void vllm::moe::moe_sum_kernel<c10::BFloat16, 2>(c10::BFloat16*)", 6),
+        ("k", rs, 18),
+        ("k", "void at::native::rms_norm_kernel<float>(x)", 3),
+        ("k", ag, 9),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 7),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert [(s, b, c) for _, s, b, c in _stages(a)] == [
+        ("dispatch", 25_000, 25_000),
+        ("route", 5_000, 0),
+        ("permute", 3_000, 0),
+        ("expert", 40_000, 0),
+        ("unpermute", 6_000, 0),
+        ("combine", 18_000, 18_000),
+    ]
+    assert a.calls.sort("arrival_ns")["direction"].to_list() == ["dispatch", "dispatch", "combine", None]
+
+
 def test_sglang_deepep_cuda_graph_decode(tmp_path):
     # CUDA-graph decode: no host range around the MoE; DeepEP normal mode (layer 0) and low-latency mode
     # (layer 1). Layers come from the order of MoE blocks (route opens a block).
