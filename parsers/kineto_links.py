@@ -7,7 +7,8 @@
   ``hta_torchrec_*``) give NCCL kernels ``External id == correlation`` and no CPU op has that id,
   so when the id is missing, equal to the correlation, or unknown, the fallback is time
   containment: the innermost ``cpu_op`` / ``user_annotation`` on the launching (pid, tid) whose
-  interval contains the launch start. ``python_function`` frames are never link targets.
+  interval contains the launch start. ``python_function`` frames (kind ``python_frame``) are never
+  link targets.
 
 Containment is computed without per-event Python: ops of one thread are properly nested, so each
 op gets a nesting depth from two sorted counts (ops started before it minus ops ended before it);
@@ -209,8 +210,9 @@ def link_events(ev: pl.DataFrame, file_key: str | None = None) -> pl.DataFrame:
             lazy.select(*ids, "event_id", "kind", *_KEY, "start_ns", "correlation")
             .filter((pl.col("kind") == "runtime") & pl.col("correlation").is_not_null())
             .select(*key, "start_ns", "event_id", ck("correlation").alias("_ck"), ek("event_id").alias("_ek")),
-            lazy.select(*ids, "event_id", "kind", "category", *_KEY, "start_ns", "end_ns")
-            .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & (pl.col("category") != "python_function"))
+            # Python frames are kind python_frame (kineto_batch): never link targets
+            lazy.select(*ids, "event_id", "kind", *_KEY, "start_ns", "end_ns")
+            .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]))
             .select(*key, "start_ns", "end_ns", pl.col("event_id").alias("op")),
             lazy.select(*ids, "event_id", "kind", "external_id")
             .filter(pl.col("kind").is_in(["cpu_op", "cpu_annotation"]) & pl.col("external_id").is_not_null())

@@ -99,19 +99,27 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     """
     if not bool((k.get_column("_fam") == "ep_collective").any()):
         return k.with_columns(pl.lit(None, pl.Utf8).alias("_edge"))
-    k = k.sort(["rank", "start_ns"])
     coll = pl.col("_fam") == "ep_collective"
+    # the kernel-name tests run once per distinct collective kernel name, not per launch
+    kinds = (
+        k.filter(coll)
+        .select(pl.col("name").unique())
+        .with_columns(
+            pl.col("name").str.contains(_GATHER).alias("_g"), pl.col("name").str.contains(_SCATTER).alias("_s")
+        )
+    )
+    k = k.join(kinds, on="name", how="left").sort(["rank", "start_ns"])
     lab = pl.when(coll).then(None).otherwise(pl.col("_fam").fill_null(""))
     nxt = lab.shift(-1).backward_fill().over(["rank", "step"])
     prv = lab.shift(1).forward_fill().over(["rank", "step"])
     edge = (
-        pl.when(coll & pl.col("name").str.contains(_GATHER) & nxt.is_in(["route", "route_aux"]))
+        pl.when(coll & pl.col("_g") & nxt.is_in(["route", "route_aux"]))
         .then(pl.lit("dispatch"))
-        .when(coll & pl.col("name").str.contains(_SCATTER) & prv.is_in(["expert", "unpermute"]))
+        .when(coll & pl.col("_s") & prv.is_in(["expert", "unpermute"]))
         .then(pl.lit("combine"))
         .otherwise(None)
     )
-    return k.with_columns(edge.alias("_edge"))
+    return k.with_columns(edge.alias("_edge")).drop("_g", "_s")
 
 
 def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
