@@ -8,7 +8,14 @@ from typing import Any
 
 import polars as pl
 
-from ep_trace.analysis.finding_common import dominant_collective, fmt_ns, has_ep_traffic, severity, waits_measurable
+from ep_trace.analysis.finding_common import (
+    dominant_collective,
+    fmt_ns,
+    has_ep_traffic,
+    is_training,
+    severity,
+    waits_measurable,
+)
 from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
@@ -80,7 +87,20 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
                 "rank, and route node-limited. Overlap needs a free resource for the transfer: on CPU (gloo) ranks a "
                 "core per rank beyond the compute thread."
             )
-        if not (dominant_collective(a) or "").startswith("all_to_all"):
+        if _combine_is_allreduce(a):
+            # TP MoE, or EP over the TP ranks without an all-to-all backend: DefaultMoERunner.forward
+            # (vLLM) / DeepseekV2MoE.forward_normal (SGLang) all-reduce the experts' partial outputs.
+            # vLLM's pass flag is fuse_allreduce_rms in vllm/config/compilation.py (PassConfig; older
+            # releases: enable_fi_allreduce_fusion)
+            remedy = (
+                "The combine is an all-reduce of all tokens (TP, or EP with no all-to-all "
+                "backend). Fuse it with the next RMSNorm (vLLM "
+                "-cc.pass_config.fuse_allreduce_rms=True, SGLang --enable-flashinfer-allreduce-fusion), or run "
+                "attention data-parallel with a DeepEP all-to-all (vLLM --data-parallel-size "
+                "--enable-expert-parallel --all2all-backend deepep_low_latency; SGLang --enable-dp-attention "
+                "--moe-a2a-backend deepep)."
+            )
+        elif not (dominant_collective(a) or "").startswith("all_to_all"):
             # vLLM's allgather_reducescatter backend (its default): every rank receives every token
             remedy = (
                 "The dispatch is an all-gather and the combine a reduce-scatter (vLLM's default EP backend): every "
@@ -97,10 +117,20 @@ def exposed(a: Analysis, step_ns: float) -> list[Finding]:
             "stage was found, so they are not treated as EP token traffic."
         )
         how = "full overlap"
-    else:
+    elif is_training(a):
         remedy = (
             "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
             "size, bucket_cap_mb), prefetch all-gathers, and keep the comm stream free of host syncs."
+        )
+        how = "full overlap"
+    else:
+        # inference: tensor-parallel activation all-reduces. vLLM PassConfig (vllm/config/compilation.py):
+        # fuse_gemm_comms "Enable async TP", fuse_allreduce_rms "Enable flashinfer allreduce fusion"
+        remedy = (
+            "No backward pass: these are tensor-parallel activation collectives. Overlap them with the GEMMs next to "
+            "them (async TP: vLLM -cc.pass_config.fuse_gemm_comms=True with sequence parallelism), fuse each "
+            "all-reduce with the next RMSNorm (vLLM -cc.pass_config.fuse_allreduce_rms=True, SGLang "
+            "--enable-flashinfer-allreduce-fusion), keep the custom all-reduce on, or use fewer tensor-parallel ranks."
         )
         how = "full overlap"
     mostly_wait = measurable and wait > 0.5 * exp
@@ -144,6 +174,14 @@ _LINK_WORDS = {
 }
 
 
+def _combine_is_allreduce(a: Analysis) -> bool:
+    """The MoE combine calls are all-reduces and no call is a dispatch (tokens are not moved, only the
+    experts' partial outputs summed)."""
+    d = a.calls.filter(pl.col("direction").is_in(["dispatch", "combine"]))
+    comb = d.filter(pl.col("direction") == "combine")
+    return bool(comb.height and (comb["collective"] == "allreduce").all() and comb.height == d.height)
+
+
 def fit_conclusive(r: dict[str, Any]) -> bool:
     """An alpha-beta fit may make a finding: enough calls and r2 >= :data:`MIN_FIT_R2`."""
     r2 = r.get("r2")
@@ -178,7 +216,10 @@ def alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
                     "the count exchange into the dispatch, or batch micro-batches to send fewer, larger messages."
                     if ep
                     else "Send fewer, larger messages: bucket small all-reduces together (larger DDP buckets) and fuse "
-                    "small collectives.",
+                    "small collectives."
+                    if is_training(a)
+                    else "Use a one-shot all-reduce for small messages (the custom all-reduce of vLLM / SGLang, or "
+                    "NCCL's LL protocol), fuse each with the next RMSNorm, and capture the step in a CUDA graph.",
                 )
             )
         elif r["verdict"] == "bandwidth_bound" and ep:

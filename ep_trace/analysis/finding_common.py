@@ -79,6 +79,21 @@ def wf_ev(r: dict[str, Any]) -> dict[str, Any]:
 MOE_STAGES = ("permute", "dispatch", "expert", "shared_expert", "combine", "unpermute")
 
 
+#: Names of a training step: autograd's backward ops (``autograd::engine::evaluate_function:
+#: MmBackward0``, ``MmBackward0``), backward kernels (``..._bwd_kernel``, ``..._backward_...``), the
+#: optimizer (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``) and the data-parallel
+#: wrappers' gradient hooks (``DistributedDataParallel.forward``, FSDP's ``FullyShardedDataParallel``).
+_TRAINING = r"(?i)backward|autograd::engine|optimizer\.|_bwd|distributeddataparallel|fullyshardeddataparallel"
+
+
+def is_training(a: Analysis) -> bool:
+    """The trace holds a backward pass or an optimizer step (else it is inference: a serving engine's
+    forward passes, whose all-reduces are tensor-parallel activations, not gradients)."""
+    # the events may stay on disk (TraceTables.events_scan): one pass over the distinct names
+    names = a.tables.scan_events().select(pl.col("name").unique())
+    return bool(names.select(pl.col("name").str.contains(_TRAINING).any()).collect().item())
+
+
 def has_ep_traffic(a: Analysis) -> bool:
     """The trace holds expert-parallel token all-to-all traffic: an all-to-all with MoE evidence.
 
@@ -90,7 +105,8 @@ def has_ep_traffic(a: Analysis) -> bool:
     from ep-trace, framework ranges or kernel families). Without an all-to-all: all-gather /
     reduce-scatter calls that are the dispatch / combine stage of an MoE layer (vLLM's default
     ``allgather_reducescatter`` backend, ``AgRsAll2AllManager`` in
-    vllm/distributed/device_communicators/all2all.py).
+    vllm/distributed/device_communicators/all2all.py), or the all-reduce that combines a
+    tensor-parallel MoE layer's output (:mod:`ep_trace.analysis.stage_families`).
     """
     if a.calls.is_empty():
         return False

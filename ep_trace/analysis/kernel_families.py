@@ -7,7 +7,7 @@ kernels by their Python function name, ``fused_moe_kernel``; precompiled cubins 
 ``bmm_E4m3_E4m3E4m3_Fp32_...``). First match wins, so the specific rows come before the generic ones.
 
 Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermute`` as in
-:data:`ep_trace.stage_names.STAGES`, plus two placeholders the detector resolves with context
+:data:`ep_trace.stage_names.STAGES`, plus placeholders the detector resolves with context
 (:mod:`ep_trace.analysis.stages`):
 
 * ``notify`` -- a communication kernel that only exchanges counts / flags for the call next to it
@@ -25,7 +25,13 @@ Stages: ``route``, ``permute``, ``dispatch``, ``expert``, ``combine``, ``unpermu
   is the token ``dispatch`` before the range's first expert kernel and the ``combine`` after it
   (vLLM's default expert-parallel backend gathers the tokens and reduce-scatters the outputs);
   outside one (a CUDA-graph replay) only when it sits right before the routing kernels or right
-  after the expert / unpermute kernels; else no stage (a data- or tensor-parallel collective).
+  after the expert / unpermute kernels; else no stage (a data- or tensor-parallel collective);
+* ``ep_allreduce`` -- an all-reduce kernel (NCCL, custom, symmetric-memory): the ``combine`` of the MoE
+  layer it directly follows (with tensor parallelism, or expert parallelism over the tensor-parallel
+  ranks without an all-to-all backend, every rank holds every token and the all-reduce sums the
+  experts' partial outputs: vLLM reduces the ``vllm::moe_forward`` output, SGLang the experts' after
+  the routed-scaling multiply and the shared-expert add), inside the MoE range after its expert
+  kernels or right after the range; else no stage (the attention's and dense MLPs' all-reduces).
 """
 
 from __future__ import annotations
@@ -35,6 +41,18 @@ from dataclasses import dataclass
 __all__ = ["KernelFamily", "KERNEL_FAMILIES", "family_table"]
 
 _V = r"^(?:void\s+)?"
+#: An all-reduce kernel: NCCL's (every naming era), the custom one-shot / two-shot ones of vLLM, SGLang,
+#: aiter, TensorRT-LLM and FlashInfer, torch symmetric memory's one-shot ones (the all-reduce kernels of
+#: the ``nccl``, ``custom_allreduce`` and ``torch_symm_mem`` families of :mod:`ep_trace.comm_classifier`;
+#: not Transformer Engine's userbuffers, which also gather, nor the two-shot symmetric-memory kernel,
+#: which is also the reduce-scatter).
+_ALLREDUCE = (
+    r"(?:nccl(?:Dev)?Kernel_AllReduce(?:_|\()|ncclAllReduce(?:Ring|Tree|CollNet)"
+    r"|(?:\w+::)*(?:cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
+    r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
+    r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel)"
+    r"|(?:\(anonymous namespace\)::)?(?:multimem_(?:one_shot_)?all_reduce|one_shot_all_reduce)_kernel)"
+)
 
 
 @dataclass(frozen=True)
@@ -293,6 +311,17 @@ KERNEL_FAMILIES: tuple[KernelFamily, ...] = (
         "uneven sizes PyNcclCommunicator runs them as grouped ncclBroadcast / ncclReduce, pynccl.py), "
         "called from vllm::moe_forward (model_executor/layers/fused_moe/layer.py); NCCL kernel names from "
         "NVIDIA/nccl src/device/generate.py",
+    ),
+    # --- the all-reduce right after an MoE layer: its combine under tensor / expert parallelism ------
+    KernelFamily(
+        "vLLM / SGLang / TensorRT-LLM (MoE output all-reduce)",
+        "ep_allreduce",
+        _V + r"(?:::)?" + _ALLREDUCE,
+        "vllm-project/vllm vllm/model_executor/layers/fused_moe/runner/default_moe_runner.py (forward: "
+        "tensor_model_parallel_all_reduce of the vllm::moe_forward output when tp_size > 1 or ep_size > 1 and "
+        "no all-to-all kernel reduced it); sgl-project/sglang python/sglang/srt/models/deepseek_v2.py "
+        "(DeepseekV2MoE.forward_normal: experts, routed-scaling multiply, shared-expert add, then the "
+        "all-reduce); kernel names: NCCL AllReduce, ep_trace.comm_classifier custom_allreduce",
     ),
 )
 

@@ -21,6 +21,10 @@ vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in 
      before the container's first expert kernel and the ``combine`` after it (vLLM's default EP
      backend); outside a container (a CUDA-graph replay) only right next to the MoE block
      (:func:`_with_edge_roles`), else no stage;
+   * an all-reduce kernel is the ``combine`` of the MoE layer it directly follows: inside a container
+     after its expert kernels, right after the container, or (no container) right after an expert /
+     unpermute kernel, pointwise kernels and other all-reduces skipped (:func:`_with_allreduce_edges`:
+     the tensor-parallel MoE output all-reduce of vLLM and SGLang), else no stage;
    * a kernel already attributed to a range (an attention range, an ep-trace range) keeps that
      stage: a grouped GEMM inside an attention range is attention, never expert work;
 
@@ -38,7 +42,7 @@ import polars as pl
 
 from ep_trace.analysis.intervals import range_join
 from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
-from ep_trace.comm_classifier import first_match_expr
+from ep_trace.comm_classifier import FAMILY_COLLECTIVE, first_match_expr
 
 __all__ = [
     "family_label_expr",
@@ -122,6 +126,48 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     return k.with_columns(edge.alias("_edge")).drop("_g", "_s")
 
 
+#: PyTorch / Inductor pointwise kernels (``at::native::vectorized_elementwise_kernel<...>``,
+#: ``triton_poi_fused_add_mul_0``): SGLang scales the experts' output by the routed-scaling factor
+#: and adds the shared experts' output between the last expert kernel and the all-reduce.
+_POINTWISE = r"^(?:void\s+)?at::native::(?:(?:\w+|\(anonymous namespace\))::)*\w*elementwise_kernel|^triton_poi_"
+
+
+def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
+    """The MoE layer an ``ep_allreduce`` kernel outside any MoE range directly follows.
+
+    The previous kernel of the rank in the step, skipping pointwise kernels and other all-reduce
+    kernels (vLLM reduces a shared-expert layer's two outputs one after the other): when it belongs
+    to an MoE range and has a stage or family, the all-reduce joins that range (``cid``,
+    ``c_layer``: vLLM's all-reduce runs right after ``vllm::moe_forward`` returns); when there is no
+    range (a CUDA-graph replay) and it is an expert or unpermute kernel, ``_edge`` is ``combine``.
+    Anything else in between (a norm, an attention kernel, a GEMM outside the range) breaks the
+    adjacency, so the attention's and dense MLPs' all-reduces get no stage.
+    """
+    ar = pl.col("_fam") == "ep_allreduce"
+    if not bool(k.select(ar.any()).item()):
+        return k
+    pw = k.select(pl.col("name").unique()).with_columns(pl.col("name").str.contains(_POINTWISE).alias("_pw"))
+    k = k.join(pw, on="name", how="left").sort(["rank", "start_ns"]).with_row_index("_ri")
+    skip = ar | pl.col("_pw")
+    prev_i = pl.when(~skip).then(pl.col("_ri")).shift(1).forward_fill().over(["rank", "step"])
+    k = k.with_columns(prev_i.alias("_pi"))
+    prev = k.select(
+        pl.col("_ri").alias("_pi"),
+        pl.col("cid").alias("_pcid"),
+        pl.col("c_layer").alias("_pcl"),
+        pl.col("_fam").alias("_pf"),
+    )
+    k = k.join(prev, on="_pi", how="left")
+    outside = ar & pl.col("cid").is_null()
+    adopt = outside & pl.col("_pcid").is_not_null() & pl.col("_pf").is_not_null()
+    edge = outside & pl.col("_pcid").is_null() & pl.col("_pf").is_in(["expert", "unpermute"])
+    return k.with_columns(
+        pl.when(adopt).then(pl.col("_pcid")).otherwise(pl.col("cid")).alias("cid"),
+        pl.when(adopt).then(pl.col("_pcl")).otherwise(pl.col("c_layer")).alias("c_layer"),
+        pl.when(edge).then(pl.lit("combine")).otherwise(pl.col("_edge")).alias("_edge"),
+    ).drop("_pw", "_ri", "_pi", "_pcid", "_pcl", "_pf")
+
+
 def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
     """Device kernels of the analysed steps with their resolved family ``stage`` and contiguous-group ``run``.
 
@@ -139,7 +185,9 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
     claimed = pl.col("aid").is_in(attributed.implode())
     k = k.with_columns(pl.when(claimed).then(pl.lit(_RANGE)).otherwise(pl.col("_fam")).alias("_fam"))
     k = _with_edge_roles(k)
-    k = _with_container(k.filter(pl.col("_fam").is_not_null()), cont).sort(["rank", "start_ns"])
+    # the all-reduce rule needs every kernel (the unlabelled ones break its adjacency)
+    k = _with_allreduce_edges(_with_container(k, cont))
+    k = k.filter(pl.col("_fam").is_not_null()).sort(["rank", "start_ns"])
     in_c = pl.col("cid").is_not_null()
     # routing seen earlier in the same container (rank, container): cum max over the container's rows
     routed = pl.col("_fam").is_in(["route", "route_aux"]).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
@@ -165,6 +213,8 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
         .then(pl.coalesce(next_dc, prev_dc))
         .when((pl.col("_fam") == "route_aux") & in_c)
         .then(pl.lit("route"))
+        .when(pl.col("_fam") == "ep_allreduce")
+        .then(pl.when(in_c & expert_seen).then(pl.lit("combine")).when(~in_c).then(pl.col("_edge")))
         .when(pl.col("_fam") == "ep_collective")
         .then(
             pl.when(in_c & expert_seen)
@@ -270,12 +320,13 @@ def layers_from_containers(ranges: pl.DataFrame, cont: pl.DataFrame) -> pl.DataF
 
 
 def kernel_call_directions(coll: pl.DataFrame, stage_rows: pl.DataFrame) -> pl.DataFrame:
-    """``direction`` and ``layer`` of the NCCL calls built from bare kernels, from their stage.
+    """``direction`` and ``layer`` of the calls built from bare kernels, from their stage.
 
-    Such a call (``pg_name`` ``nccl:<type>``, :mod:`ep_trace.parsers.kernel_collectives`) has no op or
-    sidecar that names its role; when its device span lies inside a ``dispatch`` / ``combine`` stage
-    row of its rank (the ``ep_collective`` family rule above) it is that stage's call, so the
-    what-ifs that edit dispatch or combine transfers (``fp8_dispatch``, ``chunked_pipeline``) see it.
+    Such a call (``pg_name`` ``nccl:<type>`` or a kernel family such as ``custom_allreduce``,
+    :mod:`ep_trace.parsers.kernel_collectives`) has no op or sidecar that names its role; when its
+    device span lies inside a ``dispatch`` / ``combine`` stage row of its rank (the ``ep_collective``
+    and ``ep_allreduce`` family rules above) it is that stage's call, so the what-ifs that edit
+    dispatch or combine transfers (``fp8_dispatch``, ``chunked_pipeline``) see it.
 
     Args:
         coll: ``collectives`` rows (epoch ns).
@@ -284,9 +335,10 @@ def kernel_call_directions(coll: pl.DataFrame, stage_rows: pl.DataFrame) -> pl.D
     Returns:
         ``coll`` with those two columns filled where they were null; other rows unchanged.
     """
-    need = coll.filter(
-        pl.col("pg_name").str.starts_with("nccl:").fill_null(False) & pl.col("direction").is_null()
-    ).select("rank", "coll_id", "start_ns", "end_ns")
+    from_kernels = pl.col("pg_name").str.starts_with("nccl:") | pl.col("pg_name").is_in(list(FAMILY_COLLECTIVE))
+    need = coll.filter(from_kernels.fill_null(False) & pl.col("direction").is_null()).select(
+        "rank", "coll_id", "start_ns", "end_ns"
+    )
     st = stage_rows.filter(
         pl.col("stage").is_in(["dispatch", "combine"])
         & pl.col("start_ns").is_not_null()

@@ -251,6 +251,158 @@ def test_vllm_default_ep_in_a_cuda_graph_replay(tmp_path):
     assert a.calls.sort("arrival_ns")["direction"].to_list() == ["dispatch", "dispatch", "combine", None]
 
 
+_CAR = "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 2>(vllm::RankData*)"
+_NCCL_AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+_ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"
+
+
+def _tp_layer(moe: list[Item], after: list[Item]) -> list[Item]:
+    """An attention block (its o_proj all-reduce), then the MoE layer and what follows it."""
+    return [
+        ("op", "vllm::unified_attention_with_output", [("k", "flash_fwd_kernel", 30)]),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),  # o_proj
+        ("op", "vllm::all_reduce", [("k", _CAR, 12)]),  # the attention's all-reduce: no MoE stage
+        ("k", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16>(x)", 3),
+        *moe,
+        *after,
+    ]
+
+
+_VLLM_MOE: list[Item] = [
+    (
+        "op",
+        "vllm::moe_forward",
+        [
+            ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 7),
+            ("k", "void vllm::moe::topkGatingSoftmax<4, 64, 4, 16>(float const*)", 5),
+            ("k", "fused_moe_kernel", 40),
+            ("k", "void vllm::moe::moe_sum_kernel<c10::BFloat16, 2>(c10::BFloat16*)", 6),
+        ],
+    )
+]
+
+
+def test_vllm_tp_moe_output_all_reduce_is_the_combine(tmp_path):
+    # tensor parallelism, or --enable-expert-parallel without data parallelism: every rank holds every
+    # token and DefaultMoERunner.forward all-reduces the vllm::moe_forward output
+    # (vllm/model_executor/layers/fused_moe/runner/default_moe_runner.py, _maybe_reduce_output)
+    a = _analyze(tmp_path, _tp_layer(_VLLM_MOE, [("op", "vllm::all_reduce", [("k", _CAR, 20)])]))
+    assert _stages(a)[1:] == [
+        (0, "route", 5_000, 0),
+        (0, "expert", 40_000, 0),
+        (0, "unpermute", 6_000, 0),
+        (0, "combine", 20_000, 20_000),
+    ]
+    # the combine call takes its stage as direction; the attention's all-reduce keeps none
+    assert a.calls.sort("arrival_ns").select("collective", "direction", "layer").rows() == [
+        ("allreduce", None, None),
+        ("allreduce", "combine", 0),
+    ]
+    top = a.findings[0]
+    assert top.kind == "exposed_comm"
+    assert top.remedy == (
+        "The combine is an all-reduce of all tokens (TP, or EP with no all-to-all "
+        "backend). Fuse it with the next RMSNorm (vLLM "
+        "-cc.pass_config.fuse_allreduce_rms=True, SGLang --enable-flashinfer-allreduce-fusion), or run "
+        "attention data-parallel with a DeepEP all-to-all (vLLM --data-parallel-size "
+        "--enable-expert-parallel --all2all-backend deepep_low_latency; SGLang --enable-dp-attention "
+        "--moe-a2a-backend deepep)."
+    )
+    # with the barrier-wait sentence it still fits the report's display limit
+    assert (
+        len(top.remedy)
+        + len(" Most of this exposed time is barrier wait for a late rank: fix the straggler / imbalance first.")
+        <= 512
+    )
+
+
+def test_sglang_moe_all_reduce_after_scaling_and_shared_add(tmp_path):
+    # SGLang DeepseekV2MoE.forward_normal (python/sglang/srt/models/deepseek_v2.py): experts, then
+    # routed-scaling multiply and shared-expert add (PyTorch pointwise kernels), then the all-reduce
+    # (an NCCL one here: its c10d op makes it a call of its own process group)
+    moe: list[Item] = [
+        (
+            "op",
+            "sglang::inplace_fused_experts",
+            [
+                ("k", "void moe_fused_gate_kernel<float>(x)", 5),
+                ("k", "fused_moe_kernel", 40),
+                ("k", "void moe_sum_reduce_kernel<c10::BFloat16>(x)", 6),
+            ],
+        ),
+        ("k", "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float> >(int)", 2),
+        ("k", _ADD, 2),
+    ]
+    a = _analyze(tmp_path, _tp_layer(moe, [("k", _NCCL_AR, 20)]))
+    assert [s for _, s, _, _ in _stages(a)][-1] == "combine"
+    assert _stages(a)[-1] == (0, "combine", 20_000, 20_000)
+
+
+def test_moe_all_reduce_in_a_cuda_graph_replay(tmp_path):
+    # no host ranges: the all-reduce right after the unpermute kernel is the combine; the one after the
+    # o_proj GEMM (and the dense MLP's, after its down-projection GEMM) is none
+    prog: list[Item] = [
+        ("k", "flash_fwd_kernel", 30),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
+        ("k", _CAR, 12),
+        ("k", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16>(x)", 3),
+        ("k", "void vllm::moe::topkGatingSoftmax<4, 64, 4, 16>(float const*)", 5),
+        ("k", "fused_moe_kernel", 40),
+        ("k", "void vllm::moe::moe_sum_kernel<c10::BFloat16, 2>(c10::BFloat16*)", 6),
+        ("k", _CAR, 20),
+        ("k", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16>(x)", 3),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 9),
+        ("k", _CAR, 11),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert [(s, b, c) for _, s, b, c in _stages(a)] == [
+        ("route", 5_000, 0),
+        ("expert", 40_000, 0),
+        ("unpermute", 6_000, 0),
+        ("combine", 20_000, 20_000),
+    ]
+    assert a.calls.sort("arrival_ns")["direction"].to_list() == [None, "combine", None]
+
+
+def test_all_reduce_after_a_dense_mlp_is_no_combine(tmp_path):
+    # a model without MoE layers (or a dense layer of one): no all-reduce becomes a combine, no EP remedy
+    prog: list[Item] = [
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
+        ("k", "void vllm::act_and_mul_kernel<c10::BFloat16>(c10::BFloat16*)", 4),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
+        ("k", _ADD, 2),
+        ("k", _CAR, 20),
+    ]
+    a = _analyze(tmp_path, prog)
+    assert _stages(a) == []
+    assert a.calls["direction"].to_list() == [None]
+    assert all("all-to-all" not in f.remedy for f in a.findings)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_exposed_all_reduce_remedy_of_inference_and_training(tmp_path, training):
+    # no backward pass: tensor-parallel activation all-reduces, not DDP gradient buckets
+    bwd: list[Item] = [("op", "autograd::engine::evaluate_function: MmBackward0", [("k", "nvjet_sm90_bwd", 8)])]
+    prog: list[Item] = [
+        ("k", "flash_fwd_kernel", 30),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
+        ("k", _CAR, 40),
+        ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
+        ("k", _CAR, 40),
+        *(bwd if training else []),
+    ]
+    (top,) = [f for f in _analyze(tmp_path, prog).findings if f.kind == "exposed_comm"]
+    assert top.remedy == (
+        "Overlap the collectives with compute: launch gradient all-reduces as buckets become ready (DDP/FSDP bucket "
+        "size, bucket_cap_mb), prefetch all-gathers, and keep the comm stream free of host syncs."
+        if training
+        else "No backward pass: these are tensor-parallel activation collectives. Overlap them with the GEMMs next to "
+        "them (async TP: vLLM -cc.pass_config.fuse_gemm_comms=True with sequence parallelism), fuse each "
+        "all-reduce with the next RMSNorm (vLLM -cc.pass_config.fuse_allreduce_rms=True, SGLang "
+        "--enable-flashinfer-allreduce-fusion), keep the custom all-reduce on, or use fewer tensor-parallel ranks."
+    )
+
+
 def test_sglang_deepep_cuda_graph_decode(tmp_path):
     # CUDA-graph decode: no host range around the MoE; DeepEP normal mode (layer 0) and low-latency mode
     # (layer 1). Layers come from the order of MoE blocks (route opens a block).
@@ -333,12 +485,16 @@ def test_tensorrt_llm_flashinfer_trtllm_gen_and_cutlass(tmp_path):
         (1, "permute", 3_000, 0),
         (1, "expert", 40_000, 0),
         (1, "unpermute", 4_000, 0),
+        # the tensor-parallel layer's output all-reduce (fused with the next RMSNorm) is its combine
+        (1, "combine", 9_000, 9_000),
     ]
     assert [c[1:] for c in _calls(a) if c[0] == 0] == [
         ("all_to_allv", "trtllm_moe_a2a", "dispatch", 1),
         ("all_to_allv", "trtllm_moe_a2a", "combine", 1),
         ("allreduce", "custom_allreduce", None, 1),
     ]
+    # the analysis gives that call the direction of its stage
+    assert a.calls.sort("arrival_ns")["direction"].to_list() == ["dispatch", "combine", "combine"]
 
 
 def test_megatron_core_transformer_engine_ranges(tmp_path):
