@@ -244,9 +244,11 @@ KERNEL_FAMILIES: tuple[KernelFamily, ...] = (
         "vLLM / SGLang / aiter",
         "unpermute",
         r"(?:\w+::)*moe_sum_kernel\b|^(?:post_reorder_triton_kernel|deepep_post_reorder_triton_kernel"
-        r"|_fwd_kernel_ep_gather)\b",
+        r"|_fwd_kernel_ep_gather)\b|_?moe_sum_reduce\w*kernel",
         "vllm-project/vllm csrc/moe/moe_align_sum_kernels.cu (vllm::moe::moe_sum_kernel); "
-        "sgl-project/sglang python/sglang/srt/layers/moe/ep_moe/kernels.py",
+        "sgl-project/sglang python/sglang/srt/layers/moe/ep_moe/kernels.py; SGLang's top-k sum: "
+        "_moe_sum_reduce_kernel (python/sglang/srt/layers/moe/fused_moe_triton/fused_moe_triton_kernels.py) "
+        "and sgl-kernel's moe_sum_reduce*_kernel CUDA kernels",
     ),
     # --- expert GEMMs ---------------------------------------------------------------------------------
     KernelFamily(

@@ -86,6 +86,10 @@ def _with_container(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
     return k.join(j.unique("aid"), on="aid", how="left")
 
 
+#: PyTorch / Inductor pointwise kernels (``at::native::vectorized_elementwise_kernel<...>``,
+#: ``triton_poi_fused_add_mul_0``): SGLang scales the experts' output by the routed-scaling factor
+#: and adds the shared experts' output between the last expert kernel and the all-reduce.
+_POINTWISE = r"^(?:void\s+)?at::native::(?:(?:\w+|\(anonymous namespace\))::)*\w*elementwise_kernel|^triton_poi_"
 _GATHER = r"Kernel_(?:AllGather|Broadcast)(?:_|\()"
 _SCATTER = r"Kernel_(?:ReduceScatter|Reduce)(?:_|\()"
 
@@ -97,8 +101,8 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     layer. There an all-gather / broadcast kernel is the ``dispatch`` only when the next kernel of
     the rank that is not such a collective is a routing kernel (vLLM gathers the tokens and router
     logits, then runs top-k), and a reduce-scatter / reduce kernel is the ``combine`` only when the
-    previous one is an expert or unpermute kernel; any kernel without a family in between (a norm,
-    an attention kernel, the LM head) breaks the adjacency, so data- and tensor-parallel
+    previous one is an expert or unpermute kernel; pointwise kernels are skipped, and any other
+    kernel without a family in between (a norm, an attention kernel, the LM head) breaks the adjacency, so data- and tensor-parallel
     collectives stay without a stage.
     """
     if not bool((k.get_column("_fam") == "ep_collective").any()):
@@ -112,8 +116,11 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
             pl.col("name").str.contains(_GATHER).alias("_g"), pl.col("name").str.contains(_SCATTER).alias("_s")
         )
     )
-    k = k.join(kinds, on="name", how="left").sort(["rank", "start_ns"])
-    lab = pl.when(coll).then(None).otherwise(pl.col("_fam").fill_null(""))
+    pw = k.select(pl.col("name").unique()).with_columns(pl.col("name").str.contains(_POINTWISE).alias("_pw"))
+    k = k.join(kinds, on="name", how="left").join(pw, on="name", how="left").sort(["rank", "start_ns"])
+    # pointwise kernels do not break the adjacency (SGLang's routed-scaling multiply and shared-expert
+    # add run between the experts and the reduce-scatter of its data-parallel attention)
+    lab = pl.when(coll | pl.col("_pw")).then(None).otherwise(pl.col("_fam").fill_null(""))
     nxt = lab.shift(-1).backward_fill().over(["rank", "step"])
     prv = lab.shift(1).forward_fill().over(["rank", "step"])
     edge = (
@@ -123,13 +130,7 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("combine"))
         .otherwise(None)
     )
-    return k.with_columns(edge.alias("_edge")).drop("_g", "_s")
-
-
-#: PyTorch / Inductor pointwise kernels (``at::native::vectorized_elementwise_kernel<...>``,
-#: ``triton_poi_fused_add_mul_0``): SGLang scales the experts' output by the routed-scaling factor
-#: and adds the shared experts' output between the last expert kernel and the all-reduce.
-_POINTWISE = r"^(?:void\s+)?at::native::(?:(?:\w+|\(anonymous namespace\))::)*\w*elementwise_kernel|^triton_poi_"
+    return k.with_columns(edge.alias("_edge")).drop("_g", "_s", "_pw")
 
 
 def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
@@ -143,11 +144,12 @@ def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
     Anything else in between (a norm, an attention kernel, a GEMM outside the range) breaks the
     adjacency, so the attention's and dense MLPs' all-reduces get no stage.
     """
-    ar = pl.col("_fam") == "ep_allreduce"
+    ar = (pl.col("_fam") == "ep_allreduce").fill_null(False)
     if not bool(k.select(ar.any()).item()):
         return k
     pw = k.select(pl.col("name").unique()).with_columns(pl.col("name").str.contains(_POINTWISE).alias("_pw"))
     k = k.join(pw, on="name", how="left").sort(["rank", "start_ns"]).with_row_index("_ri")
+    # (the comparisons are null where _fam is: a kernel without a family is never skipped)
     skip = ar | pl.col("_pw")
     prev_i = pl.when(~skip).then(pl.col("_ri")).shift(1).forward_fill().over(["rank", "step"])
     k = k.with_columns(prev_i.alias("_pi"))

@@ -334,8 +334,36 @@ def test_sglang_moe_all_reduce_after_scaling_and_shared_add(tmp_path):
         ("k", _ADD, 2),
     ]
     a = _analyze(tmp_path, _tp_layer(moe, [("k", _NCCL_AR, 20)]))
-    assert [s for _, s, _, _ in _stages(a)][-1] == "combine"
+    assert _stages(a)[1:] == [
+        (0, "route", 5_000, 0),
+        (0, "expert", 40_000, 0),
+        (0, "unpermute", 6_000, 0),  # moe_sum_reduce_kernel (sgl-kernel)
+        (0, "combine", 20_000, 20_000),  # the pointwise kernels in between do not break it
+    ]
+    assert a.calls.sort("arrival_ns")["direction"].to_list() == [None, "combine"]
+
+
+def test_sglang_dp_attention_reduce_scatter_after_scaling_and_shared_add(tmp_path):
+    # SGLang with data-parallel attention and use_reduce_scatter: forward_normal skips its all-reduce
+    # and the layer communicator reduce-scatters the output after the routed-scaling multiply and the
+    # shared-expert add (python/sglang/srt/layers/communicator.py, dp_reduce_scatter_tensor)
+    moe: list[Item] = [
+        (
+            "op",
+            "sglang::inplace_fused_experts",
+            [
+                ("k", "void moe_fused_gate_kernel<float>(x)", 5),
+                ("k", "fused_moe_kernel", 40),
+                ("k", "void moe_sum_reduce_kernel<c10::BFloat16>(x)", 6),
+            ],
+        ),
+        ("k", "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float> >(int)", 2),
+        ("k", _ADD, 2),
+        ("k", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20),
+    ]
+    a = _analyze(tmp_path, moe)
     assert _stages(a)[-1] == (0, "combine", 20_000, 20_000)
+    assert a.calls["direction"].to_list() == ["combine"]
 
 
 def test_moe_all_reduce_in_a_cuda_graph_replay(tmp_path):
@@ -362,6 +390,14 @@ def test_moe_all_reduce_in_a_cuda_graph_replay(tmp_path):
         ("combine", 20_000, 20_000),
     ]
     assert a.calls.sort("arrival_ns")["direction"].to_list() == [None, "combine", None]
+
+
+def test_a_kernel_without_family_breaks_the_all_reduce_adjacency(tmp_path):
+    # a norm (no family, not pointwise) between the MoE layer and the all-reduce: no combine
+    after: list[Item] = [("k", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16>(x)", 3), ("k", _CAR, 20)]
+    a = _analyze(tmp_path, _tp_layer(_VLLM_MOE, after))
+    assert "combine" not in [s for _, s, _, _ in _stages(a)]
+    assert a.calls["direction"].to_list() == [None, None]
 
 
 def test_all_reduce_after_a_dense_mlp_is_no_combine(tmp_path):
