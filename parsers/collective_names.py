@@ -49,6 +49,11 @@ _SUFFIXES = ("_single", "_coalesced", "_into_tensor", "_tensor", "_base", "_out"
 #: torch symmetric-memory op prefixes (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu:
 #: ``symm_mem::multimem_all_reduce_``, ``one_shot_all_reduce``, ``two_shot_all_reduce_``, ...)
 _SYMM_PREFIXES = ("multimem_one_shot_", "multimem_", "one_shot_", "two_shot_")
+#: serving-engine custom op prefixes: SGLang's GroupCoordinator ops (python/sglang/srt/distributed/
+#: parallel_state.py: ``sglang::inplace_all_reduce``, ``sglang::outplace_all_reduce``,
+#: ``sglang::reg_all_gather_into_tensor``) and TensorRT-LLM's MoE finalize + all-reduce fusion
+#: (``trtllm::moe_allreduce``, ``trtllm::moe_finalize_allreduce``)
+_ENGINE_PREFIXES = ("inplace_", "outplace_", "reg_", "moe_finalize_", "moe_")
 _NCCL_API = re.compile(r"^nccl(?=[A-Z])")
 #: Range names that mark a collective call (the type is then :func:`normalise_collective`'s).
 _MARKER = re.compile(r"^(?:c10d::|_c10d_functional::|nccl:|gloo:|nccl[A-Z])")
@@ -70,7 +75,7 @@ def _normalise(name: str | None) -> str:
     if not name:
         return "unknown"
     token = _NCCL_API.sub("", name.split("::")[-1].split(":")[-1]).lower().strip("_")
-    for prefix in _SYMM_PREFIXES:
+    for prefix in _SYMM_PREFIXES + _ENGINE_PREFIXES:
         token = token.removeprefix(prefix)
     for suffix in _SUFFIXES:
         token = token.replace(suffix, "")

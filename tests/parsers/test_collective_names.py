@@ -45,6 +45,17 @@ NAMES = [
     ("ncclBcast", "broadcast"),
     ("ncclAllToAll", "all_to_all"),
 ]
+# serving engines' custom ops: typed (the launching op of a custom all-reduce kernel), not range markers
+ENGINE_OPS = [
+    ("vllm::all_reduce", "allreduce"),
+    ("sglang::outplace_all_reduce", "allreduce"),
+    ("sglang::inplace_all_reduce", "allreduce"),
+    ("sglang::reg_all_gather_into_tensor", "allgather"),
+    ("trtllm::moe_allreduce", "allreduce"),
+    ("trtllm::moe_finalize_allreduce", "allreduce"),
+    ("trtllm::allgather", "allgather"),
+    ("sglang::inplace_fused_experts", "unknown"),
+]
 # record_param_comms "Collective name" values (no prefix: normalised, but not range markers)
 METADATA = [
     ("all_to_allv", "all_to_allv"),
@@ -70,7 +81,7 @@ NOT_MARKERS = [
 ]
 
 
-@pytest.mark.parametrize(("name", "want"), NAMES + METADATA)
+@pytest.mark.parametrize(("name", "want"), NAMES + METADATA + ENGINE_OPS)
 def test_normalise_collective(name, want) -> None:
     assert normalise_collective(name) == want
 
@@ -80,7 +91,7 @@ def test_range_markers(name, want) -> None:
     assert collective_range_type(name) == want
 
 
-@pytest.mark.parametrize("name", NOT_MARKERS)
+@pytest.mark.parametrize("name", NOT_MARKERS + [n for n, _ in ENGINE_OPS])
 def test_not_range_markers(name) -> None:
     assert collective_range_type(name) is None
 
