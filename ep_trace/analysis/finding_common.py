@@ -81,9 +81,15 @@ MOE_STAGES = ("permute", "dispatch", "expert", "shared_expert", "combine", "unpe
 
 #: Names of a training step: autograd's backward ops (``autograd::engine::evaluate_function:
 #: MmBackward0``, ``MmBackward0``), backward kernels (``..._bwd_kernel``, ``..._backward_...``), the
-#: optimizer (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``) and the data-parallel
-#: wrappers' gradient hooks (``DistributedDataParallel.forward``, FSDP's ``FullyShardedDataParallel``).
-_TRAINING = r"(?i)backward|autograd::engine|optimizer\.|_bwd|distributeddataparallel|fullyshardeddataparallel"
+#: optimizer (``Optimizer.step#AdamW.step``, ``Optimizer.zero_grad#...``; fused optimizer kernels, which
+#: an Nsight trace without NVTX still names: ``multi_tensor_apply_kernel<...>``, ``FusedAdam...``; the
+#: AMP grad scaler's ``_amp_foreach_non_finite_check_and_unscale_``) and the data-parallel wrappers'
+#: gradient hooks (``DistributedDataParallel.forward``, FSDP's ``FullyShardedDataParallel``, FSDP2's
+#: ``RegisterPostBackwardFunction``).
+_TRAINING = (
+    r"(?i)backward|autograd::engine|optimizer\.|_bwd|distributeddataparallel|fullyshardeddataparallel"
+    r"|multi_tensor_apply|adam|accumulategrad|non_finite_check_and_unscale"
+)
 
 
 def is_training(a: Analysis) -> bool:

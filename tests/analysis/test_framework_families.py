@@ -415,17 +415,32 @@ def test_all_reduce_after_a_dense_mlp_is_no_combine(tmp_path):
     assert all("all-to-all" not in f.remedy for f in a.findings)
 
 
-@pytest.mark.parametrize("training", [False, True])
-def test_exposed_all_reduce_remedy_of_inference_and_training(tmp_path, training):
+_BACKWARD: dict[str, list[Item]] = {
+    "inference": [],
+    # a Kineto trace: autograd's backward ops
+    "autograd": [("op", "autograd::engine::evaluate_function: MmBackward0", [("k", "nvjet_sm90_tst_bwd", 8)])],
+    # an Nsight trace without NVTX: only the fused optimizer's kernel says it is training
+    "optimizer_kernel": [
+        (
+            "k",
+            "void at::native::multi_tensor_apply_kernel<at::native::TensorListMetadata<4>, FusedAdamMathFunctor>(x)",
+            5,
+        )
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(_BACKWARD))
+def test_exposed_all_reduce_remedy_of_inference_and_training(tmp_path, case):
     # no backward pass: tensor-parallel activation all-reduces, not DDP gradient buckets
-    bwd: list[Item] = [("op", "autograd::engine::evaluate_function: MmBackward0", [("k", "nvjet_sm90_bwd", 8)])]
+    training = case != "inference"
     prog: list[Item] = [
         ("k", "flash_fwd_kernel", 30),
         ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
         ("k", _CAR, 40),
         ("k", "nvjet_sm90_tst_128x64_64x8_1x1_v_bz_TNT", 8),
         ("k", _CAR, 40),
-        *(bwd if training else []),
+        *_BACKWARD[case],
     ]
     (top,) = [f for f in _analyze(tmp_path, prog).findings if f.kind == "exposed_comm"]
     assert top.remedy == (
