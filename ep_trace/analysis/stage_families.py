@@ -140,7 +140,8 @@ def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
     kernels (vLLM reduces a shared-expert layer's two outputs one after the other): when it belongs
     to an MoE range and has a stage or family, the all-reduce joins that range (``cid``,
     ``c_layer``: vLLM's all-reduce runs right after ``vllm::moe_forward`` returns); when there is no
-    range (a CUDA-graph replay) and it is an expert or unpermute kernel, ``_edge`` is ``combine``.
+    range (a CUDA-graph replay) and it is an expert or unpermute kernel on the same stream, ``_edge``
+    is ``combine``.
     Anything else in between (a norm, an attention kernel, a GEMM outside the range) breaks the
     adjacency, so the attention's and dense MLPs' all-reduces get no stage.
     """
@@ -158,16 +159,21 @@ def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
         pl.col("cid").alias("_pcid"),
         pl.col("c_layer").alias("_pcl"),
         pl.col("_fam").alias("_pf"),
+        pl.col("stream").alias("_pst"),
     )
     k = k.join(prev, on="_pi", how="left")
     outside = ar & pl.col("cid").is_null()
     adopt = outside & pl.col("_pcid").is_not_null() & pl.col("_pf").is_not_null()
-    edge = outside & pl.col("_pcid").is_null() & pl.col("_pf").is_in(["expert", "unpermute"])
+    # without a range, only an all-reduce queued behind the expert work on its stream (vLLM's and
+    # SGLang's run on the compute stream); a data-parallel gradient all-reduce runs on NCCL's own
+    # stream next to the backward kernels, whatever kernel started before it
+    same_stream = (pl.col("stream") == pl.col("_pst")).fill_null(False)
+    edge = outside & pl.col("_pcid").is_null() & pl.col("_pf").is_in(["expert", "unpermute"]) & same_stream
     return k.with_columns(
         pl.when(adopt).then(pl.col("_pcid")).otherwise(pl.col("cid")).alias("cid"),
         pl.when(adopt).then(pl.col("_pcl")).otherwise(pl.col("c_layer")).alias("c_layer"),
         pl.when(edge).then(pl.lit("combine")).otherwise(pl.col("_edge")).alias("_edge"),
-    ).drop("_pw", "_ri", "_pi", "_pcid", "_pcl", "_pf")
+    ).drop("_pw", "_ri", "_pi", "_pcid", "_pcl", "_pf", "_pst")
 
 
 def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:

@@ -17,7 +17,8 @@ from ep_trace.analysis.config import AnalysisConfig
 BASE = 1_700_000_000_000_000_000
 
 # A program is a list of items: ("op", name, [items]) = a host range (cpu_op when the name has '::',
-# else a user_annotation) around its items; ("k", kernel_name, dur_us) = a kernel launched here.
+# else a user_annotation) around its items; ("k", kernel_name, dur_us[, stream]) = a kernel launched here
+# (stream 7 unless given).
 Item = tuple[Any, ...]
 
 
@@ -37,7 +38,8 @@ def _trace(path: Path, rank: int, world: int, program: list[Item]) -> Path:
                     {"ph": "X", "cat": cat, "name": it[1], "pid": 1, "tid": 1, "ts": start, "dur": state["t"] - start}
                 )
             else:
-                _, name, dur = it
+                name, dur = it[1], it[2]
+                stream = it[3] if len(it) > 3 else 7
                 c = state["corr"]
                 state["corr"] += 1
                 launch = state["t"]
@@ -61,10 +63,10 @@ def _trace(path: Path, rank: int, world: int, program: list[Item]) -> Path:
                         "cat": "kernel",
                         "name": name,
                         "pid": 0,
-                        "tid": 7,
+                        "tid": stream,
                         "ts": start,
                         "dur": dur,
-                        "args": {"correlation": c, "stream": 7, "device": rank},
+                        "args": {"correlation": c, "stream": stream, "device": rank},
                     }
                 )
                 state["t"] += 2
@@ -396,6 +398,21 @@ def test_a_kernel_without_family_breaks_the_all_reduce_adjacency(tmp_path):
     # a norm (no family, not pointwise) between the MoE layer and the all-reduce: no combine
     after: list[Item] = [("k", "void vllm::fused_add_rms_norm_kernel<c10::BFloat16>(x)", 3), ("k", _CAR, 20)]
     a = _analyze(tmp_path, _tp_layer(_VLLM_MOE, after))
+    assert "combine" not in [s for _, s, _, _ in _stages(a)]
+    assert a.calls["direction"].to_list() == [None, None]
+
+
+def test_gradient_all_reduce_on_its_own_stream_is_no_combine(tmp_path):
+    # data-parallel training: a gradient bucket's all-reduce runs on NCCL's stream (22) right after an
+    # expert kernel's backward on the compute stream: no MoE combine, and the remedy is DDP's
+    prog: list[Item] = [
+        ("op", "autograd::engine::evaluate_function: MmBackward0", [("k", "void moe_sum_reduce_kernel<float>(x)", 6)]),
+        ("k", "void cutlass::Kernel<cutlass::gemm::kernel::GemmGrouped<X>>(Params)", 40),
+        ("k", _NCCL_AR, 30, 22),
+        ("k", "void cutlass::Kernel<cutlass::gemm::kernel::GemmGrouped<X>>(Params)", 40),
+        ("k", _NCCL_AR, 30, 22),
+    ]
+    a = _analyze(tmp_path, prog)
     assert "combine" not in [s for _, s, _, _ in _stages(a)]
     assert a.calls["direction"].to_list() == [None, None]
 
