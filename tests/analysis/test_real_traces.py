@@ -206,7 +206,11 @@ def test_demo_straggler_hot_expert_and_pipelining(tmp_path, skewed):
     for r in a.imbalance.iter_rows(named=True):
         assert r["I_e"] == pytest.approx(ie[(r["step"], r["layer"])], rel=1e-12)
         assert r["I_r"] == pytest.approx(ir[(r["step"], r["layer"], r["microbatch"])], rel=1e-12)
-    assert a.stragglers["rank"][0] == 1
+    # raw lateness: rank 1 sleeps 40 ms per layer, rank 2 owns the hot expert (half the tokens); on the
+    # 2 shared cores rank 2's expert work can now and then outlast the sleep (a CI run under load put
+    # it first), so the raw table has rank 1 in its top two, and the verdict, which discounts the
+    # lateness the load explains, names rank 1
+    assert 1 in a.stragglers["rank"].head(2).to_list()
     by_kind = {f.kind: f for f in a.findings}
     assert by_kind["straggler_wait"].ranks == (1,)
     # the hot expert is found; whether rebalancing is a finding is the simulation's call: with rank 1
