@@ -101,9 +101,9 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     layer. There an all-gather / broadcast kernel is the ``dispatch`` only when the next kernel of
     the rank that is not such a collective is a routing kernel (vLLM gathers the tokens and router
     logits, then runs top-k), and a reduce-scatter / reduce kernel is the ``combine`` only when the
-    previous one is an expert or unpermute kernel; pointwise kernels are skipped, and any other
-    kernel without a family in between (a norm, an attention kernel, the LM head) breaks the adjacency, so data- and tensor-parallel
-    collectives stay without a stage.
+    previous one is an expert or unpermute kernel; pointwise kernels (``_pw``) are skipped, and any
+    other kernel without a family in between (a norm, an attention kernel, the LM head) breaks the
+    adjacency, so data- and tensor-parallel collectives stay without a stage.
     """
     if not bool((k.get_column("_fam") == "ep_collective").any()):
         return k.with_columns(pl.lit(None, pl.Utf8).alias("_edge"))
@@ -116,8 +116,7 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
             pl.col("name").str.contains(_GATHER).alias("_g"), pl.col("name").str.contains(_SCATTER).alias("_s")
         )
     )
-    pw = k.select(pl.col("name").unique()).with_columns(pl.col("name").str.contains(_POINTWISE).alias("_pw"))
-    k = k.join(kinds, on="name", how="left").join(pw, on="name", how="left").sort(["rank", "start_ns"])
+    k = k.join(kinds, on="name", how="left").sort(["rank", "start_ns"])
     # pointwise kernels do not break the adjacency (SGLang's routed-scaling multiply and shared-expert
     # add run between the experts and the reduce-scatter of its data-parallel attention)
     lab = pl.when(coll | pl.col("_pw")).then(None).otherwise(pl.col("_fam").fill_null(""))
@@ -130,11 +129,12 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("combine"))
         .otherwise(None)
     )
-    return k.with_columns(edge.alias("_edge")).drop("_g", "_s", "_pw")
+    return k.with_columns(edge.alias("_edge")).drop("_g", "_s")
 
 
-def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
-    """The MoE layer an ``ep_allreduce`` kernel outside any MoE range directly follows.
+def _with_allreduce_edges(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
+    """The kernels with a family, their MoE range (``cid``, ``c_layer``), and the MoE layer an
+    ``ep_allreduce`` kernel outside any MoE range directly follows.
 
     The previous kernel of the rank in the step, skipping pointwise kernels and other all-reduce
     kernels (vLLM reduces a shared-expert layer's two outputs one after the other): when it belongs
@@ -143,13 +143,14 @@ def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
     range (a CUDA-graph replay) and it is an expert or unpermute kernel on the same stream, ``_edge``
     is ``combine``.
     Anything else in between (a norm, an attention kernel, a GEMM outside the range) breaks the
-    adjacency, so the attention's and dense MLPs' all-reduces get no stage.
+    adjacency, so the attention's and dense MLPs' all-reduces get no stage. Only then does every
+    kernel, not only those with a family, need its range (the unlabelled ones break the adjacency).
     """
     ar = (pl.col("_fam") == "ep_allreduce").fill_null(False)
+    labelled = pl.col("_fam").is_not_null()
     if not bool(k.select(ar.any()).item()):
-        return k
-    pw = k.select(pl.col("name").unique()).with_columns(pl.col("name").str.contains(_POINTWISE).alias("_pw"))
-    k = k.join(pw, on="name", how="left").sort(["rank", "start_ns"]).with_row_index("_ri")
+        return _with_container(k.filter(labelled), cont)
+    k = _with_container(k, cont).sort(["rank", "start_ns"]).with_row_index("_ri")
     # (the comparisons are null where _fam is: a kernel without a family is never skipped)
     skip = ar | pl.col("_pw")
     prev_i = pl.when(~skip).then(pl.col("_ri")).shift(1).forward_fill().over(["rank", "step"])
@@ -169,11 +170,15 @@ def _with_allreduce_edges(k: pl.DataFrame) -> pl.DataFrame:
     # stream next to the backward kernels, whatever kernel started before it
     same_stream = (pl.col("stream") == pl.col("_pst")).fill_null(False)
     edge = outside & pl.col("_pcid").is_null() & pl.col("_pf").is_in(["expert", "unpermute"]) & same_stream
-    return k.with_columns(
-        pl.when(adopt).then(pl.col("_pcid")).otherwise(pl.col("cid")).alias("cid"),
-        pl.when(adopt).then(pl.col("_pcl")).otherwise(pl.col("c_layer")).alias("c_layer"),
-        pl.when(edge).then(pl.lit("combine")).otherwise(pl.col("_edge")).alias("_edge"),
-    ).drop("_pw", "_ri", "_pi", "_pcid", "_pcl", "_pf", "_pst")
+    return (
+        k.with_columns(
+            pl.when(adopt).then(pl.col("_pcid")).otherwise(pl.col("cid")).alias("cid"),
+            pl.when(adopt).then(pl.col("_pcl")).otherwise(pl.col("c_layer")).alias("c_layer"),
+            pl.when(edge).then(pl.lit("combine")).otherwise(pl.col("_edge")).alias("_edge"),
+        )
+        .filter(labelled)
+        .drop("_ri", "_pi", "_pcid", "_pcl", "_pf", "_pst")
+    )
 
 
 def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
@@ -188,14 +193,15 @@ def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) ->
         The unclaimed kernels that got a stage, with ``stage, run, cid, c_layer`` added.
     """
     k = act.filter(pl.col("step").is_not_null() & (pl.col("cls") != "memory"))
-    names = k.select(pl.col("name").unique()).with_columns(family_label_expr(pl.col("name")).alias("_fam"))
+    # one regex pass per distinct name: the family, and whether the MoE-edge rules skip the kernel
+    names = k.select(pl.col("name").unique()).with_columns(
+        family_label_expr(pl.col("name")).alias("_fam"), pl.col("name").str.contains(_POINTWISE).alias("_pw")
+    )
     k = k.join(names, on="name", how="left")
     claimed = pl.col("aid").is_in(attributed.implode())
     k = k.with_columns(pl.when(claimed).then(pl.lit(_RANGE)).otherwise(pl.col("_fam")).alias("_fam"))
     k = _with_edge_roles(k)
-    # the all-reduce rule needs every kernel (the unlabelled ones break its adjacency)
-    k = _with_allreduce_edges(_with_container(k, cont))
-    k = k.filter(pl.col("_fam").is_not_null()).sort(["rank", "start_ns"])
+    k = _with_allreduce_edges(k, cont).drop("_pw").sort(["rank", "start_ns"])
     in_c = pl.col("cid").is_not_null()
     # routing seen earlier in the same container (rank, container): cum max over the container's rows
     routed = pl.col("_fam").is_in(["route", "route_aux"]).cast(pl.Int8).cum_max().over(["rank", "cid"]).cast(pl.Boolean)
