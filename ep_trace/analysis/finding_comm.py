@@ -193,6 +193,7 @@ def alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
     out = []
     vc = a.calls.filter(pl.col("valid")) if a.calls.height else a.calls
     ep = has_ep_traffic(a)
+    training: bool | None = None  # is_training scans every event name: once, and only if a remedy needs it
     for r in a.alpha_beta.iter_rows(named=True):
         if not fit_conclusive(r):
             continue  # shown as inconclusive in the summary's alpha_beta table, no finding
@@ -200,6 +201,8 @@ def alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         words = _LINK_WORDS.get(r["link_class"], r["link_class"] + " collectives")
         if r["verdict"] == "latency_bound":
             saving = int(cls_calls.height / n_steps * r["alpha_us"] * 1e3)
+            if not ep and training is None:
+                training = is_training(a)
             out.append(
                 Finding(
                     "small_message_latency",
@@ -217,7 +220,7 @@ def alpha_beta(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
                     if ep
                     else "Send fewer, larger messages: bucket small all-reduces together (larger DDP buckets) and fuse "
                     "small collectives."
-                    if is_training(a)
+                    if training
                     else "Use a one-shot all-reduce for small messages (the custom all-reduce of vLLM / SGLang, or "
                     "NCCL's LL protocol), fuse each with the next RMSNorm, and capture the step in a CUDA graph.",
                 )
