@@ -52,6 +52,7 @@ import polars as pl
 
 __all__ = [
     "COMM_KERNEL_PATTERNS",
+    "CUSTOM_ALLREDUCE_KERNELS",
     "FAMILY_COLLECTIVE",
     "comm_family",
     "comm_family_expr",
@@ -61,6 +62,15 @@ __all__ = [
 
 # Optional return type / leading qualifiers printed by demangled names.
 _P = r"^(?:void\s+)?(?:::)?"
+
+#: The one-shot / two-shot all-reduce kernels of vLLM, SGLang, aiter, TensorRT-LLM and FlashInfer (an
+#: alternation, no anchor): the ``custom_allreduce`` family below, with Transformer Engine's userbuffers,
+#: and the MoE output all-reduce of :mod:`ep_trace.analysis.kernel_families`, without them.
+CUSTOM_ALLREDUCE_KERNELS = (
+    r"cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
+    r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
+    r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel"
+)
 
 #: (family, regex) pairs, tried in order; regexes use the Rust ``regex`` syntax shared by polars and
 #: Python ``re`` (no look-around).
@@ -94,12 +104,7 @@ COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
         _P + r"(?:\(anonymous namespace\)::)?(?:multimem_(?:one_shot_)?all_reduce|multimem_all_gather"
         r"|one_shot_all_reduce|two_shot_all_reduce)_kernel",
     ),
-    (
-        "custom_allreduce",
-        _P + r"(?:\w+::)*(?:cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
-        r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
-        r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel|userbuffers_)",
-    ),
+    ("custom_allreduce", _P + r"(?:\w+::)*(?:" + CUSTOM_ALLREDUCE_KERNELS + r"|userbuffers_)"),
 )
 
 #: Collective a kernel of each family implements when no launching op names it (one row per kernel

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ep_trace.comm_classifier import CUSTOM_ALLREDUCE_KERNELS
+
 __all__ = ["KernelFamily", "KERNEL_FAMILIES", "family_table"]
 
 _V = r"^(?:void\s+)?"
@@ -48,9 +50,7 @@ _V = r"^(?:void\s+)?"
 #: which is also the reduce-scatter).
 _ALLREDUCE = (
     r"(?:nccl(?:Dev)?Kernel_AllReduce(?:_|\()|ncclAllReduce(?:Ring|Tree|CollNet)"
-    r"|(?:\w+::)*(?:cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
-    r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
-    r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel)"
+    r"|(?:\w+::)*(?:" + CUSTOM_ALLREDUCE_KERNELS + r")"
     r"|(?:\(anonymous namespace\)::)?(?:multimem_(?:one_shot_)?all_reduce|one_shot_all_reduce)_kernel)"
 )
 
