@@ -318,24 +318,26 @@ def test_vllm_tp_moe_output_all_reduce_is_the_combine(tmp_path):
     )
 
 
+# SGLang DeepseekV2MoE.forward_normal (python/sglang/srt/models/deepseek_v2.py): the experts, then the
+# routed-scaling multiply and the shared-expert add (PyTorch pointwise kernels)
+_SGLANG_MOE: list[Item] = [
+    (
+        "op",
+        "sglang::inplace_fused_experts",
+        [
+            ("k", "void moe_fused_gate_kernel<float>(x)", 5),
+            ("k", "fused_moe_kernel", 40),
+            ("k", "void moe_sum_reduce_kernel<c10::BFloat16>(x)", 6),
+        ],
+    ),
+    ("k", "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float> >(int)", 2),
+    ("k", _ADD, 2),
+]
+
+
 def test_sglang_moe_all_reduce_after_scaling_and_shared_add(tmp_path):
-    # SGLang DeepseekV2MoE.forward_normal (python/sglang/srt/models/deepseek_v2.py): experts, then
-    # routed-scaling multiply and shared-expert add (PyTorch pointwise kernels), then the all-reduce
-    # (an NCCL one here: its c10d op makes it a call of its own process group)
-    moe: list[Item] = [
-        (
-            "op",
-            "sglang::inplace_fused_experts",
-            [
-                ("k", "void moe_fused_gate_kernel<float>(x)", 5),
-                ("k", "fused_moe_kernel", 40),
-                ("k", "void moe_sum_reduce_kernel<c10::BFloat16>(x)", 6),
-            ],
-        ),
-        ("k", "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float> >(int)", 2),
-        ("k", _ADD, 2),
-    ]
-    a = _analyze(tmp_path, _tp_layer(moe, [("k", _NCCL_AR, 20)]))
+    # then the all-reduce (a bare NCCL kernel here, as PyNccl launches it: a call of group nccl:allreduce)
+    a = _analyze(tmp_path, _tp_layer(_SGLANG_MOE, [("k", _NCCL_AR, 20)]))
     assert _stages(a)[1:] == [
         (0, "route", 5_000, 0),
         (0, "expert", 40_000, 0),
@@ -349,21 +351,8 @@ def test_sglang_dp_attention_reduce_scatter_after_scaling_and_shared_add(tmp_pat
     # SGLang with data-parallel attention and use_reduce_scatter: forward_normal skips its all-reduce
     # and the layer communicator reduce-scatters the output after the routed-scaling multiply and the
     # shared-expert add (python/sglang/srt/layers/communicator.py, dp_reduce_scatter_tensor)
-    moe: list[Item] = [
-        (
-            "op",
-            "sglang::inplace_fused_experts",
-            [
-                ("k", "void moe_fused_gate_kernel<float>(x)", 5),
-                ("k", "fused_moe_kernel", 40),
-                ("k", "void moe_sum_reduce_kernel<c10::BFloat16>(x)", 6),
-            ],
-        ),
-        ("k", "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float> >(int)", 2),
-        ("k", _ADD, 2),
-        ("k", "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 20),
-    ]
-    a = _analyze(tmp_path, moe)
+    rs = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    a = _analyze(tmp_path, [*_SGLANG_MOE, ("k", rs, 20)])
     assert _stages(a)[-1] == (0, "combine", 20_000, 20_000)
     assert a.calls["direction"].to_list() == ["combine"]
 
