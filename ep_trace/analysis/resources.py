@@ -9,7 +9,9 @@ rank the hidden fraction is ``clip(c - 1, 0, 1)``: two cores or more hide it all
 nothing (the overlapped transfer's CPU time lands on the compute it overlaps). Measured on the 2-core
 CI machine, 2 gloo ranks, 2048 tokens: 4-chunk pipelining moved the 1-chunk run's ~9 ms of transfer
 per step into compute (compute 56 -> 66 ms per step) and the step got 4 ms longer, not shorter
-(benchmarks/README.md, what-if validation).
+(benchmarks/README.md, what-if validation). That is machine-dependent: on a 2-vCPU VM (stop 19) the
+ranks' cores sat idle 31 % of a 1-chunk step (blocked in the synchronous calls), 4 chunks saved 11-53
+ms, and this rule got the sign wrong; the idle share is not yet part of the rule.
 
 Cores per rank come from the sidecar: ``cpu_cores`` (the process's affinity mask at capture),
 ``host_cores`` (the host's count) and the number of loaded ranks on the same host, all assumed busy:
