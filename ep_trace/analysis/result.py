@@ -217,8 +217,8 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
     "whatif": {
         "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'no_launch_gaps' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all'",
         "chunks": "k of chunked_pipeline (null elsewhere)",
-        "predicted_step_ns": "re-simulated step length: median over steps of the mean over ranks",
-        "saving_ns": "replayed baseline step length - predicted_step_ns",
+        "predicted_step_ns": "replayed baseline step length (median over steps of the mean over ranks) - saving_ns",
+        "saving_ns": "median over steps of (replayed baseline step - re-simulated step), each the mean over ranks",
         "ranks": "ranks whose work the edit changes",
     },
     "breakdown": {
