@@ -24,7 +24,7 @@ def demo(
     hidden: Annotated[int, typer.Option("--hidden", help="Hidden size.")] = 256,
     tokens: Annotated[int, typer.Option("--tokens", help="Tokens per rank per step.")] = 512,
     layers: Annotated[int, typer.Option("--layers", help="MoE layers per step.")] = 2,
-    steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 8,
     skew: Annotated[str, typer.Option("--skew", help="uniform | zipf:EXP | hot:EXPERT:SHARE")] = "uniform",
     straggler: Annotated[
         Optional[str],
