@@ -250,12 +250,26 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         else "Remove blocking host syncs from the step (.item(), cudaStreamSynchronize, synchronous D2H copies): keep values "
         "on the device, use non-blocking copies into pinned memory, and sync once per step."
     )
+    rs = a.rank_summary
+    cpu_rank = (
+        rs.height > 0 and "mode" in rs.columns and rs.filter(pl.col("rank") == w["rank"])["mode"].to_list() == ["cpu"]
+    )
+    if cpu_rank:
+        # a gloo rank has no device to idle: its compute thread blocks in the count exchange (host_stalls)
+        title = (
+            f"Rank {w['rank']}'s compute thread blocks {fmt_ns(int(w['p50']))} per step in the count exchange after "
+            f"the last rank arrived; removing the blocking calls saves {fmt_ns(saving)} per step (simulated)."
+        )
+    else:
+        title = (
+            f"Rank {w['rank']}'s device is idle {fmt_ns(int(w['p50']))} per step while the host blocks; removing the "
+            f"blocking calls saves {fmt_ns(saving)} per step (simulated)."
+        )
     return [
         Finding(
             "host_stall",
             severity(saving, step_ns),
-            f"Rank {w['rank']}'s device is idle {fmt_ns(int(w['p50']))} per step while the host blocks; removing the "
-            f"blocking calls saves {fmt_ns(saving)} per step (simulated).",
+            title,
             saving,
             ev,
             remedy,

@@ -1,4 +1,4 @@
-"""Host stalls: the device is idle while the host blocks inside a stage.
+"""Host stalls: the device (GPU ranks) or the compute thread (CPU ranks) is idle while the host blocks inside a stage.
 
 GPU ranks: blocking host calls — runtime ``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` /
 ``cudaEventSynchronize`` / synchronous ``cudaMemcpy`` (nsys and Kineto runtime rows), and the ops

@@ -9,6 +9,7 @@ import pytest
 
 import ep_trace
 from ep_trace.analysis import analyze
+from ep_trace.analysis.finding_common import fmt_ns
 from ep_trace.analysis.launch_floor import MIN_QUEUED_PAIRS, device_gap_floor
 from ep_trace.analysis.result import Finding
 from ep_trace.reports import digest
@@ -240,4 +241,17 @@ def test_host_bound_title_names_every_rank_whose_gaps_the_saving_removes():
         "Rank 0's device waits for its host 900 µs per step on the critical path, outside blocking calls (the most "
         "of 2 GPU ranks); devices that never wait for their hosts would save 650 µs per step (simulated bound, all "
         "2 ranks)."
+    )
+
+
+def test_cpu_rank_host_stall_speaks_of_the_compute_thread_not_a_device(samples_dir):
+    """A gloo rank has no device to idle: the stall is its compute thread blocked in the count exchange."""
+    a = ep_trace.load(samples_dir / "balanced")
+    f = next(f for f in a.findings if f.kind == "host_stall")
+    assert a.rank_summary.filter(pl.col("rank") == f.ranks[0])["mode"].to_list() == ["cpu"]
+    assert "device" not in f.title
+    p50 = f.evidence["stall_p50_ns_per_step"]
+    assert f.title == (
+        f"Rank {f.ranks[0]}'s compute thread blocks {fmt_ns(p50)} per step in the count exchange after the last rank "
+        f"arrived; removing the blocking calls saves {fmt_ns(f.est_saving_ns)} per step (simulated)."
     )
