@@ -44,6 +44,7 @@ from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
 from ep_trace.analysis.finding_host import host_bound
 from ep_trace.analysis.imbalance import run_aggregate
+from ep_trace.analysis.late_stages import late_stages
 from ep_trace.analysis.result import Analysis, Finding
 
 __all__ = ["with_findings", "severity", "fmt_ns", "fit_conclusive", "MIN_FIT_CALLS", "MIN_FIT_R2"]
@@ -127,6 +128,11 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
     ep = has_ep_traffic(a)
+    rs = a.rank_summary
+    cpu = frozenset(rs.filter(pl.col("mode") == "cpu")["rank"].to_list()) if "mode" in rs.columns else frozenset()
+    late = late_stages(a.stages, a.rank_load, rank, cpu)
+    ev["late_by_stage_ns_per_step"] = {str(x["stage"]): int(x["excess_ns"]) for x in late.iter_rows(named=True)}
+    ev["late_idle_ns_per_step"] = {str(x["stage"]): int(x["idle_ns"]) for x in late.iter_rows(named=True)}
     # "its expert load does not explain" only where the load is known (routing counts or splits)
     why = "for reasons its expert load does not explain" if ep and has_expert_load(a) else "before the collectives"
     return [
@@ -137,12 +143,44 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
             f"saves {fmt_ns(saving)} per step (simulated).",
             saving,
             ev,
-            f"Find why rank {rank} is late before the collective: a host stall, slower hardware, a noisy neighbour or "
-            + ("extra work outside the experts" if ep else "extra work on that rank")
-            + "; its comm is the shortest, so this is not the network.",
+            _straggler_remedy(a, rank, late, ep),
             (rank,),
         )
     ]
+
+
+def _straggler_remedy(a: Analysis, rank: int, late: pl.DataFrame, ep: bool) -> str:
+    """Where to look: the stage that holds most of the rank's extra time (:mod:`late_stages`), and
+    whether it is idle inside the stage (a sleep, a lock) or in its ops (slower compute); the network
+    is ruled out only when the rank's transfers are no slower than the others'."""
+    total = float(late["excess_ns"].sum()) if late.height else 0.0
+    top = late.row(0, named=True) if late.height else None
+    if top is not None and top["excess_ns"] >= 0.5 * total:
+        stage, ex, idle = str(top["stage"]), int(top["excess_ns"]), int(top["idle_ns"])
+        vs = "the other ranks' (scaled to its load)" if stage == "expert" and has_expert_load(a) else "the other ranks'"
+        where = f"Rank {rank}'s extra time is in its {stage} stage: {fmt_ns(ex)} per step above {vs}"
+        if idle >= 0.5 * ex:
+            text = (
+                f"{where}, {fmt_ns(idle)} of it with none of the stage's ops running: look there for a sleep, a lock, a "
+                "blocking call or a descheduled thread (py-spy dump of that rank), not for slower compute"
+            )
+        else:
+            text = (
+                f"{where}, spent in its ops: slower compute on that rank (clocks, throttling, a noisy neighbour, a "
+                "different kernel or shape)"
+            )
+    else:
+        text = (
+            f"Find why rank {rank} is late before the collective: a host stall, slower hardware, a noisy neighbour or "
+            + ("extra work outside the experts" if ep else "extra work on that rank")
+        )
+    rs = a.rank_summary
+    if rs.height > 1 and "transfer_ns" in rs.columns:
+        own = rs.filter(pl.col("rank") == rank)["transfer_ns"].to_list()
+        others = rs.filter(pl.col("rank") != rank)["transfer_ns"].drop_nulls()
+        if own and own[0] is not None and others.len() and own[0] <= 1.1 * float(cast(float, others.median())):
+            text += "; its transfers are no slower than the other ranks', so this is not the network"
+    return text + "."
 
 
 def _most_loaded(a: Analysis) -> int | None:
