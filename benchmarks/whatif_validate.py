@@ -21,7 +21,9 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
 
 measured saving = stat(A) - stat(B), stat = median over steps of the mean over ranks of the step
-length (the statistic ``predicted_step_ns`` uses; the warm-up rule drops an outlier first step).
+length (the warm-up rule drops an outlier first step). The prediction pairs each A step with its
+edited replay (``saving_ns``: median over steps of the per-step saving); A and B are different
+steps, so the measured side can only compare their medians.
 
 CPU contention (2 ranks = 4 busy threads on the 2 shared cores, other engineers' jobs): runs of a
 pair are interleaved A, B, A, B ... so that a load change hits both sides alike; each side is
