@@ -391,3 +391,12 @@ def test_all_takes_only_the_edits_that_save():
     # 100 ns transfer behind the 100 ns that follow it; the harmful rebalancing is left out
     assert w["all"] >= max(v for k, v in w.items() if k != "all")
     assert w["all"] == w["no_straggler"] + w["full_overlap"]
+
+
+def test_saving_is_the_median_of_per_step_savings_not_the_difference_of_medians():
+    # steps of 100 / 200 / 300 ns; the edit saves 10 / 80 / 10 ns: the median step moves by 80
+    # (200 -> 120) though the typical step saves 10
+    base, edited = np.array([100.0, 200.0, 300.0]), np.array([90.0, 120.0, 290.0])
+    assert whatif._paired_saving(base, edited) == 10.0
+    assert float(np.median(base) - np.median(edited)) == 80.0
+    assert whatif._paired_saving(np.array([]), np.array([])) == 0.0
