@@ -20,6 +20,7 @@ __all__ = [
     "MOE_STAGES",
     "has_ep_traffic",
     "has_expert_load",
+    "rank_modes",
     "dominant_collective",
     "waits_measurable",
 ]
@@ -135,6 +136,14 @@ def has_ep_traffic(a: Analysis) -> bool:
 def has_expert_load(a: Analysis) -> bool:
     """Routing counts are known (exact counts or split lists), so lateness can be weighed against load."""
     return bool(a.rank_load.height)
+
+
+def rank_modes(a: Analysis) -> dict[int, str]:
+    """``rank -> 'gpu' | 'cpu'`` from ``rank_summary.mode`` (empty when the column is absent)."""
+    rs = a.rank_summary
+    if rs.height == 0 or "mode" not in rs.columns:
+        return {}
+    return {int(r): str(m) for r, m in zip(rs["rank"], rs["mode"], strict=True)}
 
 
 def dominant_collective(a: Analysis) -> str | None:

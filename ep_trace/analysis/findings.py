@@ -38,7 +38,14 @@ from typing import cast
 import polars as pl
 
 from ep_trace.analysis.finding_comm import MIN_FIT_CALLS, MIN_FIT_R2, alpha_beta, exposed, fit_conclusive
-from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, has_expert_load, severity, waits_measurable
+from ep_trace.analysis.finding_common import (
+    fmt_ns,
+    has_ep_traffic,
+    has_expert_load,
+    rank_modes,
+    severity,
+    waits_measurable,
+)
 from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
@@ -128,8 +135,7 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         "saving_rule": "simulated: the rank's work before each arrival, less its expert compute, set to the other ranks' median",
     }
     ep = has_ep_traffic(a)
-    rs = a.rank_summary
-    cpu = frozenset(rs.filter(pl.col("mode") == "cpu")["rank"].to_list()) if "mode" in rs.columns else frozenset()
+    cpu = frozenset(r for r, m in rank_modes(a).items() if m == "cpu")
     late = late_stages(a.stages, a.rank_load, rank, cpu)
     ev["late_by_stage_ns_per_step"] = {str(x["stage"]): int(x["excess_ns"]) for x in late.iter_rows(named=True)}
     ev["late_idle_ns_per_step"] = {str(x["stage"]): int(x["idle_ns"]) for x in late.iter_rows(named=True)}
@@ -288,11 +294,7 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         else "Remove blocking host syncs from the step (.item(), cudaStreamSynchronize, synchronous D2H copies): keep values "
         "on the device, use non-blocking copies into pinned memory, and sync once per step."
     )
-    rs = a.rank_summary
-    cpu_rank = (
-        rs.height > 0 and "mode" in rs.columns and rs.filter(pl.col("rank") == w["rank"])["mode"].to_list() == ["cpu"]
-    )
-    if cpu_rank:
+    if rank_modes(a).get(int(w["rank"])) == "cpu":
         # a gloo rank has no device to idle: its compute thread blocks in the count exchange (host_stalls)
         title = (
             f"Rank {w['rank']}'s compute thread blocks {fmt_ns(int(w['p50']))} per step in the count exchange after "

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from ep_trace.analysis.finding_common import rank_modes
+
 if TYPE_CHECKING:
     from ep_trace.analysis.result import Analysis
 
@@ -61,13 +63,6 @@ _TIMES_SCHEMA = {
 def _first(series: pl.Series) -> Any:
     s = series.drop_nulls()
     return s[0] if s.len() else None
-
-
-def _mode_of(a: Analysis) -> dict[int, str]:
-    rs = a.rank_summary
-    if rs.height == 0 or "mode" not in rs.columns:
-        return {}
-    return {int(r): str(m) for r, m in zip(rs["rank"], rs["mode"], strict=True)}
 
 
 def tokens_per_rank(a: Analysis) -> float | int | None:
@@ -150,7 +145,7 @@ def _stage_rows(a: Analysis) -> pl.DataFrame:
         return pl.DataFrame(
             schema={"rank": pl.Int32, "step": pl.Int64, "layer": pl.Int32, "stage": pl.Utf8, "t": pl.Int64}
         )
-    mode = _mode_of(a)
+    mode = rank_modes(a)
     cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
     fwd = st.filter((pl.col("phase").is_null() | (pl.col("phase") == "fwd")) & pl.col("step").is_not_null())
     is_cpu = pl.col("rank").is_in(cpu_ranks)
