@@ -98,7 +98,7 @@ def _predicted(a: ep_trace.Analysis, scenario: str) -> float | None:
     return float(r["saving_ns"][0]) if r.height else None
 
 
-def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, object]:
+def run_pair(name: str, repeats: int, steps: int, work: Path, demo_extra: tuple[str, ...] = ()) -> dict[str, object]:
     """Run one pair ``repeats`` times interleaved; medians, spreads, error."""
     a_args, b_args, scenario, k, tokens, ranks = PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
@@ -106,7 +106,7 @@ def run_pair(name: str, repeats: int, steps: int, work: Path) -> dict[str, objec
     for i in range(repeats):
         for side, args in (("A", a_args), ("B", b_args)):
             d = work / f"{name}_{side}{i}"
-            _demo(d, args, steps, tokens, ranks)
+            _demo(d, [*args, *demo_extra], steps, tokens, ranks)
             an = ep_trace.load([d], config=cfg)
             (sa if side == "A" else sb).append(_stat(an))
             if side == "A":
@@ -161,7 +161,13 @@ def _median_diff_ci(a: list[float], b: list[float], n: int = 2000) -> tuple[floa
 
 
 def run_ab_pair(
-    name: str, repeats: int, steps: int, work: Path, predict_steps: int = 10, keep: bool = False
+    name: str,
+    repeats: int,
+    steps: int,
+    work: Path,
+    predict_steps: int = 10,
+    keep: bool = False,
+    demo_extra: tuple[str, ...] = (),
 ) -> dict[str, object]:
     """``repeats`` runs of ``2 * steps + 2`` steps, A on even and B on odd steps, steps pooled over runs.
 
@@ -177,7 +183,7 @@ def run_ab_pair(
     pred, diffs = [], []
     for i in range(repeats):
         d = work / f"{name}_{i}"
-        _demo(d, demo_args, 2 * steps + 2, tokens, ranks)
+        _demo(d, [*demo_args, *demo_extra], 2 * steps + 2, tokens, ranks)
         an = ep_trace.load([d], config=AnalysisConfig(steps=(2, 2 * steps + 1)))
         per = an.steps.group_by("step").agg(pl.col("step_time_ns").mean())
         a_steps = per.filter(pl.col("step") % 2 == 0)["step_time_ns"].to_list()
@@ -224,7 +230,13 @@ def main() -> None:
     ap.add_argument("--pairs", default="straggler,skew,chunks")
     ap.add_argument("--work", type=Path, default=None, help="work here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the in-run pairs' traces under --work")
+    ap.add_argument(
+        "--demo-args",
+        default="",
+        help="extra demo options for every run, e.g. '--pin-cores' or '--no-huge-pages' (one string)",
+    )
     args = ap.parse_args()
+    extra = tuple(args.demo_args.split())
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -234,9 +246,9 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
             if name in AB_PAIRS:
-                r = run_ab_pair(name, args.repeats, args.steps, work, keep=args.keep)
+                r = run_ab_pair(name, args.repeats, args.steps, work, keep=args.keep, demo_extra=extra)
             else:
-                r = run_pair(name, args.repeats, args.steps, work)
+                r = run_pair(name, args.repeats, args.steps, work, demo_extra=extra)
             ps = r["predicted_spread_ms"]
             print(
                 f"| {r['pair']} | {r['scenario']} | {r['A_ms']:.1f} ({r['A_spread_ms'][0]:.1f}..{r['A_spread_ms'][1]:.1f}) "

@@ -58,6 +58,17 @@ def demo(
             "--with-stack", help="Record Python frames (with_stack=True, vLLM's and SGLang's profiler default)."
         ),
     ] = False,
+    pin_cores: Annotated[
+        bool,
+        typer.Option("--pin-cores", help="Pin rank r to core r mod cores: each rank owns a core as it would a GPU."),
+    ] = False,
+    huge_pages: Annotated[
+        bool,
+        typer.Option(
+            "--huge-pages/--no-huge-pages",
+            help="Ranks' malloc uses transparent huge pages (op times without page-fault noise).",
+        ),
+    ] = True,
     sweep: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -82,6 +93,7 @@ def demo(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
         backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew, with_stack=with_stack,
+        pin_cores=pin_cores, huge_pages=huge_pages,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ep_trace.errors import ConfigError
 from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
-from ep_trace.workloads.launcher import Progress, init_rank, spawn_ranks
+from ep_trace.workloads.launcher import Progress, huge_page_malloc, init_rank, pin_to_core, spawn_ranks
 
 __all__ = ["DemoConfig", "run_demo", "routing_bias", "MAX_RANKS"]
 
@@ -70,6 +70,12 @@ class DemoConfig:
             (the same in-run A/B for routing imbalance). ``None`` = off.
         with_stack: Record Python call frames (``torch.profiler`` ``with_stack=True``, the default of
             vLLM's and SGLang's profilers), so that the traces have the frames theirs have.
+        pin_cores: Pin rank r to core ``r mod cores`` of the affinity mask
+            (:func:`ep_trace.workloads.launcher.pin_to_core`): each rank owns a core as it would a GPU.
+            Used by ``benchmarks/whatif_validate.py``; off by default (ranks float over the cores).
+        huge_pages: Ranks' malloc uses transparent huge pages
+            (:func:`ep_trace.workloads.launcher.huge_page_malloc`), so that op times scale with their
+            work, not with page faults of freshly mapped buffers (a GPU caching allocator has none).
     """
 
     ranks: int = 4
@@ -89,6 +95,8 @@ class DemoConfig:
     alt_chunks: int = 0
     alt_skew: str | None = None
     with_stack: bool = False
+    pin_cores: bool = False
+    huge_pages: bool = True
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     alt_skew_spec: SkewSpec | None = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
@@ -169,6 +177,8 @@ class DemoConfig:
             "link_latency_ms": float(self.link_latency_ms),
             "backward": self.backward,
             **({"with_stack": True} if self.with_stack else {}),
+            **({"pin_cores": True} if self.pin_cores else {}),
+            "huge_pages": self.huge_pages,
             "seed": self.seed,
             "phase": "training" if self.backward else "forward",
         }
@@ -275,6 +285,8 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
     from ep_trace.capture.tracer import Tracer
     from ep_trace.workloads.moe import MoEWeights, local_experts, make_layer_weights
 
+    if cfg.pin_cores:
+        pin_to_core(rank)  # before init_rank starts gloo's threads: they inherit the mask
     init_rank(rank, cfg.ranks, port, backend=cfg.backend)
     try:
         L, dev = cfg.experts_per_rank, _device(cfg, rank)
@@ -373,5 +385,6 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
 
     if progress is not None:
         progress("start", 0, config.ranks)
-    spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)
+    with huge_page_malloc(config.huge_pages):
+        spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)
     return out

@@ -140,9 +140,12 @@ def test_cli_passes_knobs_and_shows_progress(
 
     monkeypatch.setattr("ep_trace.workloads.demo.run_demo", fake_run_demo)
     argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
-            "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2"]  # fmt: skip
+            "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2",
+            "--pin-cores", "--no-huge-pages"]  # fmt: skip
     assert main(argv) == 0
-    assert seen["cfg"] == DemoConfig(2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo", False)
+    assert seen["cfg"] == DemoConfig(
+        2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo", False, pin_cores=True, huge_pages=False
+    )
     assert seen["out"] == tmp_path / "d"
     out = capsys.readouterr().out
     assert out.startswith(f"wrote 2 ranks x 2 steps to {tmp_path / 'd'}\n")
@@ -167,6 +170,7 @@ CFG = DemoConfig(
     straggler="1:20",
     chunks=3,
     seed=3,
+    pin_cores=True,
 )
 
 
@@ -209,6 +213,9 @@ def test_run_writes_one_pair_per_rank_and_reports_progress(chunked_run: tuple[Pa
         (1, 2, "gloo", 4, 2, 32),
     ]
     assert metas[0]["placement"] == [[0], [0], [1], [1]]
+    # --pin-cores: each rank's affinity mask at capture is one core, which the what-ifs read
+    assert [m["cpu_cores"] for m in metas] == [1, 1]
+    assert [(m["workload"]["pin_cores"], m["workload"]["huge_pages"]) for m in metas] == [(True, True)] * 2
 
 
 @pytest.mark.slow
