@@ -11,7 +11,11 @@ CI machine, 2 gloo ranks, 2048 tokens: 4-chunk pipelining moved the 1-chunk run'
 per step into compute (compute 56 -> 66 ms per step) and the step got 4 ms longer, not shorter
 (benchmarks/README.md, what-if validation). That is machine-dependent: on a 2-vCPU VM (stop 19) the
 ranks' cores sat idle 31 % of a 1-chunk step (blocked in the synchronous calls), 4 chunks saved 11-53
-ms, and this rule got the sign wrong; the idle share is not yet part of the rule.
+ms, and this rule got the sign wrong. Most of that gain was page faults of freshly mapped buffers,
+not hiding: with huge-page malloc (the demo's default since) the 512-token pair measured -0.3..+4.3
+ms; at 2048 tokens it still saves 18-29 ms, because one 4 MB call is slower in the step than four
+1 MB calls (benchmarks/README.md, stop 21), a size effect the linear split of a transfer over
+chunks does not model.
 
 Cores per rank come from the sidecar: ``cpu_cores`` (the process's affinity mask at capture),
 ``host_cores`` (the host's count) and the number of loaded ranks on the same host, all assumed busy:
