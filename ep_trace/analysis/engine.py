@@ -31,6 +31,7 @@ from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.host_stalls import host_stalls
 from ep_trace.analysis.intervals import range_join, union
+from ep_trace.analysis.op_stalls import stall_share
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import assign_step, select_steps
@@ -294,6 +295,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         rank_blocks=blocks,
     )
     hiding, unknown_cores = transfer_hiding(tables.ranks, mode)
+    cpu_ranks = frozenset(r for r, m in mode.items() if m != "gpu")
+    stall_df = rank_pass.op_stalls(tables, blocks, stage_df, cpu_ranks)
     model = whatif.model(
         g,
         rl,
@@ -303,6 +306,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
         frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") != "whole_trace")["rank"].to_list()),
         gap_floor if gpu_ranks else None,
+        stall_share(stall_df),
     )
     # only the model's small frames are kept: the graph's node and work tables are freed here
     replayed, critical, whatif_rows = model.replay, model.critical_path, model.whatif
@@ -354,6 +358,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         breakdown=breakdown,
         top_kernels=kernels,
         top_ops=ops,
+        op_stalls=stall_df,
     )
     out = findings.with_findings(partial)
     log.debug("analysed %d ranks, %d matched calls, %d findings", rank_summary.height, calls.height, len(out.findings))

@@ -334,23 +334,50 @@ def _pack(a: Analysis, step_ns: float) -> list[Finding]:
     if step_ns <= 0 or w["busy_ns"] < 0.1 * step_ns:
         return []
     saving = int(r["saving_ns"])
-    return [
-        Finding(
-            "pack_unpack_overhead",
-            severity(saving, step_ns),
-            f"Permute + unpermute take {fmt_ns(w['busy_ns'])} per step on rank {w['rank']}; fused kernels at half the time "
-            f"save {fmt_ns(saving)} per step (simulated).",
-            saving,
-            {
-                "rank": w["rank"],
-                "permute_unpermute_ns_per_step": int(w["busy_ns"]),
-                "whatif": _wf_ev(r),
-                "saving_rule": "simulated: permute / unpermute compute halved (fused kernels)",
-            },
-            "Fuse permute/unpermute with the dispatch/combine (DeepEP-style) or use fused moe_align / scatter kernels.",
-            (int(w["rank"]),),
-        )
-    ]
+    rank = int(w["rank"])
+    remedy = "Fuse permute/unpermute with the dispatch/combine (DeepEP-style) or use fused moe_align / scatter kernels."
+    ev: dict[str, object] = {
+        "rank": rank,
+        "permute_unpermute_ns_per_step": int(w["busy_ns"]),
+        "whatif": _wf_ev(r),
+        "saving_rule": "simulated: permute / unpermute compute halved (fused kernels), less stalled op calls",
+    }
+    title = (
+        f"Permute + unpermute take {fmt_ns(w['busy_ns'])} per step on rank {rank}; fused kernels at half the time "
+        f"save {fmt_ns(saving)} per step (simulated)."
+    )
+    stall = _stalls_of(a, rank)
+    if stall is not None:
+        n_steps = max(a.steps.filter(pl.col("rank") == rank)["step"].n_unique(), 1)
+        per_step, calls, op = stall[0] / n_steps, stall[1], stall[2]
+        ev |= {"stall_ns_per_step": int(per_step), "stall_calls": calls, "stall_top_op": op}
+        if stall[0] >= 0.2 * max(stall[3], 1):
+            title = (
+                f"Permute + unpermute take {fmt_ns(w['busy_ns'])} per step on rank {rank}, {fmt_ns(per_step)} of it in "
+                f"op calls that ran 10x or more their usual time ({calls} in {n_steps} steps); fused kernels at half "
+                f"the rest save {fmt_ns(saving)} per step (simulated)."
+            )
+            remedy = (
+                f"Most of this is host stalls, not data movement: {calls} calls (most in {op}) took 10x or more the "
+                "op's usual time (the fastest rank's median), as page faults, allocator unmaps or a thread that lost "
+                f"its core do; fusing does not remove them. Look at rank {rank}'s host (perf / py-spy, its cores, "
+                "memory and neighbours) first; then " + remedy[0].lower() + remedy[1:]
+            )
+    return [Finding("pack_unpack_overhead", severity(saving, step_ns), title, saving, ev, remedy, (rank,))]
+
+
+def _stalls_of(a: Analysis, rank: int) -> tuple[int, int, str | None, int] | None:
+    """``(stall ns, stalled calls, top op, busy ns)`` of ``rank``'s permute + unpermute, over the
+    analysed steps; None without stalls."""
+    st = a.op_stalls
+    if st is None or st.is_empty():
+        return None
+    mine = st.filter(pl.col("rank") == rank)
+    total = int(mine["stall_ns"].sum())
+    if total <= 0:
+        return None
+    top = mine.sort("stall_ns", descending=True)["top_op"][0]
+    return total, int(mine["stall_calls"].sum()), top, int(mine["busy_ns"].sum())
 
 
 def _correctness(a: Analysis) -> list[Finding]:

@@ -32,6 +32,7 @@ from ep_trace.analysis.host_stalls import BLOCKING_RE
 from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, union
 from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.name_filter import name_filter
+from ep_trace.analysis.op_stalls import STALL_SCHEMA, stage_calls, stalls_of_calls
 from ep_trace.analysis.steps import assign_step, step_windows
 from ep_trace.schema import TraceTables
 
@@ -45,6 +46,7 @@ __all__ = [
     "by_block",
     "drain_blocks",
     "chunk_cost",
+    "op_stalls",
     "hta_overlap",
 ]
 
@@ -321,6 +323,18 @@ def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode
     for b, ev in _events(tables, blocks, _UNREAD):
         out |= per_chunk_cost(ev, _of(stage_df, b, single), mode)
     return out
+
+
+def op_stalls(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, cpu_ranks: frozenset[int]) -> pl.DataFrame:
+    """:func:`~ep_trace.analysis.op_stalls.stage_op_stalls`, block by block; no read without CPU ranks.
+
+    Each block yields its permute / unpermute op calls (a few per layer); the stalls are found once
+    over all of them, because an op's usual time is the minimum over every rank of its median."""
+    if not cpu_ranks:
+        return pl.DataFrame(schema=STALL_SCHEMA)
+    single = len(blocks) == 1
+    calls = [stage_calls(ev, _of(stage_df, b, single), cpu_ranks) for b, ev in _events(tables, blocks, _UNREAD)]
+    return stalls_of_calls(_concat(calls))
 
 
 def hta_overlap(tables: TraceTables, blocks: Blocks) -> pl.DataFrame:

@@ -240,6 +240,14 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "total_ns": "total duration inside analysed steps",
         "count": "instances",
     },
+    "op_stalls": {
+        "rank": "CPU rank",
+        "stage": "'permute' | 'unpermute'",
+        "busy_ns": "sum of the stage's top-level op calls inside analysed steps",
+        "stall_ns": "sum over stalled calls of (duration - the op's usual time): calls >= max(10 x usual, 1 ms), usual = min over ranks of the op's median in the stage",
+        "stall_calls": "stalled calls",
+        "top_op": "op name with the largest stall sum (null when none)",
+    },
     "top_ops": {
         "rank": "",
         "name": "CPU op",
@@ -318,6 +326,8 @@ class Analysis:
     top_kernels: pl.DataFrame | None = None
     #: Top CPU ops per rank by inclusive time, with their stage.
     top_ops: pl.DataFrame | None = None
+    #: Stalled op calls of CPU ranks' permute / unpermute stages (:mod:`ep_trace.analysis.op_stalls`).
+    op_stalls: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

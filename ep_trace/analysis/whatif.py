@@ -23,7 +23,8 @@ routing counts, no collectives, no stall) is absent, never a zero row.
   blocked (launch latency, Python, data loading between kernels). The bound of CUDA-graph capture /
   fewer, fused launches (removed entirely where the floor cannot be measured). Not on CPU ranks:
   there such gaps are the compute thread's own Python between ops, not a device starved by its host.
-* ``fused_permute``: permute / unpermute compute halved (fused kernels).
+* ``fused_permute``: permute / unpermute compute halved (fused kernels), less the stalled op calls of
+  CPU ranks (:mod:`ep_trace.analysis.op_stalls`), which fusion does not remove.
 * ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
   collective calls at the trace's per-call latency (the median transfer of its count exchange, the
@@ -347,6 +348,7 @@ def model(
     chunk_cost: Callable[[], dict[int, float]] | None = None,
     gpu_ranks: frozenset[int] = frozenset(),
     launch_floor: dict[int, float] | None = None,
+    permute_stalls: dict[int, float] | None = None,
 ) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
@@ -361,6 +363,9 @@ def model(
             called only when some layer can be chunked.
         gpu_ranks: Ranks whose work is device kernels (``no_launch_gaps`` edits only these).
         launch_floor: Device gap floor per GPU rank, ns (``launch_floor.device_gap_floor``); 0 where absent.
+        permute_stalls: Share (0..1) of each CPU rank's permute / unpermute op time that is stalled
+            calls (:func:`ep_trace.analysis.op_stalls.stall_share`); ``fused_permute`` halves only the
+            rest (fusion moves the data once; it does not remove a page-fault storm or a lost core).
 
     Returns:
         The :class:`Model`.
@@ -428,6 +433,7 @@ def model(
         if helps():
             gap_all -= lg
     perm = _per_node(g, (pl.col("cause") == "compute") & pl.col("stage").is_in(["permute", "unpermute"]))
+    perm *= 1.0 - _by_rank(g, permute_stalls or {}, 0.0)
     if perm.any():
         ranks = _ranks_where(n, perm > 0)
         rows.append(("fused_permute", run(p.gap - 0.5 * perm), ranks, None))

@@ -400,3 +400,17 @@ def test_saving_is_the_median_of_per_step_savings_not_the_difference_of_medians(
     assert whatif._paired_saving(base, edited) == 10.0
     assert float(np.median(base) - np.median(edited)) == 80.0
     assert whatif._paired_saving(np.array([]), np.array([])) == 0.0
+
+
+def test_golden_fused_permute_leaves_the_stalled_calls():
+    # rank 1 is late by 200 ns, all of it permute compute (0..200 of its 300 ns before the call)
+    spec = dict(STRAGGLER, stages=[(1, "permute", 0, 0, 200)])
+    w = {r["scenario"]: r for r in whatif.model(_graph(spec), _load([])).whatif.iter_rows(named=True)}
+    assert w["fused_permute"]["saving_ns"] == 100 and w["fused_permute"]["ranks"] == [1]  # 200 halved
+    # half of that permute time is stalled op calls: fusion halves only the other 100 ns
+    m = whatif.model(_graph(spec), _load([]), permute_stalls={1: 0.5})
+    w = {r["scenario"]: r for r in m.whatif.iter_rows(named=True)}
+    assert w["fused_permute"]["saving_ns"] == 50
+    # all of it stalled: nothing for fusion to save, and the row is absent, not zero
+    m = whatif.model(_graph(spec), _load([]), permute_stalls={1: 1.0})
+    assert "fused_permute" not in m.whatif["scenario"].to_list()
