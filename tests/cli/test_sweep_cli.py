@@ -177,5 +177,5 @@ def test_link_latency_knob_is_validated_word_for_word():
     assert str(e.value) == "--link-latency-ms: must be a finite number of ms >= 0, got nan"
     meta = DemoConfig(tokens=64, link_latency_ms=20, skew="hot:1:0.4").workload_meta()
     assert meta == {"name": "ep_trace.workloads.demo", "tokens": 64, "layers": 2, "steps": 8, "chunks": 1,
-                    "skew": "hot:1:0.4", "straggler": None, "link_latency_ms": 20.0, "backward": False, "seed": 0,
-                    "phase": "forward"}  # fmt: skip
+                    "skew": "hot:1:0.4", "straggler": None, "link_latency_ms": 20.0, "backward": False, "huge_pages": True,
+                    "seed": 0, "phase": "forward"}  # fmt: skip
