@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ep_trace.capture import concrete
 from ep_trace.capture.sidecar import SidecarWriter, _pop, _push, sidecar_path, trace_path
 from ep_trace.errors import ConfigError, MissingDependencyError
 
@@ -133,6 +134,11 @@ class Tracer:
         with_stack: Passed to ``torch.profiler.profile``.
         meta: Extra ``meta`` keys of docs/sidecar.md known up front (``num_experts``, ``top_k``,
             ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
+        concrete_inputs: Let torch record every op's ``Concrete Inputs`` (its default). False
+            records them only inside :func:`ep_trace.capture.concrete.collective_inputs` blocks: on
+            torch 2.13 the recording kept op outputs alive and made 4 MB CPU ops ~40x slower
+            (:mod:`ep_trace.capture.concrete`); wrap your gloo all-to-alls in that block, or record
+            their splits with :func:`ep_trace.record_a2a`.
         backend: ``"kineto"`` (torch.profiler, writes ``rank{r}.pt.trace.json.gz``) or ``"cupti"``
             (:class:`ep_trace.capture.cupti.collector.CuptiCollector`, writes ``rank{r}.ep-events.parquet``;
             needs the ``cupti`` extra and a GPU).
@@ -151,6 +157,7 @@ class Tracer:
         with_stack: bool = False,
         meta: dict[str, Any] | None = None,
         backend: str = "kineto",
+        concrete_inputs: bool = True,
     ) -> None:
         if backend not in ("kineto", "cupti"):
             raise ConfigError(f"backend: unknown backend {backend!r}; use 'kineto' or 'cupti'")
@@ -163,6 +170,8 @@ class Tracer:
         self._next_step = int(first_step)
         self._record_shapes = record_shapes
         self._with_stack = with_stack
+        self._concrete_inputs = concrete_inputs
+        self._suppressed = False
         self._extra_meta = dict(meta or {})
         self._prof: Any = None
         self._writer: SidecarWriter | None = None
@@ -226,6 +235,8 @@ class Tracer:
             _push(self._writer)
             return self
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        if self._record_shapes and not self._concrete_inputs:
+            self._suppressed = concrete.suppress()
         prof = profile(activities=activities, record_shapes=self._record_shapes, with_stack=self._with_stack)
         prof.start()
         self._prof = prof
@@ -251,6 +262,9 @@ class Tracer:
                 assert self.trace_file is not None
                 prof.export_chrome_trace(str(self.trace_file))  # torch gzips when the path ends in .gz
         finally:
+            if self._suppressed:
+                self._suppressed = False
+                concrete.restore()
             if writer is not None:
                 _pop(writer)
                 writer.close()

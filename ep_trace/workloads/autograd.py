@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ep_trace.capture.concrete import collective_inputs
 from ep_trace.capture.routing import record_a2a
 from ep_trace.capture.stages import stage
 
@@ -81,7 +82,8 @@ class _NoCtx:
 
 
 def _run(out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> None:
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+    with collective_inputs():
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
 
 
 class _A2A(torch.autograd.Function):

@@ -312,7 +312,9 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "device": str(dev),
             "workload": cfg.workload_meta(),
         }
-        tracer = Tracer(out_dir, job_id=job_id, meta=meta, with_stack=cfg.with_stack)
+        # concrete inputs only for the all-to-alls (their split lists): the recording of every op's
+        # arguments kept op outputs alive on torch 2.13 (ep_trace.capture.concrete)
+        tracer = Tracer(out_dir, job_id=job_id, meta=meta, with_stack=cfg.with_stack, concrete_inputs=False)
         with _quiet_stderr_fd():
             tracer.start()
         try:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ep_trace.capture.concrete import collective_inputs
 from ep_trace.capture.routing import record_a2a, reserve_a2a_call
 from ep_trace.capture.stages import stage
 from ep_trace.workloads.autograd import a2a, bwd_region, link_delay
@@ -156,7 +157,8 @@ def _chunk_rows(sizes: list[int], chunks: int, device: torch.device) -> tuple[li
 def _a2a(
     out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any, async_op: bool
 ) -> Any:
-    return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
+    with collective_inputs():  # the split lists stay in the trace; no other op records its arguments
+        return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op)
 
 
 def ep_moe_forward(
