@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ep_trace.analysis.intervals import range_join
+from ep_trace.analysis.intervals import range_join, top_level_cpu_ops
 
 __all__ = ["per_chunk_cost", "REGION_STAGES"]
 
@@ -52,13 +52,7 @@ def _cost(inside: pl.DataFrame, fixed: float | None) -> float:
 
 
 def _cpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
-    ops = (
-        ev.filter(pl.col("kind") == "cpu_op")
-        .select("rank", "tid", "start_ns", "end_ns")
-        .sort("rank", "tid", "start_ns")
-    )
-    prev_end = pl.col("end_ns").cum_max().shift(1).over(["rank", "tid"])
-    top = ops.filter(prev_end.is_null() | (pl.col("start_ns") >= prev_end))
+    top = top_level_cpu_ops(ev)
     if top.is_empty() or regions.is_empty():
         return {}
     inside = range_join(top, regions, ("start_ns", "end_ns"), ("_rs", "_re")).filter(

@@ -348,10 +348,11 @@ def _pack(a: Analysis, step_ns: float) -> list[Finding]:
     )
     stall = _stalls_of(a, rank)
     if stall is not None:
+        stall_ns, calls, op, busy_ns = stall
         n_steps = max(a.steps.filter(pl.col("rank") == rank)["step"].n_unique(), 1)
-        per_step, calls, op = stall[0] / n_steps, stall[1], stall[2]
+        per_step = stall_ns / n_steps
         ev |= {"stall_ns_per_step": int(per_step), "stall_calls": calls, "stall_top_op": op}
-        if stall[0] >= 0.2 * max(stall[3], 1):
+        if stall_ns >= 0.2 * max(busy_ns, 1):
             title = (
                 f"Permute + unpermute take {fmt_ns(w['busy_ns'])} per step on rank {rank}, {fmt_ns(per_step)} of it in "
                 f"op calls that ran 10x or more their usual time ({calls} in {n_steps} steps); fused kernels at half "

@@ -25,6 +25,7 @@ __all__ = [
     "subtract",
     "clip",
     "range_join",
+    "top_level_cpu_ops",
 ]
 
 _S, _E = "start_ns", "end_ns"
@@ -195,6 +196,19 @@ def clip(df: pl.DataFrame, windows: pl.DataFrame, on: list[str]) -> pl.DataFrame
 
 
 _SHIFT = 46  # 2**46 ns = 19.5 h of trace per rank in the packed join key
+
+
+def top_level_cpu_ops(ev: pl.DataFrame, cols: tuple[str, ...] = ()) -> pl.DataFrame:
+    """The ``cpu_op`` rows not nested in an earlier op of their (rank, thread), sorted by
+    (rank, tid, start): ``rank, tid, start_ns, end_ns`` and ``cols``.
+
+    An op starting before the latest end among its thread's earlier ops is inside one of them
+    (host ops nest, they do not overlap), so this keeps one row per outermost call: a Python-level
+    op with its dispatcher children counted once.
+    """
+    ops = ev.filter(pl.col("kind") == "cpu_op").select("rank", "tid", *cols, _S, _E).sort("rank", "tid", _S)
+    prev_end = pl.col(_E).cum_max().shift(1).over(["rank", "tid"])
+    return ops.filter(prev_end.is_null() | (pl.col(_S) >= prev_end))
 
 
 def _expand(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:

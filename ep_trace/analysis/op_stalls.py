@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ep_trace.analysis.intervals import range_join
+from ep_trace.analysis.intervals import range_join, top_level_cpu_ops
 
 __all__ = [
     "stage_op_stalls",
@@ -101,13 +101,7 @@ def stage_calls(
     )
     if win.is_empty():
         return empty
-    ops = (
-        ev.filter((pl.col("kind") == "cpu_op") & pl.col("rank").is_in(ranks))
-        .select("rank", "tid", "name", "start_ns", "end_ns")
-        .sort("rank", "tid", "start_ns")
-    )
-    prev_end = pl.col("end_ns").cum_max().shift(1).over(["rank", "tid"])
-    top = ops.filter(prev_end.is_null() | (pl.col("start_ns") >= prev_end)).drop("tid")
+    top = top_level_cpu_ops(ev.filter(pl.col("rank").is_in(ranks)), ("name",)).drop("tid")
     inside = range_join(top, win, ("start_ns", "end_ns"), ("_s0", "_s1")).filter(
         (pl.col("start_ns") >= pl.col("_s0")) & (pl.col("end_ns") <= pl.col("_s1"))
     )

@@ -19,7 +19,8 @@ on a 4 MB tensor under ``torch.profiler.profile(record_shapes=True)``:
 In the demo (benchmarks/README.md, stop 21), the 2-rank 1-chunk step went from 62-75 ms to 43 ms at
 512 tokens and from 213 ms to 129 ms at 2048 tokens. The in-step 4 MB all-to-all's median wait-free
 transfer went from 7.2 ms to 1.8 ms. In the 4-rank README example, permute went from 9-12 ms per
-step on ranks 2-3 to 0.6-2.8 ms, and the step from 140-157 ms to 128-136 ms. A profiler that changes what it measures that much gives a wrong verdict, so
+step on ranks 2-3 to 0.6-2.8 ms, and the step from 140-157 ms to 128-136 ms. A profiler that
+changes what it measures that much gives a wrong verdict, so
 :class:`~ep_trace.capture.tracer.Tracer` can turn the recording off (``concrete_inputs=False``),
 and code that needs it for one call wraps that call in :func:`collective_inputs`. The demo does
 this around its all-to-alls: their split lists stay in the trace, and no other op records its lists.

@@ -136,8 +136,8 @@ class Tracer:
             ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
         concrete_inputs: Let torch record every op's ``Concrete Inputs`` (its default). False
             records them only inside :func:`ep_trace.capture.concrete.collective_inputs` blocks: on
-            torch 2.13 the recording kept op outputs alive and made 4 MB CPU ops ~40x slower
-            (:mod:`ep_trace.capture.concrete`); wrap your gloo all-to-alls in that block, or record
+            torch 2.13.0+cpu, with the recording on, 4 MB CPU ops ran ~40x slower and memory was not
+            reused while profiling (:mod:`ep_trace.capture.concrete`); wrap your gloo all-to-alls in that block, or record
             their splits with :func:`ep_trace.record_a2a`.
         backend: ``"kineto"`` (torch.profiler, writes ``rank{r}.pt.trace.json.gz``) or ``"cupti"``
             (:class:`ep_trace.capture.cupti.collector.CuptiCollector`, writes ``rank{r}.ep-events.parquet``;
