@@ -62,11 +62,19 @@ def demo(
         bool,
         typer.Option("--pin-cores", help="Pin rank r to core r mod cores: each rank owns a core as it would a GPU."),
     ] = False,
+    allocator: Annotated[
+        str,
+        typer.Option(
+            "--allocator",
+            help="Ranks' allocator: auto (jemalloc when installed, else glibc), jemalloc or glibc. jemalloc reuses "
+            "freed buffers as a GPU caching allocator does; glibc faults each large op's output in again.",
+        ),
+    ] = "auto",
     huge_pages: Annotated[
         bool,
         typer.Option(
             "--huge-pages/--no-huge-pages",
-            help="Ranks' malloc uses transparent huge pages (op times without page-fault noise).",
+            help="With glibc malloc: back its mappings with transparent huge pages (fewer page faults).",
         ),
     ] = True,
     sweep: Annotated[
@@ -93,7 +101,7 @@ def demo(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
         backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew, with_stack=with_stack,
-        pin_cores=pin_cores, huge_pages=huge_pages,
+        pin_cores=pin_cores, allocator=allocator, huge_pages=huge_pages,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

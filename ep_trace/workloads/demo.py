@@ -22,7 +22,15 @@ from typing import Any
 
 from ep_trace.errors import ConfigError
 from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
-from ep_trace.workloads.launcher import Progress, huge_page_malloc, init_rank, pin_to_core, spawn_ranks
+from ep_trace.workloads.launcher import (
+    ALLOCATORS,
+    Progress,
+    init_rank,
+    loaded_allocator,
+    pin_to_core,
+    rank_allocator,
+    spawn_ranks,
+)
 
 __all__ = ["DemoConfig", "run_demo", "routing_bias", "MAX_RANKS"]
 
@@ -73,9 +81,12 @@ class DemoConfig:
         pin_cores: Pin rank r to core ``r mod cores`` of the affinity mask
             (:func:`ep_trace.workloads.launcher.pin_to_core`): each rank owns a core as it would a GPU.
             Used by ``benchmarks/whatif_validate.py``; off by default (ranks float over the cores).
-        huge_pages: Ranks' malloc uses transparent huge pages
-            (:func:`ep_trace.workloads.launcher.huge_page_malloc`), so that op times scale with their
-            work, not with page faults of freshly mapped buffers (a GPU caching allocator has none).
+        allocator: The ranks' memory allocator (:func:`ep_trace.workloads.launcher.rank_allocator`):
+            ``auto`` (jemalloc, never returning freed pages to the OS, when installed; else glibc),
+            ``jemalloc`` (an error when not installed) or ``glibc``. With glibc each large op of a CPU
+            rank faults its output in again, which a GPU caching allocator never does.
+        huge_pages: With glibc malloc, back its mappings with transparent huge pages
+            (:func:`ep_trace.workloads.launcher.huge_page_malloc`): fewer, dearer page faults.
     """
 
     ranks: int = 4
@@ -96,6 +107,7 @@ class DemoConfig:
     alt_skew: str | None = None
     with_stack: bool = False
     pin_cores: bool = False
+    allocator: str = "auto"
     huge_pages: bool = True
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     alt_skew_spec: SkewSpec | None = field(init=False, repr=False, compare=False)
@@ -114,6 +126,8 @@ class DemoConfig:
         _at_least(self.chunks, 1, "--chunks")
         _at_least(self.alt_chunks, 0, "--alt-chunks")
         _at_least(self.seed, 0, "--seed")
+        if self.allocator not in ALLOCATORS:
+            raise ConfigError(f"--allocator: {self.allocator!r} is not one of {', '.join(ALLOCATORS)}")
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
         got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
@@ -310,7 +324,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "hidden_size": cfg.hidden,
             "dtype": "float32",
             "device": str(dev),
-            "workload": cfg.workload_meta(),
+            "workload": {**cfg.workload_meta(), "allocator": loaded_allocator()},
         }
         # concrete inputs only for the all-to-alls (their split lists): the recording of every op's
         # arguments kept op outputs alive on torch 2.13 (ep_trace.capture.concrete)
@@ -387,6 +401,6 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
 
     if progress is not None:
         progress("start", 0, config.ranks)
-    with huge_page_malloc(config.huge_pages):
+    with rank_allocator(config.allocator, config.huge_pages):
         spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)
     return out

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-__all__ = ["free_port", "spawn_ranks", "init_rank", "pin_to_core", "huge_page_malloc", "Progress", "HUGE_PAGE_TUNABLE"]
+from ep_trace.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "free_port",
+    "spawn_ranks",
+    "init_rank",
+    "pin_to_core",
+    "huge_page_malloc",
+    "find_jemalloc",
+    "rank_allocator",
+    "loaded_allocator",
+    "Progress",
+    "HUGE_PAGE_TUNABLE",
+    "JEMALLOC_CONF",
+    "ALLOCATORS",
+]
 
 #: ``progress(stage, done, total)`` callback.
 Progress = Callable[[str, int, int], None]
@@ -49,13 +69,12 @@ def pin_to_core(rank: int) -> int:
 def huge_page_malloc(enabled: bool = True) -> Iterator[None]:
     """Spawned ranks' glibc malloc backs its mappings with transparent huge pages (while inside).
 
-    Why: glibc returns every freed buffer above its mmap threshold to the OS, so each large op of a
-    CPU rank faults its output's pages in again, 4 KiB at a time; PyTorch's CUDA caching allocator
-    never does that on a GPU rank. On the 2-vCPU VM of benchmarks/README.md (3 us per fault) that
-    was 14 ms of a 73 ms 512-token demo step, and it made 4 small chunks look 8 ms faster than one
-    big one. Spawned children read ``GLIBC_TUNABLES`` at start, so it is set in this process's
-    environment around the spawn and restored after; a value of the user's own is kept, the tunable
-    appended. Needs THP in ``madvise`` or ``always`` mode; elsewhere glibc ignores it.
+    The glibc fallback of :func:`rank_allocator`: a freed multi-MB buffer is still faulted in again
+    by the next op, but 2 MiB at a time instead of 4 KiB (on the 2-vCPU VM of benchmarks/README.md,
+    2 faults of 6-7 ms each per 4 MB buffer against 1 024 of 3-30 us). Spawned children read
+    ``GLIBC_TUNABLES`` at start, so it is set in this process's environment around the spawn and
+    restored after; a value of the user's own is kept, the tunable appended. Needs THP in
+    ``madvise`` or ``always`` mode; elsewhere glibc ignores it.
     """
     if not enabled:
         yield
@@ -72,6 +91,119 @@ def huge_page_malloc(enabled: bool = True) -> Iterator[None]:
             os.environ.pop("GLIBC_TUNABLES", None)
         else:
             os.environ["GLIBC_TUNABLES"] = old
+
+
+#: jemalloc options for the ranks: never hand freed pages back to the OS (no dirty / muzzy decay), so a
+#: buffer freed in one step is reused without page faults in the next, as PyTorch's CUDA caching
+#: allocator reuses its blocks on a GPU rank (jemalloc's default returns them after 10 s of decay).
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+#: ``--allocator`` choices: ``auto`` (jemalloc when the library is found, else glibc), ``jemalloc``, ``glibc``.
+ALLOCATORS = ("auto", "jemalloc", "glibc")
+
+# Where distributions put libjemalloc (Debian / Ubuntu multiarch, Fedora / RHEL, source builds);
+# conda's jemalloc package puts it under the environment's lib/.
+_LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+)
+
+
+def find_jemalloc() -> Path | None:
+    """The jemalloc shared library to preload into the ranks, or None when none is installed.
+
+    ``EP_TRACE_JEMALLOC`` (a path) wins; then ``libjemalloc.so.2`` / ``libjemalloc.so`` in the Python
+    environment's ``lib/`` and the system library directories (Debian: ``apt install libjemalloc2``).
+    Linux only: the ranks are preloaded with ``LD_PRELOAD``.
+    """
+    env = os.environ.get("EP_TRACE_JEMALLOC")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    if not sys.platform.startswith("linux"):
+        return None
+    for d in (str(Path(sys.prefix) / "lib"), *_LIB_DIRS):
+        for name in ("libjemalloc.so.2", "libjemalloc.so"):
+            p = Path(d) / name
+            if p.is_file():
+                return p
+    return None
+
+
+def _user_preloads_malloc() -> bool:
+    return any("malloc" in Path(p).name for p in os.environ.get("LD_PRELOAD", "").replace(":", " ").split())
+
+
+@contextmanager
+def rank_allocator(allocator: str = "auto", huge_pages: bool = True) -> Iterator[str]:
+    """Spawned ranks allocate the way a GPU rank does: freed buffers are reused, not faulted in again.
+
+    Why: PyTorch's CPU tensors come from glibc ``posix_memalign``. A freed multi-MB buffer is either
+    unmapped (above the mmap threshold) or left in a heap hole that the next aligned request of the
+    same size does not fit (its alignment padding makes it larger), so every large op of a CPU rank
+    faults its output's pages in again. On the 2-vCPU VM of benchmarks/README.md that was 1 024
+    faults and 2-30 ms per 4 MB ``aten::mul`` (``getrusage`` minflt / sys time, 2048-token demo),
+    against 0.3-0.5 ms with jemalloc. Raising glibc's thresholds does not help (``mmap_threshold``
+    above 32 MiB is ignored, and the padding still defeats reuse). A GPU rank's caching allocator
+    never does this, so a CPU stand-in of one should not either.
+
+    ``jemalloc`` (``auto`` when :func:`find_jemalloc` finds it): ``LD_PRELOAD`` of the library with
+    :data:`JEMALLOC_CONF`; ``glibc``: glibc's malloc, on transparent huge pages when ``huge_pages``
+    (:func:`huge_page_malloc`: 2 faults per 4 MB instead of 1 024, each dearer). An ``LD_PRELOAD``
+    of the user's own that names an allocator (jemalloc, tcmalloc, mimalloc) is kept as it is.
+    The environment is set in this process around the spawn (children read it at exec) and
+    restored after.
+
+    Yields:
+        What the ranks will use: ``jemalloc``, ``glibc`` or ``preloaded`` (the user's own).
+
+    Raises:
+        ConfigError: ``allocator`` is not one of :data:`ALLOCATORS`, or ``jemalloc`` was asked for
+            and no library was found.
+    """
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"--allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
+    if _user_preloads_malloc():
+        yield "preloaded"
+        return
+    lib = find_jemalloc() if allocator != "glibc" else None
+    if lib is None:
+        if allocator == "jemalloc":
+            raise ConfigError(
+                "--allocator jemalloc: no libjemalloc found; install it (Debian: apt install libjemalloc2) "
+                "or set EP_TRACE_JEMALLOC to its path"
+            )
+        if allocator == "auto":
+            logger.info("no libjemalloc found: the ranks use glibc malloc (op times include page faults)")
+        with huge_page_malloc(huge_pages):
+            yield "glibc"
+        return
+    saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "MALLOC_CONF")}
+    os.environ["LD_PRELOAD"] = " ".join(p for p in (str(lib), saved["LD_PRELOAD"]) if p)
+    # The user's MALLOC_CONF comes last: jemalloc applies options left to right, so theirs win.
+    os.environ["MALLOC_CONF"] = ",".join(p for p in (JEMALLOC_CONF, saved["MALLOC_CONF"]) if p)
+    try:
+        yield "jemalloc"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def loaded_allocator() -> str:
+    """The allocator of this process, as its memory map shows it: ``jemalloc``, ``tcmalloc``, ``mimalloc`` or ``glibc``."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "glibc" if sys.platform.startswith("linux") else "system"
+    for name in ("jemalloc", "tcmalloc", "mimalloc"):
+        if f"lib{name}" in maps:
+            return name
+    return "glibc"
 
 
 def init_rank(rank: int, world: int, port: int, timeout_s: float = 120.0, backend: str = "gloo") -> None:

@@ -15,6 +15,7 @@ from ep_trace.cli import main
 from ep_trace.errors import ConfigError
 from ep_trace.workloads.demo import DemoConfig, run_demo
 from ep_trace.workloads.knobs import SkewSpec, Straggler, skew_probabilities
+from ep_trace.workloads.launcher import find_jemalloc
 from ep_trace.workloads.truth import layer_truth
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
@@ -43,6 +44,7 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
         ({"straggler": "2"}, "--straggler: expected RANK:MS (e.g. 2:30), got '2'"),
         ({"straggler": "2:-5"}, "--straggler: delay must be a finite number of ms >= 0, got -5"),
         ({"backend": "mpi"}, "--backend: unknown backend 'mpi'; use gloo or nccl"),
+        ({"allocator": "tcmalloc"}, "--allocator: 'tcmalloc' is not one of auto, jemalloc, glibc"),
         (
             {"backward": True, "chunks": 2},
             "--backward: needs --chunks 1 (the chunked pipeline is forward-only), got --chunks 2",
@@ -141,10 +143,25 @@ def test_cli_passes_knobs_and_shows_progress(
     monkeypatch.setattr("ep_trace.workloads.demo.run_demo", fake_run_demo)
     argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
             "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2",
-            "--pin-cores", "--no-huge-pages"]  # fmt: skip
+            "--pin-cores", "--allocator", "glibc", "--no-huge-pages"]  # fmt: skip
     assert main(argv) == 0
     assert seen["cfg"] == DemoConfig(
-        2, 4, 1, 8, 5, 1, 2, "hot:3:0.5", "1:4", 2, 0, "gloo", False, pin_cores=True, huge_pages=False
+        2,
+        4,
+        1,
+        8,
+        5,
+        1,
+        2,
+        "hot:3:0.5",
+        "1:4",
+        2,
+        0,
+        "gloo",
+        False,
+        pin_cores=True,
+        allocator="glibc",
+        huge_pages=False,
     )
     assert seen["out"] == tmp_path / "d"
     out = capsys.readouterr().out
@@ -216,6 +233,9 @@ def test_run_writes_one_pair_per_rank_and_reports_progress(chunked_run: tuple[Pa
     # --pin-cores: each rank's affinity mask at capture is one core, which the what-ifs read
     assert [m["cpu_cores"] for m in metas] == [1, 1]
     assert [(m["workload"]["pin_cores"], m["workload"]["huge_pages"]) for m in metas] == [(True, True)] * 2
+    # the allocator the rank really ran on (its memory map), not the one asked for
+    want = "glibc" if find_jemalloc() is None else "jemalloc"
+    assert [m["workload"]["allocator"] for m in metas] == [want] * 2
 
 
 @pytest.mark.slow
