@@ -16,9 +16,13 @@ is paid again by every extra chunk. Measured from the 1-chunk trace, per rank:
   = the median idle gap between consecutive ones on their stream (launch latency where the host
   falls behind, ~1 µs where it runs ahead).
 
-On the 2-core CI machine (2 gloo ranks, 2048 tokens) this gives ~0.3 ms per extra chunk and layer
-of the ~0.85 ms that 4 chunks measured (benchmarks/README.md, what-if validation); the extra
-collective calls are the rest (``whatif._overhead``).
+On the 2-vCPU VM of benchmarks/README.md (stop 22: 2 gloo ranks on jemalloc) this gives 0.5-0.8 ms
+per extra chunk and layer, and the two extra calls (``whatif._overhead``) 0.3-0.6 ms more. Measured
+(in-run A/B): 2.1 ms per extra chunk and layer at 512 tokens with 4 chunks, 1.7 ms at 2048 tokens,
+1.5 ms with 8 chunks, so the model under-counts at k = 4 (52 % / 31 % error) and meets k = 8 (5 %).
+At 512 tokens the ops' own time accounts for 1.0 ms of the 2.1 (small ops barely shrink with their
+rows: ``index_put_`` 80 -> 59 us at a quarter of the rows); the rest is host time between ops,
+most of it waits on the async transfers, which a 1-chunk trace cannot show.
 """
 
 from __future__ import annotations

@@ -11,11 +11,10 @@ CI machine, 2 gloo ranks, 2048 tokens: 4-chunk pipelining moved the 1-chunk run'
 per step into compute (compute 56 -> 66 ms per step) and the step got 4 ms longer, not shorter
 (benchmarks/README.md, what-if validation). That is machine-dependent: on a 2-vCPU VM (stop 19) the
 ranks' cores sat idle 31 % of a 1-chunk step (blocked in the synchronous calls), 4 chunks saved 11-53
-ms, and this rule got the sign wrong. Most of that gain was page faults of freshly mapped buffers,
-not hiding: with huge-page malloc (the demo's default since) the 512-token pair measured -0.3..+4.3
-ms; at 2048 tokens it still saves 18-29 ms, because one 4 MB call is slower in the step than four
-1 MB calls (benchmarks/README.md, stop 21), a size effect the linear split of a transfer over
-chunks does not model.
+ms, and this rule got the sign wrong. That gain was page faults, not hiding: glibc malloc faulted
+each large op's output in again, and the 1-chunk path's bigger buffers paid more of it. With the
+demo's ranks on jemalloc (stop 22, no faults) 4 chunks cost 10-13 ms per step at 512 and 2048
+tokens and 8 chunks 20 ms, the sign this rule gives (benchmarks/README.md).
 
 Cores per rank come from the sidecar: ``cpu_cores`` (the process's affinity mask at capture),
 ``host_cores`` (the host's count) and the number of loaded ranks on the same host, all assumed busy:
