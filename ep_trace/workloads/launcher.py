@@ -119,11 +119,11 @@ def find_jemalloc() -> Path | None:
     environment's ``lib/`` and the system library directories (Debian: ``apt install libjemalloc2``).
     Linux only: the ranks are preloaded with ``LD_PRELOAD``.
     """
+    if not sys.platform.startswith("linux"):
+        return None
     env = os.environ.get("EP_TRACE_JEMALLOC")
     if env:
         return Path(env) if Path(env).is_file() else None
-    if not sys.platform.startswith("linux"):
-        return None
     for d in (str(Path(sys.prefix) / "lib"), *_LIB_DIRS):
         for name in ("libjemalloc.so.2", "libjemalloc.so"):
             p = Path(d) / name

@@ -62,6 +62,14 @@ def test_rank_allocator_keeps_the_users_preload_and_conf(clean_alloc_env: pytest
         assert os.environ["MALLOC_CONF"] == "narenas:2"
 
 
+def test_find_jemalloc_is_linux_only(clean_alloc_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lib = tmp_path / "libjemalloc.so.2"
+    lib.write_bytes(b"")
+    clean_alloc_env.setenv("EP_TRACE_JEMALLOC", str(lib))
+    clean_alloc_env.setattr(sys, "platform", "darwin")  # LD_PRELOAD means nothing there
+    assert find_jemalloc() is None
+
+
 def test_rank_allocator_glibc_and_missing_jemalloc(clean_alloc_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_alloc_env.setenv("EP_TRACE_JEMALLOC", str(tmp_path / "absent.so"))
     assert find_jemalloc() is None
