@@ -55,6 +55,8 @@ class RunDigest:
         findings: kind, severity, title, est_saving_ns.
         step_spread_ns: Step-to-step spread (std over steps of the slowest rank's step), the run's noise.
         n_steps: Steps analysed.
+        pipelined: The run's dispatch -> expert -> combine ran in chunks (micro-batches > 0), so its stage
+            windows overlap each other.
     """
 
     label: str
@@ -65,6 +67,8 @@ class RunDigest:
     step_spread_ns: float | None = None
     #: Steps behind the step statistics.
     n_steps: int = 0
+    #: Stages ran in chunks (their windows overlap).
+    pipelined: bool = False
 
     @property
     def step_stat(self) -> str:
@@ -81,7 +85,9 @@ class RunDigest:
 
 
 _FINDINGS_SCHEMA = {"kind": pl.Utf8, "severity": pl.Utf8, "title": pl.Utf8, "est_saving_ns": pl.Int64}
-_STAGES_SCHEMA = pl.Schema({"stage": pl.Utf8, "busy_ns": pl.Float64, "window_ns": pl.Float64})
+_STAGES_SCHEMA = pl.Schema(
+    {"stage": pl.Utf8, "busy_ns": pl.Float64, "window_ns": pl.Float64, "window_sd_ns": pl.Float64, "n_steps": pl.Int64}
+)
 
 
 def _rank_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
@@ -100,18 +106,25 @@ def digest_analysis(analysis: Analysis, label: str) -> RunDigest:
     ranks = _rank_frame(rs.select("rank", *[c for c in _RANK_COLS if c in rs.columns]).to_dicts())
     st = analysis.stages
     if st.height:
+        # per step the mean over ranks, then over steps: the steps' spread is each stage's own noise
         stages = (
             st.group_by("rank", "step", "stage")
             .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
-            .group_by("rank", "stage")
+            .group_by("step", "stage")
             .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
             .group_by("stage")
-            .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+            .agg(
+                pl.col("busy_ns").mean(),
+                pl.col("window_ns").mean(),
+                pl.col("window_ns").std().alias("window_sd_ns"),
+                pl.len().alias("n_steps"),
+            )
             .cast(_STAGES_SCHEMA)
             .sort("stage")
         )
     else:
         stages = pl.DataFrame(schema=_STAGES_SCHEMA)
+    pipelined = bool(st.height and "microbatch" in st.columns and (st["microbatch"].fill_null(0) > 0).any())
     findings = pl.DataFrame(
         [
             {"kind": f.kind, "severity": f.severity, "title": f.title, "est_saving_ns": int(f.est_saving_ns)}
@@ -120,7 +133,7 @@ def digest_analysis(analysis: Analysis, label: str) -> RunDigest:
         schema=_FINDINGS_SCHEMA,
     )
     spread, n = _spread(analysis.steps)
-    return RunDigest(label, ranks, stages, findings, spread, n)
+    return RunDigest(label, ranks, stages, findings, spread, n, pipelined)
 
 
 def _spread(steps: pl.DataFrame) -> tuple[float | None, int]:
@@ -172,6 +185,8 @@ def digest_summary(summary: Mapping[str, Any], label: str) -> RunDigest:
             .agg(pl.col("busy_ns").sum(), pl.col("window_ns").sum())
             .group_by("stage")
             .agg(pl.col("busy_ns").mean(), pl.col("window_ns").mean())
+            # a summary holds per-rank means, not steps: no stage noise (the tolerance rule applies)
+            .with_columns(pl.lit(None, pl.Float64).alias("window_sd_ns"), pl.lit(0, pl.Int64).alias("n_steps"))
             .cast(_STAGES_SCHEMA)
             .sort("stage")
         )
@@ -206,9 +221,12 @@ class Comparison:
     Attributes:
         a, b: The two digests.
         step_delta_ns: Change of the step time (``None`` when either run has none).
-        stages: stage, a_window_ns, b_window_ns, delta_ns, a_busy_ns, b_busy_ns, busy_delta_ns, change.
+        stages: stage, a_window_ns, b_window_ns, delta_ns, a_busy_ns, b_busy_ns, busy_delta_ns, noise_ns
+            (2 x the standard error of the window change from both runs' step-to-step spread; null when
+            unknown), change (``better | worse | same | within noise``).
         ranks: rank, a_/b_/delta_ for step_time, exposed_comm and barrier_wait (ns).
-        findings: kind, a_saving_ns, b_saving_ns, status (``new | resolved | better | worse | same``).
+        findings: kind, a_saving_ns, b_saving_ns, status (``new | resolved | better | worse | same |
+            within noise``: a saving that moved by less than the step-time noise is within noise).
         explained_ns: Sum of the stage-window deltas.
         step_stat: ``'mean'`` when both runs know their mean step time, else ``'P50'``.
         a_step_ns, b_step_ns: The slowest rank's step time of each run (that statistic), ns.
@@ -237,9 +255,24 @@ def _change(delta: pl.Expr, base: pl.Expr, tol: float) -> pl.Expr:
     return pl.when(small).then(pl.lit("same")).when(delta < 0).then(pl.lit("better")).otherwise(pl.lit("worse"))
 
 
+def _noisy(change: pl.Expr, noise: pl.Expr, delta: pl.Expr | None = None) -> pl.Expr:
+    """``change`` ('better' / 'worse' / 'same'), with 'better' / 'worse' turned into 'within noise'
+    where ``|delta|`` (default: the ``delta_ns`` column) is no larger than ``noise`` (null: unknown)."""
+    d = pl.col("delta_ns") if delta is None else delta
+    moved = change.is_in(["better", "worse"])
+    return pl.when(moved & noise.is_not_null() & (d.abs() <= noise)).then(pl.lit("within noise")).otherwise(change)
+
+
 def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Comparison:
     """Compare two runs; a change within ``tolerance`` (fraction of A's value, min 1 µs) counts as 'same'."""
-    st = a.stages.join(b.stages, on="stage", how="full", coalesce=True, suffix="_b").fill_null(0.0)
+    st = a.stages.join(b.stages, on="stage", how="full", coalesce=True, suffix="_b")
+    st = st.with_columns(pl.col("busy_ns", "window_ns", "busy_ns_b", "window_ns_b").fill_null(0.0))
+    n_a, n_b = pl.col("n_steps").fill_null(0), pl.col("n_steps_b").fill_null(0)
+    stage_noise = (
+        pl.when((n_a > 1) & (n_b > 1))
+        .then(2.0 * (pl.col("window_sd_ns") ** 2 / n_a + pl.col("window_sd_ns_b") ** 2 / n_b).sqrt())
+        .otherwise(None)
+    )
     st = (
         st.select(
             "stage",
@@ -249,8 +282,11 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
             pl.col("busy_ns").alias("a_busy_ns"),
             pl.col("busy_ns_b").alias("b_busy_ns"),
             (pl.col("busy_ns_b") - pl.col("busy_ns")).alias("busy_delta_ns"),
+            stage_noise.alias("noise_ns"),
         )
-        .with_columns(_change(pl.col("delta_ns"), pl.col("a_window_ns"), tolerance).alias("change"))
+        .with_columns(
+            _noisy(_change(pl.col("delta_ns"), pl.col("a_window_ns"), tolerance), pl.col("noise_ns")).alias("change")
+        )
         .sort("delta_ns")
     )
     cols = ("step_time_ns", "exposed_comm_ns", "barrier_wait_ns")
@@ -269,6 +305,9 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
             )
         ],
     ).sort("rank")
+    noise = None
+    if a.step_spread_ns is not None and b.step_spread_ns is not None and a.n_steps > 1 and b.n_steps > 1:
+        noise = 2.0 * math.sqrt(a.step_spread_ns**2 / a.n_steps + b.step_spread_ns**2 / b.n_steps)
     fa = a.findings.group_by("kind").agg(
         pl.col("est_saving_ns").sum().alias("a_saving_ns"), pl.col("title").first().alias("a_title")
     )
@@ -283,10 +322,14 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
             .when(pl.col("b_saving_ns").is_null())
             .then(pl.lit("resolved"))
             .otherwise(
-                _change(
+                _noisy(
+                    _change(
+                        (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64),
+                        pl.col("a_saving_ns").cast(pl.Float64),
+                        tolerance,
+                    ),
+                    pl.lit(noise, pl.Float64),
                     (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64),
-                    pl.col("a_saving_ns").cast(pl.Float64),
-                    tolerance,
                 )
             )
             .alias("status"),
@@ -298,9 +341,6 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
     stat = "mean" if a.step_stat == b.step_stat == "mean" else "P50"
     sa, sb = a.step_time_ns(stat), b.step_time_ns(stat)
     delta = None if sa is None or sb is None else sb - sa
-    noise = None
-    if a.step_spread_ns is not None and b.step_spread_ns is not None and a.n_steps > 1 and b.n_steps > 1:
-        noise = 2.0 * math.sqrt(a.step_spread_ns**2 / a.n_steps + b.step_spread_ns**2 / b.n_steps)
     common = tuple(sorted(set(a.ranks["rank"].to_list()) & set(b.ranks["rank"].to_list())))
     return Comparison(
         a, b, delta, st, rk, fd, float(st["delta_ns"].sum()) if st.height else 0.0, stat, sa, sb, noise, common
@@ -369,17 +409,36 @@ def headline(c: Comparison) -> str:
             f"({fmt_pct(c.step_delta_ns / c.a_step_ns, signed=True)}: "
             f"{fmt_ns(c.a_step_ns)} → {fmt_ns(c.b_step_ns)}, {stat} step of the slowest rank)."
         )
+    if within_noise(c):
+        # a step change inside the noise has nothing to explain: say which stages moved beyond their own
+        # (stages without a known spread, from saved summaries, are not judged here)
+        known = c.stages.filter(pl.col("noise_ns").is_not_null())
+        if known.is_empty():
+            return s
+        moved = known.filter(pl.col("change").is_in(["better", "worse"]))
+        if moved.is_empty():
+            return s + " No stage window moved beyond its own step-to-step spread either."
+        most = moved.sort(pl.col("delta_ns").abs(), descending=True).head(3)
+        parts = ", ".join(f"{r['stage']} {fmt_ns(r['delta_ns'], signed=True)}" for r in most.iter_rows(named=True))
+        return s + f" Stage windows that moved beyond their own spread: {parts}."
     if c.stages.height:
         top = c.stages.sort(pl.col("delta_ns").abs(), descending=True).row(0, named=True)
         s += f" Largest stage change: {top['stage']} {fmt_ns(top['delta_ns'], signed=True)}."
     rest = c.step_delta_ns - c.explained_ns
     s += f" Stage changes sum to {fmt_ns(c.explained_ns, signed=True)}"
     if abs(c.explained_ns) > abs(c.step_delta_ns) and rest * c.explained_ns < 0:
-        # pipelined (chunked) stages run concurrently: their windows overlap, so the sum over-counts
-        s += (
-            f", more than the step-time change: stage windows overlap each other (pipelined stages), "
-            f"so {fmt_ns(-rest)} of the stage change is concurrent rather than serial"
-        )
+        if c.a.pipelined or c.b.pipelined:
+            # chunked stages run concurrently: their windows overlap, so the sum over-counts
+            s += (
+                f", more than the step-time change: stage windows overlap each other (pipelined stages), "
+                f"so {fmt_ns(-rest)} of the stage change is concurrent rather than serial"
+            )
+        else:
+            # windows are means over ranks and hold the waits of ranks that do not set the step
+            s += (
+                ", more than the step-time change of the slowest rank: stage windows are means over ranks and "
+                "include the waits of ranks that do not set the step"
+            )
     else:
         s += f"; the remaining {fmt_ns(rest, signed=True)} is outside the EP stages"
     s += (

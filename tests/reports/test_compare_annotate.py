@@ -82,7 +82,7 @@ def test_digest_summary_from_json_dict():
     }
     d = digest_summary(s, "s.json")
     assert d.step_stat == "P50" and d.step_time_ns() == 12_000  # no step_time_mean_ns in this summary
-    assert d.stages.row(0) == ("dispatch", 100.0, 200.0)
+    assert d.stages.row(0) == ("dispatch", 100.0, 200.0, None, 0)  # a summary has no steps: no stage noise
     assert d.findings["est_saving_ns"].to_list() == [2000]
     with pytest.raises(BadInputError, match=r"^x\.json: not an ep-trace summary"):
         digest_summary({"foo": 1}, "x.json")
@@ -151,19 +151,58 @@ def test_headline_explains_overlapping_stage_windows():
     import polars as pl
 
     a = digest_analysis(make_fake_analysis(straggler=None), "A")
-    # B: same step time, but the dispatch window grew by 2 ms while overlapping other stages
+    # B: the step 0.5 ms slower, the dispatch window 2.5 ms longer (identical steps: no noise)
     st = a.stages.with_columns(
         pl.when(pl.col("stage") == "dispatch")
-        .then(pl.col("window_ns") + 2e6)
+        .then(pl.col("window_ns") + 2.5e6)
         .otherwise(pl.col("window_ns"))
         .alias("window_ns")
     )
-    c = compare_runs(a, dataclasses.replace(a, stages=st, label="B"))
-    assert c.step_delta_ns == 0 and c.explained_ns == 2e6
-    assert headline(c).endswith(
-        "Stage changes sum to +2.00 ms, more than the step-time change: stage windows overlap each other "
-        "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial."
+    ranks = a.ranks.with_columns(pl.col("step_time_mean_ns") + 5e5)
+    b = dataclasses.replace(a, stages=st, ranks=ranks, label="B")
+    c = compare_runs(dataclasses.replace(a, pipelined=True), dataclasses.replace(b, pipelined=True))
+    assert c.step_delta_ns == 5e5 and c.explained_ns == 2.5e6
+    assert (
+        "Stage changes sum to +2.50 ms, more than the step-time change: stage windows overlap each other "
+        "(pipelined stages), so 2.00 ms of the stage change is concurrent rather than serial." in headline(c)
     )
+    # not pipelined: the windows do not overlap, so overlap is not the explanation
+    assert (
+        "Stage changes sum to +2.50 ms, more than the step-time change of the slowest rank: stage windows are "
+        "means over ranks and include the waits of ranks that do not set the step." in headline(compare_runs(a, b))
+    )
+
+
+def test_compare_judges_stages_and_findings_against_their_noise():
+    import dataclasses
+
+    a = digest_analysis(make_fake_analysis(straggler=None), "A")
+    assert (
+        a.stages["n_steps"].to_list() == [3] * a.stages.height
+        and a.stages["window_sd_ns"].to_list() == [0.0] * a.stages.height
+    )
+    # B: dispatch +2 ms and expert +0.2 ms per step; the steps spread by 0.3 ms (sd), 3 steps each:
+    # stage noise 2 x sqrt(0.09 / 3 + 0.09 / 3) = 0.49 ms
+    st = a.stages.with_columns(
+        pl.col("window_ns")
+        + pl.when(pl.col("stage") == "dispatch").then(2e6).when(pl.col("stage") == "expert").then(2e5).otherwise(0.0),
+        pl.lit(3e5).alias("window_sd_ns"),
+    )
+    noisy_a = dataclasses.replace(a, stages=a.stages.with_columns(pl.lit(3e5).alias("window_sd_ns")))
+    fd = a.findings.with_columns(pl.col("est_saving_ns") + 100_000)  # every saving 0.1 ms larger
+    b = dataclasses.replace(noisy_a, stages=st, findings=fd, label="B", step_spread_ns=3e5, n_steps=3)
+    c = compare_runs(dataclasses.replace(noisy_a, step_spread_ns=3e5, n_steps=3), b)
+    ch = dict(c.stages.select("stage", "change").iter_rows())
+    assert ch["dispatch"] == "worse" and ch["expert"] == "within noise" and ch["route"] == "same"
+    assert c.stages.filter(pl.col("stage") == "expert")["noise_ns"].item() == pytest.approx(2 * (2 * 9e10 / 3) ** 0.5)
+    assert set(c.findings["status"].to_list()) == {"within noise"}  # 0.1 ms < the step noise (0.49 ms)
+    assert headline(c).endswith(
+        "neither run is better. Stage windows that moved beyond their own spread: dispatch +2.00 ms."
+    )
+    calm = compare_runs(
+        dataclasses.replace(noisy_a, step_spread_ns=3e5, n_steps=3), dataclasses.replace(b, stages=noisy_a.stages)
+    )
+    assert headline(calm).endswith("No stage window moved beyond its own step-to-step spread either.")
 
 
 def test_exposed_comm_track_covers_every_step(samples_dir):
