@@ -244,8 +244,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
+        from ep_trace.workloads.launcher import find_jemalloc
+
+        lib = find_jemalloc()
+        alloc = "glibc (--allocator glibc)" if "glibc" in extra else (str(lib) if lib else "glibc (no jemalloc found)")
+        print(f"demo ranks' allocator: {alloc}; extra demo options: {' '.join(extra) or 'none'}")
         print(
-            "| pair | what-if | A ms (min..max) | B ms (min..max) | measured saving ms | predicted ms (min..max) | error % |"
+            "A / B spread: min..max over runs (separate-run pairs), interquartile range of the steps (in-run pairs); "
+            "predicted: min..max over the analysed A steps or runs"
+        )
+        print()
+        print(
+            "| pair | what-if | A ms (spread) | B ms (spread) | measured saving ms | predicted ms (min..max) | error % |"
         )
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
