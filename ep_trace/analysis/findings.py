@@ -294,16 +294,28 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         else "Remove blocking host syncs from the step (.item(), cudaStreamSynchronize, synchronous D2H copies): keep values "
         "on the device, use non-blocking copies into pinned memory, and sync once per step."
     )
+    # the what-if removes every rank's blocking calls, not only the worst rank's: say so, or the
+    # saving reads as that rank's (the default demo: rank 3 blocks 9.2 ms, all 4 ranks' calls save 13.4 ms)
+    wranks = [int(x) for x in (r["ranks"] or [])]
+    scope = (
+        ""
+        if len(wranks) <= 1
+        else f" on all {len(wranks)} ranks"
+        if len(wranks) == per.height or len(wranks) == a.steps["rank"].n_unique()
+        else f" on ranks {', '.join(map(str, wranks))}"
+    )
+    most = f" (the most of {per.height} ranks)" if per.height > 1 else ""
     if rank_modes(a).get(int(w["rank"])) == "cpu":
         # a gloo rank has no device to idle: its compute thread blocks in the count exchange (host_stalls)
         title = (
             f"Rank {w['rank']}'s compute thread blocks {fmt_ns(int(w['p50']))} per step in the count exchange after "
-            f"the last rank arrived; removing the blocking calls saves {fmt_ns(saving)} per step (simulated)."
+            f"the last rank arrived{most}; removing the blocking calls{scope} saves {fmt_ns(saving)} per step "
+            "(simulated)."
         )
     else:
         title = (
-            f"Rank {w['rank']}'s device is idle {fmt_ns(int(w['p50']))} per step while the host blocks; removing the "
-            f"blocking calls saves {fmt_ns(saving)} per step (simulated)."
+            f"Rank {w['rank']}'s device is idle {fmt_ns(int(w['p50']))} per step while the host blocks{most}; "
+            f"removing the blocking calls{scope} saves {fmt_ns(saving)} per step (simulated)."
         )
     return [
         Finding(

@@ -251,7 +251,10 @@ def test_cpu_rank_host_stall_speaks_of_the_compute_thread_not_a_device(samples_d
     assert a.rank_summary.filter(pl.col("rank") == f.ranks[0])["mode"].to_list() == ["cpu"]
     assert "device" not in f.title
     p50 = f.evidence["stall_p50_ns_per_step"]
+    # the saving is the what-if's, which removes the blocking calls of every rank: the title says so
+    assert f.evidence["whatif"]["ranks"] == [0, 1, 2, 3]
     assert f.title == (
         f"Rank {f.ranks[0]}'s compute thread blocks {fmt_ns(p50)} per step in the count exchange after the last rank "
-        f"arrived; removing the blocking calls saves {fmt_ns(f.est_saving_ns)} per step (simulated)."
+        f"arrived (the most of 4 ranks); removing the blocking calls on all 4 ranks saves {fmt_ns(f.est_saving_ns)} "
+        "per step (simulated)."
     )
