@@ -25,6 +25,7 @@ from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_stra
 from ep_trace.workloads.launcher import (
     ALLOCATORS,
     Progress,
+    find_jemalloc,
     init_rank,
     loaded_allocator,
     pin_to_core,
@@ -386,6 +387,9 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
             raise ConfigError(
                 f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible"
             )
+    if config.allocator == "jemalloc" and find_jemalloc() is None:
+        with rank_allocator("jemalloc"):  # raises its ConfigError before anything is written
+            pass
     _prepare_out_dir(out)
     counts = {"ready": 0, "written": 0}
 

@@ -21,6 +21,13 @@ from ep_trace.workloads.truth import layer_truth
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
+def test_missing_jemalloc_fails_before_the_out_dir_is_made(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EP_TRACE_JEMALLOC", str(tmp_path / "absent.so"))
+    with pytest.raises(ConfigError, match=r"^--allocator jemalloc: no libjemalloc found"):
+        run_demo(DemoConfig(ranks=2, allocator="jemalloc"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
