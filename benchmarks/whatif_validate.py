@@ -31,9 +31,10 @@ repeated ``--repeats`` times and the medians over repeats are compared; the spre
 repeats) of each side is printed next to the figure, and a pair whose measured saving is within the
 spread of B is marked noisy.
 
-The demo's ranks allocate on transparent huge pages (its default since stop 21); ``--demo-args
-'--pin-cores'`` also gives each rank its own core (its gloo threads share it), ``--demo-args
-'--no-huge-pages'`` restores plain glibc malloc.
+The demo's ranks allocate with jemalloc when it is installed (its default since stop 22; the header
+line names the library); ``--demo-args '--allocator glibc'`` runs them on glibc malloc (on huge
+pages unless ``--no-huge-pages``), ``--demo-args '--pin-cores'`` gives each rank its own core (its
+gloo threads share it).
 
 Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs straggler,skew,chunks]``
 (each demo run takes 5-15 s). Prints one Markdown table row per pair.

@@ -23,9 +23,8 @@ from typing import Any
 from ep_trace.errors import ConfigError
 from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
 from ep_trace.workloads.launcher import (
-    ALLOCATORS,
     Progress,
-    find_jemalloc,
+    check_allocator,
     init_rank,
     loaded_allocator,
     pin_to_core,
@@ -127,8 +126,7 @@ class DemoConfig:
         _at_least(self.chunks, 1, "--chunks")
         _at_least(self.alt_chunks, 0, "--alt-chunks")
         _at_least(self.seed, 0, "--seed")
-        if self.allocator not in ALLOCATORS:
-            raise ConfigError(f"--allocator: {self.allocator!r} is not one of {', '.join(ALLOCATORS)}")
+        check_allocator(self.allocator)
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
         got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
@@ -374,7 +372,8 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
         The trace directory.
 
     Raises:
-        ConfigError: ``out_dir`` is a file, or ``nccl`` without one CUDA device per rank.
+        ConfigError: ``out_dir`` is a file, ``nccl`` without one CUDA device per rank, or
+            ``allocator="jemalloc"`` without the library.
         MissingDependencyError: torch is not installed.
     """
     out = Path(out_dir)
@@ -387,10 +386,15 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
             raise ConfigError(
                 f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible"
             )
-    if config.allocator == "jemalloc" and find_jemalloc() is None:
-        with rank_allocator("jemalloc"):  # raises its ConfigError before anything is written
-            pass
-    _prepare_out_dir(out)
+    # the allocator first: a missing jemalloc fails before anything is written
+    with rank_allocator(config.allocator, config.huge_pages):
+        _prepare_out_dir(out)
+        _spawn(config, out, progress)
+    return out
+
+
+def _spawn(config: DemoConfig, out: Path, progress: Progress | None) -> None:
+    """Spawn the ranks into ``out`` and relay their progress messages."""
     counts = {"ready": 0, "written": 0}
 
     def on_message(msg: Any) -> None:
@@ -405,6 +409,4 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
 
     if progress is not None:
         progress("start", 0, config.ranks)
-    with rank_allocator(config.allocator, config.huge_pages):
-        spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)
-    return out
+    spawn_ranks(_rank_main, config.ranks, (config, str(out), uuid.uuid4().hex), on_message)

@@ -24,6 +24,7 @@ __all__ = [
     "huge_page_malloc",
     "find_jemalloc",
     "rank_allocator",
+    "check_allocator",
     "loaded_allocator",
     "Progress",
     "HUGE_PAGE_TUNABLE",
@@ -66,6 +67,27 @@ def pin_to_core(rank: int) -> int:
 
 
 @contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in this process's environment (which spawned children read at exec), restore after."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def check_allocator(allocator: str) -> None:
+    """Raise :class:`ConfigError` unless ``allocator`` is one of :data:`ALLOCATORS`."""
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"--allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
+
+
+@contextmanager
 def huge_page_malloc(enabled: bool = True) -> Iterator[None]:
     """Spawned ranks' glibc malloc backs its mappings with transparent huge pages (while inside).
 
@@ -83,14 +105,8 @@ def huge_page_malloc(enabled: bool = True) -> Iterator[None]:
     if old is not None and "glibc.malloc.hugetlb" in old:
         yield
         return
-    os.environ["GLIBC_TUNABLES"] = HUGE_PAGE_TUNABLE if not old else f"{old}:{HUGE_PAGE_TUNABLE}"
-    try:
+    with _environ({"GLIBC_TUNABLES": HUGE_PAGE_TUNABLE if not old else f"{old}:{HUGE_PAGE_TUNABLE}"}):
         yield
-    finally:
-        if old is None:
-            os.environ.pop("GLIBC_TUNABLES", None)
-        else:
-            os.environ["GLIBC_TUNABLES"] = old
 
 
 #: jemalloc options for the ranks: never hand freed pages back to the OS (no dirty / muzzy decay), so a
@@ -163,8 +179,7 @@ def rank_allocator(allocator: str = "auto", huge_pages: bool = True) -> Iterator
         ConfigError: ``allocator`` is not one of :data:`ALLOCATORS`, or ``jemalloc`` was asked for
             and no library was found.
     """
-    if allocator not in ALLOCATORS:
-        raise ConfigError(f"--allocator: {allocator!r} is not one of {', '.join(ALLOCATORS)}")
+    check_allocator(allocator)
     if _user_preloads_malloc():
         yield "preloaded"
         return
@@ -180,18 +195,15 @@ def rank_allocator(allocator: str = "auto", huge_pages: bool = True) -> Iterator
         with huge_page_malloc(huge_pages):
             yield "glibc"
         return
-    saved = {k: os.environ.get(k) for k in ("LD_PRELOAD", "MALLOC_CONF")}
-    os.environ["LD_PRELOAD"] = " ".join(p for p in (str(lib), saved["LD_PRELOAD"]) if p)
+    preload, conf = os.environ.get("LD_PRELOAD"), os.environ.get("MALLOC_CONF")
     # The user's MALLOC_CONF comes last: jemalloc applies options left to right, so theirs win.
-    os.environ["MALLOC_CONF"] = ",".join(p for p in (JEMALLOC_CONF, saved["MALLOC_CONF"]) if p)
-    try:
+    with _environ(
+        {
+            "LD_PRELOAD": " ".join(p for p in (str(lib), preload) if p),
+            "MALLOC_CONF": ",".join(p for p in (JEMALLOC_CONF, conf) if p),
+        }
+    ):
         yield "jemalloc"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def loaded_allocator() -> str:
