@@ -301,7 +301,7 @@ def _stalls(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         ""
         if len(wranks) <= 1
         else f" on all {len(wranks)} ranks"
-        if len(wranks) == per.height or len(wranks) == a.steps["rank"].n_unique()
+        if len(wranks) == a.steps["rank"].n_unique()
         else f" on ranks {', '.join(map(str, wranks))}"
     )
     most = f" (the most of {per.height} ranks)" if per.height > 1 else ""
