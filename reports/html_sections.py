@@ -152,7 +152,7 @@ def whatif_html(analysis: Analysis) -> str:
         '<h3 id="whatif">Simulated what-ifs</h3><p class="note">Each row edits the step graph and replays it '
         "(the measured step is replayed first, so the rows compare like with like). The savings overlap: the "
         "<code>all</code> row is what every fix at once would give.</p>"
-        + table_html(WHATIF_HEADERS, rows, left=(0, 1, 5))
+        + table_html(WHATIF_HEADERS, rows, left=(0, 1, 5, 6))
     )
 
 

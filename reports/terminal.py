@@ -10,7 +10,7 @@ from rich.text import Text
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import digest
 from ep_trace.reports.units import fmt_ns, fmt_pct
-from ep_trace.reports.whatif_table import slower_notes, whatif_rows
+from ep_trace.reports.whatif_table import check_notes, slower_notes, whatif_rows
 
 __all__ = ["summary_renderables"]
 
@@ -62,6 +62,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
             t.add_row(r[0], r[2], r[3], r[4], r[5])
         out.append(t)
         out += [Text(line) for line in slower_notes(analysis)]  # the table has no "what it changes" column
+        out += [Text(line, style="dim") for line in check_notes(analysis)]
     rt = digest.rank_table(analysis)
     if rt.height:
         title = "per rank: step time over steps; exposed comm and barrier wait as mean per step"

@@ -18,11 +18,28 @@ import polars as pl
 
 from ep_trace.analysis.finding_common import rank_list
 from ep_trace.analysis.result import Analysis
+from ep_trace.analysis.whatif_checks import RERUN_CHECKS, check_text
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
-__all__ = ["WHATIF_HEADERS", "MEASURED", "whatif_rows", "SCENARIO_WORDS", "slower_reason", "slower_notes"]
+__all__ = [
+    "WHATIF_HEADERS",
+    "MEASURED",
+    "whatif_rows",
+    "SCENARIO_WORDS",
+    "slower_reason",
+    "slower_notes",
+    "check_notes",
+]
 
-WHATIF_HEADERS = ("what-if", "what it changes", "predicted step", "saving per step", "of replayed step", "ranks")
+WHATIF_HEADERS = (
+    "what-if",
+    "what it changes",
+    "predicted step",
+    "saving per step",
+    "of replayed step",
+    "ranks",
+    "checked against a rerun",
+)
 #: The baseline row's name (no scenario of ``Analysis.whatif`` has it).
 MEASURED = "as measured"
 
@@ -80,8 +97,10 @@ def slower_notes(analysis: Analysis) -> list[str]:
 
 
 def whatif_rows(analysis: Analysis) -> list[list[str]]:
-    """Table rows (strings): the replayed baseline (:data:`MEASURED`) first, then the simulated
-    what-ifs, ``all`` last; empty without a model."""
+    """Table rows (strings, one per :data:`WHATIF_HEADERS` column): the replayed baseline
+    (:data:`MEASURED`) first, then the simulated what-ifs, ``all`` last; empty without a model. The
+    last column is the measured error of the scenario's saving against reruns
+    (:mod:`ep_trace.analysis.whatif_checks`)."""
     wf = analysis.whatif
     if wf is None or wf.is_empty():
         return []
@@ -97,6 +116,7 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
             "–",
             "–",
             rank_list(ranks, limit=6),
+            "–",
         ]
     ]
     for r, b in zip(wf.iter_rows(named=True), base, strict=True):
@@ -112,6 +132,27 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
                 saving,
                 fmt_pct(sav / b) if b else "–",
                 rank_list([int(x) for x in r["ranks"]], limit=6),
+                # the bound of every edit at once is no scenario a rerun can remove
+                "not checked (a bound)" if r["scenario"] == "all" else check_text(r["scenario"]),
             ]
         )
     return rows
+
+
+def check_notes(analysis: Analysis) -> list[str]:
+    """For the terminal (its table has no rerun column): the measured error of the what-ifs shown that
+    have been checked against reruns, each caveat, and the ones that have not been."""
+    wf = analysis.whatif
+    if wf is None or wf.is_empty():
+        return []
+    shown = [s for s in wf["scenario"].to_list() if s != "all"]
+    checked = [RERUN_CHECKS[s] for s in shown if s in RERUN_CHECKS]
+    out = []
+    if checked:
+        figs = ", ".join(f"{c.scenario} {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} %" for c in checked)
+        out.append(f"checked against reruns (gloo demo pairs, benchmarks/README.md): {figs} error")
+        out += [f"{c.scenario}: {c.caveat}" for c in checked if c.caveat]
+    unchecked = [s for s in shown if s not in RERUN_CHECKS]
+    if unchecked:
+        out.append(f"not checked against a rerun: {', '.join(unchecked)}")
+    return out

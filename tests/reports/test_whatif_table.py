@@ -8,7 +8,8 @@ import polars as pl
 from fake_analysis import make_fake_analysis
 
 from ep_trace.analysis.whatif import WHATIF_SCHEMA
-from ep_trace.reports.whatif_table import whatif_rows
+from ep_trace.analysis.whatif_checks import RERUN_CHECKS, check_text
+from ep_trace.reports.whatif_table import WHATIF_HEADERS, check_notes, whatif_rows
 
 
 def test_rows_all_last_and_slower_reads_slower():
@@ -30,6 +31,7 @@ def test_rows_all_last_and_slower_reads_slower():
         "–",
         "–",
         "0, 1",
+        "–",
     ]
     rows = rows[1:]
     assert [r[0] for r in rows] == ["chunked_pipeline", "fp8_dispatch", "all"]
@@ -90,3 +92,49 @@ def test_terminal_keeps_the_reason():
         "balanced_routing is slower: balancing gives more tokens to rank 2, the late rank, which then arrives later "
         "still" in con.export_text()
     )
+
+
+def test_rerun_column_gives_the_measured_error_or_says_unchecked():
+    """Every saving the report shows says how well that what-if has matched a rerun
+    (ep_trace.analysis.whatif_checks), or that it has not been checked; the bound ``all`` is no
+    scenario a rerun removes."""
+    a = make_fake_analysis(n_ranks=2)
+    wf = pl.DataFrame(
+        [
+            ("no_straggler", 40_000_000, 10_000_000, [1], None),
+            ("chunked_pipeline", 51_770_000, -1_770_000, [0, 1], 4),
+            ("fp8_dispatch", 46_200_000, 3_800_000, [0, 1], None),
+            ("all", 38_000_000, 12_000_000, [0, 1], None),
+        ],
+        schema=WHATIF_SCHEMA,
+        orient="row",
+    )
+    rows = {r[0]: r for r in whatif_rows(dataclasses.replace(a, whatif=wf))}
+    assert all(len(r) == len(WHATIF_HEADERS) for r in rows.values())
+    assert WHATIF_HEADERS[-1] == "checked against a rerun"
+    assert rows["no_straggler"][6] == check_text("no_straggler")
+    lo, hi = RERUN_CHECKS["no_straggler"].error_lo_pct, RERUN_CHECKS["no_straggler"].error_hi_pct
+    assert rows["no_straggler"][6].startswith(f"{lo:.0f}-{hi:.0f} % error (--straggler 1:30 vs none on 2 ranks")
+    assert rows["chunked_pipeline"][6].endswith("so its saving is an upper bound and a predicted loss a lower bound")
+    assert rows["fp8_dispatch"][6] == "not checked against a rerun"
+    assert rows["all"][6] == "not checked (a bound)"
+    notes = check_notes(dataclasses.replace(a, whatif=wf))
+    assert notes[0] == (
+        "checked against reruns (gloo demo pairs, benchmarks/README.md): "
+        f"no_straggler {lo:.0f}-{hi:.0f} %, chunked_pipeline "
+        f"{RERUN_CHECKS['chunked_pipeline'].error_lo_pct:.0f}-{RERUN_CHECKS['chunked_pipeline'].error_hi_pct:.0f} % error"
+    )
+    assert notes[1].startswith("chunked_pipeline: the cost of chunking is under-counted: at k = 4 the measured cost")
+    assert notes[2] == "not checked against a rerun: fp8_dispatch"
+    assert check_notes(dataclasses.replace(a, whatif=wf.clear())) == []
+
+
+def test_rerun_figures_match_the_benchmark_readme():
+    """The error ranges the report prints are the ones benchmarks/README.md publishes (one place to
+    update: whatif_checks), and every range is ordered."""
+    import pathlib
+
+    readme = (pathlib.Path(__file__).parents[2] / "benchmarks" / "README.md").read_text()
+    for c in RERUN_CHECKS.values():
+        assert 0 <= c.error_lo_pct <= c.error_hi_pct
+        assert f"{c.error_lo_pct:.1f}" in readme and f"{c.error_hi_pct:.1f}" in readme, c.scenario
