@@ -9,6 +9,7 @@ import polars as pl
 
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
+from ep_trace.analysis.whatif_checks import rerun_error_pct
 
 if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
     from ep_trace.analysis.result import Analysis
@@ -237,6 +238,7 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
                 "saving_ns": int(r["saving_ns"]),
                 "ranks": [int(x) for x in r["ranks"]],
                 "chunks": r.get("chunks"),
+                "rerun_error_pct": rerun_error_pct(r["scenario"]),
             }
             for r in wf.iter_rows(named=True)
         ]

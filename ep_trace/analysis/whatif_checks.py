@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RerunCheck", "RERUN_CHECKS", "check_text"]
+__all__ = ["RerunCheck", "RERUN_CHECKS", "check_text", "rerun_error_pct"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +62,10 @@ def check_text(scenario: str) -> str:
         return "not checked against a rerun"
     text = f"{c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % error ({c.pair}; gloo, benchmarks/README.md)"
     return f"{text}; {c.caveat}" if c.caveat else text
+
+
+def rerun_error_pct(scenario: str) -> list[float] | None:
+    """``[lowest, highest]`` measured error of ``scenario``'s saving against reruns, percent; None
+    when it has not been checked (the summary's ``whatif[].rerun_error_pct``)."""
+    c = RERUN_CHECKS.get(scenario)
+    return None if c is None else [c.error_lo_pct, c.error_hi_pct]

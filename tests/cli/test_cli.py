@@ -8,6 +8,7 @@ import re
 import orjson
 import pytest
 
+from ep_trace.analysis.whatif_checks import RERUN_CHECKS
 from ep_trace.cli import app, main
 
 
@@ -105,6 +106,10 @@ def test_analyze_real_sample_writes_report_and_summary(analyzed):
     assert summary["schema_version"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
     assert summary["replay"]["error_pct"] <= 2.0 and summary["whatif"] and summary["critical_path"]["by_cause"]
     assert "sample_traces/skewed_straggler/rank3.pt.trace.json.gz" in html
+    # each what-if carries its measured error against reruns, null where unchecked and for the bound
+    err = {w["scenario"]: w["rerun_error_pct"] for w in summary["whatif"]}
+    assert err["no_straggler"] == [RERUN_CHECKS["no_straggler"].error_lo_pct, RERUN_CHECKS["no_straggler"].error_hi_pct]
+    assert err["all"] is None and all(v is None for s, v in err.items() if s not in RERUN_CHECKS)
 
 
 def test_analyze_terminal_summary(capsys, tmp_path, samples_dir):
