@@ -263,6 +263,12 @@ def _noisy(change: pl.Expr, noise: pl.Expr, delta: pl.Expr | None = None) -> pl.
     return pl.when(moved & noise.is_not_null() & (d.abs() <= noise)).then(pl.lit("within noise")).otherwise(change)
 
 
+def _two_se(sd_a: Any, n_a: Any, sd_b: Any, n_b: Any) -> Any:
+    """Two standard errors of a difference of means, ``2 sqrt(sd_a^2 / n_a + sd_b^2 / n_b)``: the noise
+    of a step or a stage window. One formula for floats (the step) and polars expressions (the stages)."""
+    return 2.0 * (sd_a**2 / n_a + sd_b**2 / n_b) ** 0.5
+
+
 def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Comparison:
     """Compare two runs; a change within ``tolerance`` (fraction of A's value, min 1 µs) counts as 'same'."""
     st = a.stages.join(b.stages, on="stage", how="full", coalesce=True, suffix="_b")
@@ -270,7 +276,7 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
     n_a, n_b = pl.col("n_steps").fill_null(0), pl.col("n_steps_b").fill_null(0)
     stage_noise = (
         pl.when((n_a > 1) & (n_b > 1))
-        .then(2.0 * (pl.col("window_sd_ns") ** 2 / n_a + pl.col("window_sd_ns_b") ** 2 / n_b).sqrt())
+        .then(_two_se(pl.col("window_sd_ns"), n_a, pl.col("window_sd_ns_b"), n_b))
         .otherwise(None)
     )
     st = (
@@ -307,7 +313,7 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
     ).sort("rank")
     noise = None
     if a.step_spread_ns is not None and b.step_spread_ns is not None and a.n_steps > 1 and b.n_steps > 1:
-        noise = 2.0 * math.sqrt(a.step_spread_ns**2 / a.n_steps + b.step_spread_ns**2 / b.n_steps)
+        noise = float(_two_se(a.step_spread_ns, a.n_steps, b.step_spread_ns, b.n_steps))
     fa = a.findings.group_by("kind").agg(
         pl.col("est_saving_ns").sum().alias("a_saving_ns"), pl.col("title").first().alias("a_title")
     )
