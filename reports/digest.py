@@ -14,6 +14,7 @@ import polars as pl
 
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.result import Analysis, Finding
+from ep_trace.analysis.whatif_checks import RERUN_CHECKS
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
 __all__ = [
@@ -204,6 +205,16 @@ def verdict(analysis: Analysis) -> Verdict:
             context,
             "none",
         )
+    scen = (top.evidence.get("whatif") or {}).get("scenario")
+    if scen:
+        # the figure people act on says how far its what-if has matched reality (whatif_checks)
+        c = RERUN_CHECKS.get(str(scen))
+        check = (
+            f"the {scen} what-if was {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % off in reruns"
+            if c
+            else f"the {scen} what-if has not been checked against a rerun"
+        )
+        share = f" ({share[2:-1]}; {check})" if share else f" ({check})"
     detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
     wf = analysis.whatif
     if wf is not None and wf.height and (wf["scenario"] == "all").any():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 from fake_analysis import make_fake_analysis
 
+from ep_trace.analysis.whatif_checks import RERUN_CHECKS
 from ep_trace.reports import digest
 from ep_trace.reports.html import render_report
 from ep_trace.reports.html_page import Section
@@ -49,6 +51,26 @@ def test_verdict_names_the_top_finding_with_its_saving(a4):
     assert (
         v.context
         == "4 ranks, 3 steps analysed; step time (slowest rank) mean 5.08 ms, P50 5.08 ms, P99 5.08 ms, max 5.08 ms"
+    )
+
+
+@pytest.mark.parametrize(
+    ("scenario", "said"),
+    [
+        ("no_straggler", "the no_straggler what-if was {lo:.0f}-{hi:.0f} % off in reruns"),
+        ("fp8_dispatch", "the fp8_dispatch what-if has not been checked against a rerun"),
+    ],
+)
+def test_verdict_says_how_its_saving_matched_reruns(a4, scenario, said):
+    """The saving people act on says how far its what-if has matched a rerun (whatif_checks), or
+    that it has not been checked."""
+    top = digest.ranked_findings(a4)[0]
+    ev = {**top.evidence, "whatif": {"scenario": scenario, "saving_ns": top.est_saving_ns}}
+    a = dataclasses.replace(a4, findings=[dataclasses.replace(top, evidence=ev)])
+    c = RERUN_CHECKS.get(scenario)
+    text = said.format(lo=c.error_lo_pct, hi=c.error_hi_pct) if c else said
+    assert digest.verdict(a).detail.startswith(
+        f"Estimated saving 2.00 ms per step (39.4% of the mean step; {text}). Remedy: Find why rank 2"
     )
 
 
