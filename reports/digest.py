@@ -210,7 +210,7 @@ def verdict(analysis: Analysis) -> Verdict:
         # the figure people act on says how far its what-if has matched reality (whatif_checks)
         c = RERUN_CHECKS.get(str(scen))
         check = (
-            f"the {scen} what-if was {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % off in reruns"
+            f"the {scen} what-if was {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % off in gloo reruns"
             if c
             else f"the {scen} what-if has not been checked against a rerun"
         )

@@ -57,7 +57,7 @@ def test_verdict_names_the_top_finding_with_its_saving(a4):
 @pytest.mark.parametrize(
     ("scenario", "said"),
     [
-        ("no_straggler", "the no_straggler what-if was {lo:.0f}-{hi:.0f} % off in reruns"),
+        ("no_straggler", "the no_straggler what-if was {lo:.0f}-{hi:.0f} % off in gloo reruns"),
         ("fp8_dispatch", "the fp8_dispatch what-if has not been checked against a rerun"),
     ],
 )
