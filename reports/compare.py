@@ -320,6 +320,7 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
     fb = b.findings.group_by("kind").agg(
         pl.col("est_saving_ns").sum().alias("b_saving_ns"), pl.col("title").first().alias("b_title")
     )
+    moved = (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64)  # a finding's saving change
     fd = (
         fa.join(fb, on="kind", how="full", coalesce=True)
         .with_columns(
@@ -329,13 +330,9 @@ def compare_runs(a: RunDigest, b: RunDigest, tolerance: float = 0.02) -> Compari
             .then(pl.lit("resolved"))
             .otherwise(
                 _noisy(
-                    _change(
-                        (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64),
-                        pl.col("a_saving_ns").cast(pl.Float64),
-                        tolerance,
-                    ),
+                    _change(moved, pl.col("a_saving_ns").cast(pl.Float64), tolerance),
                     pl.lit(noise, pl.Float64),
-                    (pl.col("b_saving_ns") - pl.col("a_saving_ns")).cast(pl.Float64),
+                    moved,
                 )
             )
             .alias("status"),

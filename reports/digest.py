@@ -195,7 +195,8 @@ def verdict(analysis: Analysis) -> Verdict:
             "none",
         )
     top = found[0]
-    share = f" ({fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step)" if ss.mean_ns else ""
+    of_mean = f"{fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step" if ss.mean_ns else ""
+    share = f" ({of_mean})" if of_mean else ""
     if ss.mean_ns and top_share < NEGLIGIBLE_SAVING:
         where = _where_time_goes(analysis)
         lead = f"No EP bottleneck worth {fmt_pct(NEGLIGIBLE_SAVING)} of the step"
@@ -205,17 +206,18 @@ def verdict(analysis: Analysis) -> Verdict:
             context,
             "none",
         )
+    about = [of_mean] if of_mean else []
     scen = (top.evidence.get("whatif") or {}).get("scenario")
     if scen:
         # the figure people act on says how far its what-if has matched reality (whatif_checks)
         c = RERUN_CHECKS.get(str(scen))
-        check = (
-            f"the {scen} what-if was {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % off in gloo reruns"
+        about.append(
+            f"the {scen} what-if was {c.range_text} off in gloo reruns"
             if c
             else f"the {scen} what-if has not been checked against a rerun"
         )
-        share = f" ({share[2:-1]}; {check})" if share else f" ({check})"
-    detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{share}. Remedy: {top.remedy}"
+    paren = f" ({'; '.join(about)})" if about else ""
+    detail = f"Estimated saving {fmt_ns(top.est_saving_ns)} per step{paren}. Remedy: {top.remedy}"
     wf = analysis.whatif
     if wf is not None and wf.height and (wf["scenario"] == "all").any():
         bound = int(wf.filter(pl.col("scenario") == "all")["saving_ns"][0])

@@ -149,7 +149,7 @@ def check_notes(analysis: Analysis) -> list[str]:
     checked = [RERUN_CHECKS[s] for s in shown if s in RERUN_CHECKS]
     out = []
     if checked:
-        figs = ", ".join(f"{c.scenario} {c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} %" for c in checked)
+        figs = ", ".join(f"{c.scenario} {c.range_text}" for c in checked)
         out.append(f"checked against reruns (gloo demo pairs, benchmarks/README.md): {figs} error")
         out += [f"{c.scenario}: {c.caveat}" for c in checked if c.caveat]
     unchecked = [s for s in shown if s not in RERUN_CHECKS]

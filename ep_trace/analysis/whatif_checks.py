@@ -33,6 +33,11 @@ class RerunCheck:
     pair: str
     caveat: str = ""
 
+    @property
+    def range_text(self) -> str:
+        """The error range as the report prints it, e.g. ``'2-12 %'``."""
+        return f"{self.error_lo_pct:.0f}-{self.error_hi_pct:.0f} %"
+
 
 #: Stop 22-23 figures (benchmarks/README.md "Stop 23"): 2-4 sets each of 2026-12-03, 2-vCPU AMD EPYC VM.
 RERUN_CHECKS: dict[str, RerunCheck] = {
@@ -49,8 +54,7 @@ RERUN_CHECKS: dict[str, RerunCheck] = {
             "--chunks 4 / 8 vs 1 on 2 ranks, 80 + 80 steps",
             "the cost of chunking is under-counted: at k = 4 the measured cost was 1.5-2.1x the predicted one in 5 of "
             "6 runs (compute slows beside the async transfers on shared cores, which a 1-chunk trace cannot show), "
-            "so its saving is an upper "
-            "bound and a predicted loss a lower bound",
+            "so its saving is an upper bound and a predicted loss a lower bound",
         ),
     )
 }
@@ -61,7 +65,7 @@ def check_text(scenario: str) -> str:
     c = RERUN_CHECKS.get(scenario)
     if c is None:
         return "not checked against a rerun"
-    text = f"{c.error_lo_pct:.0f}-{c.error_hi_pct:.0f} % error ({c.pair}; gloo, benchmarks/README.md)"
+    text = f"{c.range_text} error ({c.pair}; gloo, benchmarks/README.md)"
     return f"{text}; {c.caveat}" if c.caveat else text
 
 
