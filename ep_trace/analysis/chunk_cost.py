@@ -25,10 +25,14 @@ rows: ``index_put_`` 80 -> 59 us at a quarter of the rows); the rest is host tim
 most of it waits on the async transfers, which a 1-chunk trace cannot show. Stop 23: the ops do
 not have a larger fixed cost than this estimate. Timed alone, the demo's expert stage costs only
 +0.26 ms per extra chunk at k = 4 (a ``[12, 256] x [256, 512]`` GEMM 70 us, against 160-176 us in the
-pipelined steps). What the model misses is interference: pipelined, the compute shares the cores with
-the async transfers' gloo threads and slows down (the expert stage +2.6-3.9 ms per layer), which a
-1-chunk trace, where compute waits while gloo transfers, cannot show. The report prints the measured
-error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
+pipelined steps). In the pipelined steps the same ops run slower than alone (the expert stage +2.6-3.9
+ms per layer). Stop 24 ruled out the transfers as the cause: an async all-to-all beside the compute
+costs the posting thread 0.36-0.83x the same call run synchronous (``benchmarks/async_handoff.py
+--beside``; gloo's waits block, they do not spin), and the cores were 97-99 % busy on both sides of
+the pair, so the extra time is extra CPU time of the ops, not waiting. Pinning each rank to its own
+core cut the measured cost (separate runs: +2.5 ms per step against +9.5 unpinned) but not the
+in-run pair's error (46 % at k = 4). The cause is not identified, and a 1-chunk trace does not show
+it. The report prints the measured error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
 """
 
 from __future__ import annotations
