@@ -56,8 +56,12 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
             title_justify="left",
             show_edge=False,
         )
-        for c in ("what-if", "predicted step", "saving/step", "of replayed step", "ranks"):
-            t.add_column(c, justify="left" if c in ("what-if", "ranks") else "right")
+        # the scenario name is what a user types into --whatif / searches the docs for: never cut it
+        # ("chunked_pipel…" in an 80-column terminal); the rank list folds instead
+        t.add_column("what-if", no_wrap=True, min_width=max(len(r[0]) for r in wrows))
+        for c in ("predicted step", "saving/step", "of replayed step"):
+            t.add_column(c, justify="right")
+        t.add_column("ranks", overflow="fold")
         for r in wrows:
             t.add_row(r[0], r[2], r[3], r[4], r[5])
         out.append(t)

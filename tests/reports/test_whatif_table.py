@@ -94,6 +94,30 @@ def test_terminal_keeps_the_reason():
     )
 
 
+def test_terminal_never_cuts_a_scenario_name():
+    """In an 80-column terminal the what-if names stay whole ("chunked_pipel…" was cut); the rank
+    list folds instead."""
+    from rich.console import Console, Group
+
+    from ep_trace.reports.terminal import summary_renderables
+
+    a = make_fake_analysis(n_ranks=4)
+    wf = pl.DataFrame(
+        [
+            ("balanced_routing", 117_000_000, -9_500_000, [0, 1], None),
+            ("chunked_pipeline", 109_000_000, -1_800_000, [0, 1, 2, 3], 2),
+            ("all", 60_000_000, 47_000_000, [0, 1, 2, 3], None),
+        ],
+        schema=WHATIF_SCHEMA,
+        orient="row",
+    )
+    con = Console(record=True, width=80)
+    con.print(Group(*summary_renderables(dataclasses.replace(a, whatif=wf))))
+    lines = con.export_text().splitlines()
+    assert any(ln.startswith(" chunked_pipeline │") for ln in lines)
+    assert any(ln.startswith(" balanced_routing │") for ln in lines)
+
+
 def test_rerun_column_gives_the_measured_error_or_says_unchecked():
     """Every saving the report shows says how well that what-if has matched a rerun
     (ep_trace.analysis.whatif_checks), or that it has not been checked; the bound ``all`` is no
