@@ -31,8 +31,10 @@ costs the posting thread 0.36-0.83x the same call run synchronous (``benchmarks/
 --beside``; gloo's waits block, they do not spin), and the cores were 97-99 % busy on both sides of
 the pair, so the extra time is extra CPU time of the ops, not waiting. Pinning each rank to its own
 core cut the measured cost (separate runs: +2.5 ms per step against +9.5 unpinned) but not the
-in-run pair's error (46 % at k = 4). The cause is not identified, and a 1-chunk trace does not show
-it. The report prints the measured error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
+in-run pair's error (46 % at k = 4). Neither the ranks' compute co-running, nor the profiler
+(``benchmarks/chunk_corun.py``: +1.5-1.9 ms per step at k = 4, as alone), nor core migrations (6 vs
+10 per step) explain it. The cause is not identified, and a 1-chunk trace does not show it. The
+report prints the measured error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
 """
 
 from __future__ import annotations
