@@ -25,7 +25,7 @@ overlapped calls cost the posting thread in all, against the sum of the same cal
 the transfer that the 1-chunk trace cannot show.
 
 Run: ``python benchmarks/async_handoff.py [--rows 16 512] [--iters 60]`` or
-``python benchmarks/async_handoff.py --beside [--rows 1024 4096]`` (~1-2 min each; run it on an
+``python benchmarks/async_handoff.py --beside [--rows 128 512]`` (the demo's chunks at 512 / 2048 tokens) (~1-2 min each; run it on an
 otherwise idle machine). Prints a Markdown table.
 """
 

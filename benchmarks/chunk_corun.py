@@ -30,26 +30,24 @@ import torch
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
-from ep_trace.workloads.moe import MoEWeights, _chunk_rows, _grouped_experts, make_layer_weights
+from ep_trace.workloads.moe import _chunk_rows, _grouped_experts, local_experts, make_layer_weights
 
 CHUNKS = (1, 4, 8)
 
 
 def _run(q: Any, bar: Any, reps: int, profiled: bool) -> None:
     torch.set_num_threads(1)
-    ws = []
-    for layer in range(2):
-        w = make_layer_weights(256, 512, 8, seed=0, layer=layer)
-        ws.append(MoEWeights(w.router, w.w1[:4].contiguous(), w.w2[:4].contiguous(), 0))
+    ws = [local_experts(make_layer_weights(256, 512, 8, seed=0, layer=layer), 0, 4) for layer in range(2)]
     g = torch.Generator().manual_seed(1)
     sizes = [512, 512]  # rows received from each of the 2 peers, each peer's segment sorted by expert
     rows = torch.randn(sum(sizes), 256, generator=g)
     eid = torch.cat([torch.sort(torch.randint(0, 4, (s,), generator=g)).values for s in sizes])
+    split = {k: _chunk_rows(sizes, k, torch.device("cpu"))[0] for k in CHUNKS}
     res: dict[int, list[int]] = {}
     with profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext():
         for _ in range(reps):
             for k in CHUNKS:
-                idx, _ = _chunk_rows(sizes, k, torch.device("cpu"))
+                idx = split[k]
                 if bar is not None:
                     bar.wait()
                 t0 = time.perf_counter_ns()

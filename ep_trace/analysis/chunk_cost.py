@@ -25,15 +25,16 @@ rows: ``index_put_`` 80 -> 59 us at a quarter of the rows); the rest is host tim
 most of it waits on the async transfers, which a 1-chunk trace cannot show. Stop 23: the ops do
 not have a larger fixed cost than this estimate. Timed alone, the demo's expert stage costs only
 +0.26 ms per extra chunk at k = 4 (a ``[12, 256] x [256, 512]`` GEMM 70 us, against 160-176 us in the
-pipelined steps). In the pipelined steps the same ops run slower than alone (the expert stage +2.6-3.9
-ms per layer). Stop 24 ruled out the transfers as the cause: an async all-to-all beside the compute
+pipelined steps). The pipelined steps took longer than that (the expert stage +2.6-3.9 ms per layer in the
+in-run trace). Stop 24 ruled out the transfers as the cause: an async all-to-all beside the compute
 costs the posting thread 0.36-0.83x the same call run synchronous (``benchmarks/async_handoff.py
 --beside``; gloo's waits block, they do not spin), and the cores were 97-99 % busy on both sides of
-the pair, so the extra time is extra CPU time of the ops, not waiting. Pinning each rank to its own
+the pair, so the extra time is extra CPU time on the main threads, not waiting. Pinning each rank to its own
 core cut the measured cost (separate runs: +2.5 ms per step against +9.5 unpinned) but not the
-in-run pair's error (46 % at k = 4). Neither the ranks' compute co-running, nor the profiler
-(``benchmarks/chunk_corun.py``: +1.5-1.9 ms per step at k = 4, as alone), nor core migrations (6 vs
-10 per step) explain it. The cause is not identified, and a 1-chunk trace does not show it. The
+in-run pair's error (46 % at k = 4). Core migrations (6 vs 10 per step) do not explain it, and in one
+window the GEMMs paid no more for chunking than the expert stage alone (``benchmarks/chunk_corun.py``,
+which itself read +1.5 to +4.2 ms per step at k = 4 as the VM's speed drifted). Where the rest goes
+is not settled, and a 1-chunk trace does not show it. The
 report prints the measured error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
 """
 

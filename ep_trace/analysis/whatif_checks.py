@@ -53,7 +53,7 @@ RERUN_CHECKS: dict[str, RerunCheck] = {
             85.0,
             "--chunks 4 / 8 vs 1 on 2 ranks, 80 + 80 steps",
             "the cost of chunking is under-counted: at k = 4 the measured cost was 1.5-2.1x the predicted one in 7 of "
-            "8 runs (the pipelined steps' ops run slower than the same ops in a 1-chunk trace), "
+            "8 runs (the pipelined steps spend more CPU time than a 1-chunk trace shows), "
             "so its saving is an upper bound and a predicted loss a lower bound",
         ),
     )
