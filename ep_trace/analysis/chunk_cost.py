@@ -6,36 +6,38 @@ host's dispatcher / Python / launch cost on a CPU rank, the launch gap between k
 is paid again by every extra chunk. Measured from the 1-chunk trace, per rank:
 
     cost per extra chunk = (ops issued in one region instance) x (fixed cost per op)
+                           + 2 x (host cost of posting one collective call)   [CPU ranks]
 
 * **CPU ranks**: ops = top-level ``cpu_op`` rows (not nested in another op) inside the region's host
-  window (first dispatch range start to last combine range end of the layer); fixed cost per op =
-  the 25th percentile of the start-to-start interval of consecutive top-level ops there (the cheap
-  ops, whose interval is almost all fixed cost: a view or an empty is ~4-8 µs of eager-mode overhead
-  on CPU, where a GEMM's interval is its data).
+  window (first dispatch range start to last combine range end of the layer) that post no
+  collective; fixed cost per op = the 25th percentile of the start-to-start interval of consecutive
+  top-level ops there (the cheap ops, whose interval is almost all fixed cost: a view or an empty is
+  ~4-8 µs of eager-mode overhead on CPU, where a GEMM's interval is its data). The ops that post a
+  collective (``c10d::alltoall_base_``: build the work, enqueue it for gloo's worker) are priced at
+  their own host window, read off the smallest message (the count exchange): that work does not
+  shrink with the message, and each extra chunk posts two more calls. Priced at the p25 like the
+  other ops (before stop 25), a call cost ~5 µs instead of the 100-170 µs measured.
 * **GPU ranks**: ops = compute kernels (no ``coll_id``) inside the region's device window; fixed cost
   = the median idle gap between consecutive ones on their stream (launch latency where the host
   falls behind, ~1 µs where it runs ahead).
 
-On the 2-vCPU VM of benchmarks/README.md (stop 22: 2 gloo ranks on jemalloc) this gives 0.5-0.8 ms
-per extra chunk and layer, and the two extra calls (``whatif._overhead``) 0.3-0.6 ms more. Measured
-(in-run A/B): 2.1 ms per extra chunk and layer at 512 tokens with 4 chunks, 1.7 ms at 2048 tokens,
-1.5 ms with 8 chunks, so the model under-counts at k = 4 (52 % / 31 % error) and meets k = 8 (5 %).
-At 512 tokens the ops' own time accounts for 1.0 ms of the 2.1 (small ops barely shrink with their
-rows: ``index_put_`` 80 -> 59 us at a quarter of the rows); the rest is host time between ops,
-most of it waits on the async transfers, which a 1-chunk trace cannot show. Stop 23: the ops do
-not have a larger fixed cost than this estimate. Timed alone, the demo's expert stage costs only
-+0.26 ms per extra chunk at k = 4 (a ``[12, 256] x [256, 512]`` GEMM 70 us, against 160-176 us in the
-pipelined steps). The pipelined steps took longer than that (the expert stage +2.6-3.9 ms per layer in the
-in-run trace). Stop 24 ruled out the transfers as the cause: an async all-to-all beside the compute
-costs the posting thread 0.36-0.83x the same call run synchronous (``benchmarks/async_handoff.py
---beside``; gloo's waits block, they do not spin), and the cores were 97-99 % busy on both sides of
-the pair, so the extra time is extra CPU time on the main threads, not waiting. Pinning each rank to its own
-core cut the measured cost (separate runs: +2.5 ms per step against +9.5 unpinned) but not the
-in-run pair's error (46 % at k = 4). Core migrations (6 vs 10 per step) do not explain it, and in one
-window the GEMMs paid no more for chunking than the expert stage alone (``benchmarks/chunk_corun.py``,
-which itself read +1.5 to +4.2 ms per step at k = 4 as the VM's speed drifted). Where the rest goes
-is not settled, and a 1-chunk trace does not show it. The
-report prints the measured error next to this what-if (:mod:`ep_trace.analysis.whatif_checks`).
+``whatif._overhead`` adds the calls' fixed transfer latency (the count exchange's wait-free transfer).
+
+Checked against the demo's pipelined path (benchmarks/README.md, "Stop 25"; 2 gloo ranks, jemalloc,
+gloo's threads on SCHED_FIFO, chunk-major buffers: no gather / scatter per chunk), in-run A/B, two
+sets: 4 chunks at 512 tokens cost 5.0 / 5.7 ms per step measured against 4.0 / 4.7 predicted
+(16-17 % under), at 2048 tokens 6.7 / 6.0 against 6.2 / 6.5 (7-8 %), 8 chunks at 2048 tokens 13.7 /
+10.3 against 16.3 / 13.4 (19-30 % over). Sub-linear in k as measured, linear in the model. At 512
+tokens the rest is small-size inefficiency of the pieces a chunk boundary cuts out of an expert's
+rows (a ``[12, 256] x [256, 512]`` GEMM costs 70 µs alone, 5.8 µs a row against 3.9 at 240 rows),
+which a 1-chunk trace, running every op at one size, cannot show. Pricing each call at its whole
+host envelope (the Python before and after the post too) was tried and not adopted: 4-9 % at 512
+tokens but 19-42 % and 46-70 % over at 2048 tokens and 8 chunks.
+History: before stop 25 the measured cost was 1.5-2.1x the prediction at k = 4. Most of that gap was
+the demo, not the model: gloo's threads, on the fair scheduler, waited for a slice behind the ranks'
+compute (:mod:`ep_trace.workloads.comm_priority`), and the pipelined path gathered / scattered each
+chunk's rows (2048 tokens: ~1 ms per layer). The report prints the measured error next to this
+what-if (:mod:`ep_trace.analysis.whatif_checks`).
 """
 
 from __future__ import annotations
@@ -68,7 +70,28 @@ def _cost(inside: pl.DataFrame, fixed: float | None) -> float:
     return float(n) * max(fixed, 0.0)
 
 
-def _cpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
+def _call_issue(inside: pl.DataFrame, calls: pl.DataFrame) -> tuple[dict[int, float], pl.DataFrame]:
+    """Host time of posting one collective call per rank, ns, and the region's ops that are not calls.
+
+    A call's op (``c10d::alltoall_base_`` ...) on the issuing thread builds and posts the call; with
+    an async backend it returns before the transfer, and that work does not shrink with a smaller
+    message, so each extra chunk pays it whole. Read off the calls inside the regions with the
+    smallest message (the count exchange when recorded, else all of them): the median host window.
+    """
+    c = calls.select("rank", "direction", pl.col("cpu_start_ns").alias("start_ns")).drop_nulls(["start_ns"])
+    j = inside.join(c, on=["rank", "start_ns"], how="inner")
+    if j.is_empty():
+        return {}, inside
+    dur = (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
+    is_count = pl.col("direction") == "count"
+    per = j.group_by("rank").agg(
+        pl.when(is_count.any()).then(dur.filter(is_count).median()).otherwise(dur.median()).alias("_i")
+    )
+    rest = inside.join(c.select("rank", "start_ns"), on=["rank", "start_ns"], how="anti")
+    return {int(r): float(v) for r, v in per.iter_rows() if v is not None}, rest
+
+
+def _cpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame, calls: pl.DataFrame | None) -> dict[int, float]:
     top = top_level_cpu_ops(ev)
     if top.is_empty() or regions.is_empty():
         return {}
@@ -82,7 +105,9 @@ def _cpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
     )
     fixed = step.group_by("rank").agg(pl.col("_dt").quantile(0.25).alias("_f"))
     f = dict(fixed.iter_rows())
-    return {int(r): _cost(g, f.get(r)) for (r,), g in inside.group_by(["rank"])}
+    # the ops that post a collective are priced at their own host window, the others at the p25
+    issue, ops = _call_issue(inside, calls) if calls is not None else ({}, inside)
+    return {int(r): _cost(g, f.get(r)) + 2.0 * issue.get(int(r), 0.0) for (r,), g in ops.group_by(["rank"])}
 
 
 def _gpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
@@ -105,7 +130,9 @@ def _gpu_rank_cost(ev: pl.DataFrame, regions: pl.DataFrame) -> dict[int, float]:
     return {int(r): _cost(g, f.get(r)) for (r,), g in inside.group_by(["rank"])}
 
 
-def per_chunk_cost(ev: pl.DataFrame, stages: pl.DataFrame, mode: dict[int, str]) -> dict[int, float]:
+def per_chunk_cost(
+    ev: pl.DataFrame, stages: pl.DataFrame, mode: dict[int, str], calls: pl.DataFrame | None = None
+) -> dict[int, float]:
     """Fixed cost of one extra chunk of the dispatch -> expert -> combine region per rank, ns.
 
     Args:
@@ -113,6 +140,9 @@ def per_chunk_cost(ev: pl.DataFrame, stages: pl.DataFrame, mode: dict[int, str])
         stages: ``Analysis.stages`` (``cpu_start_ns``/``cpu_end_ns`` host windows, ``start_ns``/``end_ns``
             device windows).
         mode: ``rank -> 'gpu' | 'cpu'``.
+        calls: The ``collectives`` table (``rank, direction, cpu_start_ns``): on CPU ranks the two
+            extra calls are priced at the host window of the ops that post them; without it every op
+            of the region, the calls' included, is priced at the p25 interval.
 
     Returns:
         ``rank -> ns``; ranks without region stages are absent (their chunks cost only the calls).
@@ -124,7 +154,8 @@ def per_chunk_cost(ev: pl.DataFrame, stages: pl.DataFrame, mode: dict[int, str])
     out: dict[int, float] = {}
     if cpu:
         st = stages.filter(pl.col("rank").is_in(cpu))
-        out |= _cpu_rank_cost(ev.filter(pl.col("rank").is_in(cpu)), _regions(st, "cpu_start_ns", "cpu_end_ns"))
+        cc = None if calls is None else calls.filter(pl.col("rank").is_in(cpu))
+        out |= _cpu_rank_cost(ev.filter(pl.col("rank").is_in(cpu)), _regions(st, "cpu_start_ns", "cpu_end_ns"), cc)
     if gpu:
         st = stages.filter(pl.col("rank").is_in(gpu))
         out |= _gpu_rank_cost(ev.filter(pl.col("rank").is_in(gpu)), _regions(st, "start_ns", "end_ns"))

@@ -321,7 +321,7 @@ def chunk_cost(tables: TraceTables, blocks: Blocks, stage_df: pl.DataFrame, mode
     single = len(blocks) == 1
     out: dict[int, float] = {}
     for b, ev in _events(tables, blocks, _UNREAD):
-        out |= per_chunk_cost(ev, _of(stage_df, b, single), mode)
+        out |= per_chunk_cost(ev, _of(stage_df, b, single), mode, _of(tables.collectives, b, single))
     return out
 
 

@@ -28,8 +28,8 @@ routing counts, no collectives, no stall) is absent, never a zero row.
 * ``chunked_pipeline``: dispatch -> expert work -> combine of each layer pipelined over k chunks:
   span = (tD + X + tC) / k + (k - 1) / k * max(tD, X, tC) + (k - 1) * overhead, overhead = 2 extra
   collective calls at the trace's per-call latency (the median transfer of its count exchange, the
-  smallest message) plus the fixed cost of re-issuing the region's ops (:mod:`ep_trace.analysis.chunk_cost`),
-  the best of k = 2..8.
+  smallest message) plus the fixed cost of re-issuing the region's ops and, on CPU ranks, of posting
+  the two calls (:mod:`ep_trace.analysis.chunk_cost`), the best of k = 2..8.
 * Overlap and pipelining hide a transfer only as far as the rank has a resource for it
   (:mod:`ep_trace.analysis.resources`): all of it on GPU ranks, on CPU (gloo) ranks only with a
   spare core; the unhidden part stays in the step.

@@ -77,6 +77,14 @@ def demo(
             help="With glibc malloc: back its mappings with transparent huge pages (fewer page faults).",
         ),
     ] = True,
+    comm_priority: Annotated[
+        str,
+        typer.Option(
+            "--comm-priority",
+            help="gloo's transfer threads: auto (real-time priority where permitted), realtime or normal. On "
+            "busy shared cores a normal-priority transfer waits behind compute, which a GPU's transfers never do.",
+        ),
+    ] = "auto",
     sweep: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -101,7 +109,7 @@ def demo(
         ranks=ranks, experts=experts, top_k=top_k, hidden=hidden, tokens=tokens, layers=layers,
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
         backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew, with_stack=with_stack,
-        pin_cores=pin_cores, allocator=allocator, huge_pages=huge_pages,
+        pin_cores=pin_cores, allocator=allocator, huge_pages=huge_pages, comm_priority=comm_priority,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ep_trace.errors import ConfigError
+from ep_trace.workloads.comm_priority import check_comm_priority, prioritize_comm_threads, require_permission
 from ep_trace.workloads.knobs import SkewSpec, Straggler, parse_skew, parse_straggler, skew_probabilities
 from ep_trace.workloads.launcher import (
     Progress,
@@ -87,6 +88,9 @@ class DemoConfig:
             rank faults its output in again, which a GPU caching allocator never does.
         huge_pages: With glibc malloc, back its mappings with transparent huge pages
             (:func:`ep_trace.workloads.launcher.huge_page_malloc`): fewer, dearer page faults.
+        comm_priority: gloo's transfer threads on ``SCHED_FIFO`` so that an all-to-all in flight is
+            not queued behind the compute threads (:mod:`ep_trace.workloads.comm_priority`):
+            ``auto`` (where the process may), ``realtime`` (an error where it may not) or ``normal``.
     """
 
     ranks: int = 4
@@ -109,6 +113,7 @@ class DemoConfig:
     pin_cores: bool = False
     allocator: str = "auto"
     huge_pages: bool = True
+    comm_priority: str = "auto"
     skew_spec: SkewSpec = field(init=False, repr=False, compare=False)
     alt_skew_spec: SkewSpec | None = field(init=False, repr=False, compare=False)
     straggler_spec: Straggler | None = field(init=False, repr=False, compare=False)
@@ -127,6 +132,7 @@ class DemoConfig:
         _at_least(self.alt_chunks, 0, "--alt-chunks")
         _at_least(self.seed, 0, "--seed")
         check_allocator(self.allocator)
+        check_comm_priority(self.comm_priority)
         if self.backend not in ("gloo", "nccl"):
             raise ConfigError(f"--backend: unknown backend {self.backend!r}; use gloo or nccl")
         got = f"--chunks {self.chunks}" if self.chunks > 1 else f"--alt-chunks {self.alt_chunks}"
@@ -315,6 +321,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
         model_step(cfg, weights, rank, -1, straggle_ms)  # warm-up: gloo pairs connect on first use
         if cfg.alt_chunks:
             model_step(cfg, weights, rank, -2, straggle_ms)  # and the other side's path once
+        comm_threads = prioritize_comm_threads(cfg.comm_priority)  # gloo's threads exist by now
         q.put(("ready", rank))
         meta = {
             "num_experts": cfg.experts,
@@ -323,7 +330,7 @@ def _rank_main(rank: int, port: int, q: Any, cfg: DemoConfig, out_dir: str, job_
             "hidden_size": cfg.hidden,
             "dtype": "float32",
             "device": str(dev),
-            "workload": {**cfg.workload_meta(), "allocator": loaded_allocator()},
+            "workload": {**cfg.workload_meta(), "allocator": loaded_allocator(), "comm_threads": comm_threads},
         }
         # concrete inputs only for the all-to-alls (their split lists): the recording of every op's
         # arguments kept op outputs alive on torch 2.13 (ep_trace.capture.concrete)
@@ -372,8 +379,9 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
         The trace directory.
 
     Raises:
-        ConfigError: ``out_dir`` is a file, ``nccl`` without one CUDA device per rank, or
-            ``allocator="jemalloc"`` without the library.
+        ConfigError: ``out_dir`` is a file, ``nccl`` without one CUDA device per rank,
+            ``allocator="jemalloc"`` without the library, or ``comm_priority="realtime"`` without
+            the permission.
         MissingDependencyError: torch is not installed.
     """
     out = Path(out_dir)
@@ -386,7 +394,8 @@ def run_demo(config: DemoConfig, out_dir: str | Path, progress: Progress | None 
             raise ConfigError(
                 f"--backend: nccl needs one CUDA device per rank: --ranks {config.ranks} but {n} device(s) visible"
             )
-    # the allocator first: a missing jemalloc fails before anything is written
+    # the allocator and the priority first: a missing jemalloc or permission fails before anything is written
+    require_permission(config.comm_priority)
     with rank_allocator(config.allocator, config.huge_pages):
         _prepare_out_dir(out)
         _spawn(config, out, progress)

@@ -140,18 +140,28 @@ def _chunk_bounds(n: int, chunks: int) -> list[int]:
     return [(n * c) // chunks for c in range(chunks + 1)]
 
 
-def _chunk_rows(sizes: list[int], chunks: int, device: torch.device) -> tuple[list[torch.Tensor], list[list[int]]]:
-    """For a buffer of per-peer segments ``sizes``: per chunk, the row index and the per-peer split."""
-    offsets = [0]
-    for s in sizes:
-        offsets.append(offsets[-1] + s)
+def _chunk_splits(sizes: list[int], chunks: int) -> list[list[int]]:
+    """Per chunk, the rows of each peer's segment it takes (``_chunk_bounds`` of every segment)."""
     bounds = [_chunk_bounds(s, chunks) for s in sizes]
-    idx, splits = [], []
-    for c in range(chunks):
-        parts = [torch.arange(offsets[j] + b[c], offsets[j] + b[c + 1]) for j, b in enumerate(bounds)]
-        idx.append((torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)).to(device))
-        splits.append([b[c + 1] - b[c] for b in bounds])
-    return idx, splits
+    return [[b[c + 1] - b[c] for b in bounds] for c in range(chunks)]
+
+
+def _chunk_major(peer_rows: torch.Tensor, chunks: int) -> torch.Tensor:
+    """Permutation of a peer-major buffer (``peer_rows[j]`` rows of peer j, in order) into chunk-major order.
+
+    Chunk c takes rows ``_chunk_bounds(n_j)[c] .. [c+1]`` of peer j's segment; in the returned order
+    the rows of chunk c (peer 0's part, then peer 1's ...) are contiguous, so each chunk's send
+    buffer is a slice of one buffer, not a gather, and its combine lands in a slice of one output, not
+    a scatter: what a production pipeline does (the extra copies of a gather per chunk are no part of
+    what pipelining costs). Row i of a segment of n rows is in chunk ``ceil((i + 1) k / n) - 1`` (the
+    c with ``floor(n c / k) <= i < floor(n (c + 1) / k)``). Device ops only: no host sync.
+    """
+    n = peer_rows.to(torch.int64)
+    peer = torch.repeat_interleave(torch.arange(n.numel(), device=n.device), n)
+    start = torch.cumsum(n, 0) - n
+    i = torch.arange(peer.numel(), device=n.device) - start[peer]
+    chunk = ((i + 1) * chunks - 1) // n[peer]
+    return torch.argsort(chunk * n.numel() + peer, stable=True)
 
 
 def _a2a(
@@ -213,7 +223,9 @@ def ep_moe_forward(
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=num_experts)
-        send_x = p_out(p_in(x).index_select(0, order // k))
+        # pipelined: chunk-major send buffer, so that each chunk's rows are one contiguous slice
+        send_order = order if chunks <= 1 else order[_chunk_major(counts.view(W, L).sum(1), chunks)]
+        send_x = p_out(p_in(x).index_select(0, send_order // k))
     with stage("dispatch", layer):
         recv_counts = torch.empty_like(counts)
         waited = link_delay(link_latency_ms)
@@ -252,12 +264,14 @@ def ep_moe_forward(
                 link_latency_ms=link_latency_ms,
             )  # fmt: skip
     else:
-        back = _pipelined(x, send_x, local_eid, w, send_splits, recv_splits, ranks, group, layer, chunks, straggle_ms)
+        back = _pipelined(
+            send_x, local_eid, w, send_splits, recv_splits, rc.sum(1), ranks, group, layer, chunks, straggle_ms
+        )
     u_in, u_out = bwd_region("unpermute", layer)
     with stage("unpermute", layer):
         back = u_in(back)
         slots = torch.empty_like(back)
-        slots[order] = back
+        slots[send_order] = back
         y = u_out((slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1))
     if not debug:
         return y
@@ -270,35 +284,44 @@ def ep_moe_forward(
 
 
 def _pipelined(
-    x: torch.Tensor,
     send_x: torch.Tensor,
     local_eid: torch.Tensor,
     w: MoEWeights,
     send_splits: list[int],
     recv_splits: list[int],
+    recv_rows: torch.Tensor,
     ranks: list[int],
     group: Any,
     layer: int,
     chunks: int,
     straggle_ms: float,
 ) -> torch.Tensor:
-    """Chunked dispatch -> expert -> combine: chunk c+1's dispatch is in flight during chunk c's GEMMs."""
-    H = x.shape[1]
-    row_bytes = H * x.element_size()
-    s_idx, s_split = _chunk_rows(send_splits, chunks, x.device)
-    r_idx, r_split = _chunk_rows(recv_splits, chunks, x.device)
-    back = x.new_empty(send_x.shape[0], H)
+    """Chunked dispatch -> expert -> combine: chunk c+1's dispatch is in flight during chunk c's GEMMs.
 
-    def launch_dispatch(c: int) -> tuple[Any, torch.Tensor, int, int | None]:
+    ``send_x`` is chunk-major (:func:`_chunk_major`); the result is too (the rows of ``send_x``, back).
+    ``local_eid`` is peer-major as received; ``recv_rows`` the rows received from each peer (tensor).
+    """
+    H = send_x.shape[1]
+    row_bytes = H * send_x.element_size()
+    s_split, r_split = _chunk_splits(send_splits, chunks), _chunk_splits(recv_splits, chunks)
+    s_off, r_off = [0], [0]
+    for c in range(chunks):
+        s_off.append(s_off[-1] + sum(s_split[c]))
+        r_off.append(r_off[-1] + sum(r_split[c]))
+    eid = local_eid.index_select(0, _chunk_major(recv_rows, chunks))  # chunk-major, as the chunks arrive
+    recv = send_x.new_empty(r_off[-1], H)
+    back = send_x.new_empty(s_off[-1], H)
+
+    def launch_dispatch(c: int) -> tuple[Any, int, int | None]:
         with stage("dispatch", layer, c):
-            buf = x.new_empty(len(r_idx[c]), H)
             call, t0 = reserve_a2a_call(), time.time_ns()
-            return _a2a(buf, send_x.index_select(0, s_idx[c]), r_split[c], s_split[c], group, True), buf, t0, call
+            src, dst = send_x[s_off[c] : s_off[c + 1]], recv[r_off[c] : r_off[c + 1]]
+            return _a2a(dst, src, r_split[c], s_split[c], group, True), t0, call
 
     pending = launch_dispatch(0)
     combines = []
     for c in range(chunks):
-        work, recv_c, t0, call = pending
+        work, t0, call = pending
         with stage("dispatch", layer, c):
             work.wait()
             record_a2a(
@@ -316,13 +339,13 @@ def _pipelined(
         if c + 1 < chunks:
             pending = launch_dispatch(c + 1)
         with stage("expert", layer, c):
-            out_c = _grouped_experts(recv_c, local_eid.index_select(0, r_idx[c]), w)
+            out_c = _grouped_experts(recv[r_off[c] : r_off[c + 1]], eid[r_off[c] : r_off[c + 1]], w)
             _straggle(straggle_ms / chunks)
         with stage("combine", layer, c):
-            back_c = x.new_empty(len(s_idx[c]), H)
             call, t1 = reserve_a2a_call(), time.time_ns()
-            combines.append((c, _a2a(back_c, out_c, s_split[c], r_split[c], group, True), back_c, t1, call))
-    for c, work, back_c, t1, call in combines:
+            dst = back[s_off[c] : s_off[c + 1]]
+            combines.append((c, _a2a(dst, out_c, s_split[c], r_split[c], group, True), t1, call))
+    for c, work, t1, call in combines:
         with stage("combine", layer, c):
             work.wait()
             record_a2a(
@@ -337,7 +360,6 @@ def _pipelined(
                 end_ns=time.time_ns(),
                 call=call,
             )
-            back[s_idx[c]] = back_c
     return back
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from ep_trace.cli import main
 from ep_trace.errors import ConfigError
+from ep_trace.workloads.comm_priority import realtime_permitted
 from ep_trace.workloads.demo import DemoConfig, run_demo
 from ep_trace.workloads.knobs import SkewSpec, Straggler, skew_probabilities
 from ep_trace.workloads.launcher import find_jemalloc
@@ -36,6 +37,7 @@ def test_missing_jemalloc_fails_before_the_out_dir_is_made(tmp_path, monkeypatch
         ({"ranks": 3}, "--experts: 8 is not a multiple of --ranks 3 (each rank owns E/W experts)"),
         ({"tokens": 0}, "--tokens: must be an integer >= 1, got 0"),
         ({"chunks": 0}, "--chunks: must be an integer >= 1, got 0"),
+        ({"comm_priority": "high"}, "--comm-priority: 'high' is not one of auto, realtime, normal"),
         (
             {"skew": "foo"},
             "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2) or hot:EXPERT:SHARE (e.g. hot:3:0.5)",
@@ -150,7 +152,7 @@ def test_cli_passes_knobs_and_shows_progress(
     monkeypatch.setattr("ep_trace.workloads.demo.run_demo", fake_run_demo)
     argv = ["demo", "--out", str(tmp_path / "d"), "--ranks", "2", "--experts", "4", "--top-k", "1", "--hidden", "8",
             "--tokens", "5", "--layers", "1", "--steps", "2", "--skew", "hot:3:0.5", "--straggler", "1:4", "--chunks", "2",
-            "--pin-cores", "--allocator", "glibc", "--no-huge-pages"]  # fmt: skip
+            "--pin-cores", "--allocator", "glibc", "--no-huge-pages", "--comm-priority", "normal"]  # fmt: skip
     assert main(argv) == 0
     assert seen["cfg"] == DemoConfig(
         2,
@@ -169,6 +171,7 @@ def test_cli_passes_knobs_and_shows_progress(
         pin_cores=True,
         allocator="glibc",
         huge_pages=False,
+        comm_priority="normal",
     )
     assert seen["out"] == tmp_path / "d"
     out = capsys.readouterr().out
@@ -243,6 +246,9 @@ def test_run_writes_one_pair_per_rank_and_reports_progress(chunked_run: tuple[Pa
     # the allocator the rank really ran on (its memory map), not the one asked for
     want = "glibc" if find_jemalloc() is None else "jemalloc"
     assert [m["workload"]["allocator"] for m in metas] == [want] * 2
+    # gloo's transfer threads run at real-time priority where the process may (--comm-priority auto)
+    prio = "realtime" if realtime_permitted() else "normal"
+    assert [m["workload"]["comm_threads"] for m in metas] == [prio] * 2
 
 
 @pytest.mark.slow
