@@ -32,7 +32,8 @@ repeats) of each side is printed next to the figure, and a pair whose measured s
 spread of B is marked noisy.
 
 The demo's ranks allocate with jemalloc when it is installed (its default since stop 22; the header
-line names the library); ``--demo-args '--allocator glibc'`` runs them on glibc malloc (on huge
+line names the library), and gloo's transfer threads run on SCHED_FIFO where the process may (its
+default since stop 25, ``--comm-priority``; the header line says which); ``--demo-args '--allocator glibc'`` runs them on glibc malloc (on huge
 pages unless ``--no-huge-pages``), ``--demo-args '--pin-cores'`` gives each rank its own core (its
 gloo threads share it).
 
@@ -249,7 +250,10 @@ def main() -> None:
 
         lib = find_jemalloc()
         alloc = "glibc (--allocator glibc)" if "glibc" in extra else (str(lib) if lib else "glibc (no jemalloc found)")
-        print(f"demo ranks' allocator: {alloc}; extra demo options: {' '.join(extra) or 'none'}")
+        from ep_trace.workloads.comm_priority import realtime_permitted
+
+        prio = "normal" if "normal" in extra or not realtime_permitted() else "realtime"
+        print(f"demo ranks' allocator: {alloc}; gloo threads: {prio}; extra demo options: {' '.join(extra) or 'none'}")
         print(
             "A / B spread: min..max over runs (separate-run pairs), interquartile range of the steps (in-run pairs); "
             "predicted: min..max over the analysed A steps or runs"

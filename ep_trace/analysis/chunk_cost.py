@@ -24,15 +24,15 @@ is paid again by every extra chunk. Measured from the 1-chunk trace, per rank:
 ``whatif._overhead`` adds the calls' fixed transfer latency (the count exchange's wait-free transfer).
 
 Checked against the demo's pipelined path (benchmarks/README.md, "Stop 25"; 2 gloo ranks, jemalloc,
-gloo's threads on SCHED_FIFO, chunk-major buffers: no gather / scatter per chunk), in-run A/B, two
-sets: 4 chunks at 512 tokens cost 5.0 / 5.7 ms per step measured against 4.0 / 4.7 predicted
-(16-17 % under), at 2048 tokens 6.7 / 6.0 against 6.2 / 6.5 (7-8 %), 8 chunks at 2048 tokens 13.7 /
-10.3 against 16.3 / 13.4 (19-30 % over). Sub-linear in k as measured, linear in the model. At 512
-tokens the rest is small-size inefficiency of the pieces a chunk boundary cuts out of an expert's
-rows (a ``[12, 256] x [256, 512]`` GEMM costs 70 µs alone, 5.8 µs a row against 3.9 at 240 rows),
-which a 1-chunk trace, running every op at one size, cannot show. Pricing each call at its whole
-host envelope (the Python before and after the post too) was tried and not adopted: 4-9 % at 512
-tokens but 19-42 % and 46-70 % over at 2048 tokens and 8 chunks.
+gloo's threads on SCHED_FIFO, chunk-major buffers: no gather / scatter per chunk), in-run A/B, four
+sets: 4 chunks at 512 tokens cost 1.16-1.40x the prediction (14.6-29.4 % error), at 2048 tokens
+0.77-1.10x (4.1-30.5 %, 3 of 4 sets within 15 %), 8 chunks 0.77-0.88x (13.7-29.0 % over):
+sub-linear in k as measured, linear in the model. What the model misses at 512 tokens: the pieces a
+chunk boundary cuts out of an expert's rows (~1.2 more GEMM pairs per extra chunk, at M <= 128,
+which cost more per row than at M = 256) and the host time between the extra calls' ops (stage
+ranges, sidecar records); a 1-chunk trace, running every op at one size, shows neither. Pricing
+each call at its whole host envelope (the Python before and after the post too) was tried and not
+adopted: 4-9 % at 512 tokens but 19-42 % and 46-70 % over at 2048 tokens and 8 chunks.
 History: before stop 25 the measured cost was 1.5-2.1x the prediction at k = 4. Most of that gap was
 the demo, not the model: gloo's threads, on the fair scheduler, waited for a slice behind the ranks'
 compute (:mod:`ep_trace.workloads.comm_priority`), and the pipelined path gathered / scattered each

@@ -8,13 +8,13 @@ worker, named ``pt_gloo_runloop`` in ``torch/csrc/distributed/c10d/ProcessGroupG
 every core busy, the fair scheduler queues each wake-up of those threads behind the running compute
 for up to a scheduler slice (~1.4 ms on the 2-vCPU VM of benchmarks/README.md, kernel 6.18, EEVDF),
 and a pipelined transfer that should run under chunk c's GEMMs is still waiting when chunk c+1
-needs it. Measured there (``/proc/<tid>/schedstat``, 2 ranks, 512 tokens, 60 steps, no profiler,
-the same run alternating 1 and 4 chunks): the ``pt_gloo_runloop`` threads waited 2-7 ms per step on
-the run queue with 1 chunk and 7-16 ms with 4, the TCP loop burnt 1-3 ms of CPU per step more
-with 4 chunks, and 4 chunks cost 10.0-10.9 ms per step; with those threads on ``SCHED_FIFO``
-(priority 1) their run-queue wait fell to 0.1-0.2 ms per step, the 1-chunk step got 3-5 ms faster,
-and 4 chunks cost 6.3-6.9 ms. The first figure is a property of the CPU scheduler, not of the EP
-pipeline a GPU job runs, so the demo gives gloo's threads real-time priority when the process may.
+needs it. Measured there (``benchmarks/comm_sched.py``: ``/proc/<tid>/schedstat``, 2 ranks, 512
+tokens, no profiler, the same run alternating 1 and 4 chunks): gloo's threads waited 5 ms per step on
+the run queue with 1 chunk and 12-16 ms with 4, and 4 chunks cost +8.5-9.9 ms per step; with those
+threads on ``SCHED_FIFO`` (priority 1) their run-queue wait fell to 0.2-0.3 ms per step, the 1-chunk
+step got 4-5 ms faster, and 4 chunks cost +4.2-4.3 ms. The difference is a property of the CPU
+scheduler, not of the EP pipeline a GPU job runs, so the demo gives gloo's threads real-time
+priority when the process may.
 
 The compute threads stay on the normal policy (a real-time compute loop would starve the machine);
 Linux's real-time throttling (``sched_rt_runtime_us``) caps the transfer threads at 95 % of a core
