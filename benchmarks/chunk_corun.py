@@ -3,7 +3,8 @@
 Issue 17, pair (c): in the 2-rank pipelined demo the chunked steps' ``aten::mm`` calls take +3.8 ms
 per step more than the 1-chunk steps' (512 tokens, k = 4; benchmarks/README.md "Stop 24"). This
 runs the demo's own expert stage (``_grouped_experts`` on 1 024 received rows of 2 peers, 4 local
-experts, hidden 256, FFN 512, 2 layers, the demo's chunk split ``_chunk_rows``) over k = 1 / 4 / 8
+experts, hidden 256, FFN 512, 2 layers, the demo's chunk split: chunk-major rows, ``_chunk_major``,
+each chunk a slice since stop 25) over k = 1 / 4 / 8
 chunks with no collective at all, in three settings:
 
 * ``alone``: one process, one thread (as the demo's ranks: ``torch.set_num_threads(1)``);
@@ -30,7 +31,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
-from ep_trace.workloads.moe import _chunk_rows, _grouped_experts, local_experts, make_layer_weights
+from ep_trace.workloads.moe import _chunk_major, _chunk_splits, _grouped_experts, local_experts, make_layer_weights
 
 CHUNKS = (1, 4, 8)
 
@@ -42,18 +43,22 @@ def _run(q: Any, bar: Any, reps: int, profiled: bool) -> None:
     sizes = [512, 512]  # rows received from each of the 2 peers, each peer's segment sorted by expert
     rows = torch.randn(sum(sizes), 256, generator=g)
     eid = torch.cat([torch.sort(torch.randint(0, 4, (s,), generator=g)).values for s in sizes])
-    split = {k: _chunk_rows(sizes, k, torch.device("cpu"))[0] for k in CHUNKS}
+    split = {}
+    for k in CHUNKS:  # per k: the rows in the demo's chunk-major order, and each chunk's slice
+        perm = _chunk_major(torch.tensor(sizes), k)
+        ends = torch.tensor([sum(c) for c in _chunk_splits(sizes, k)]).cumsum(0).tolist()
+        split[k] = (rows.index_select(0, perm), eid.index_select(0, perm), [0, *ends])
     res: dict[int, list[int]] = {}
     with profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext():
         for _ in range(reps):
             for k in CHUNKS:
-                idx = split[k]
+                rows_k, eid_k, off = split[k]
                 if bar is not None:
                     bar.wait()
                 t0 = time.perf_counter_ns()
                 for w in ws:
                     for c in range(k):
-                        _grouped_experts(rows.index_select(0, idx[c]), eid.index_select(0, idx[c]), w)
+                        _grouped_experts(rows_k[off[c] : off[c + 1]], eid_k[off[c] : off[c + 1]], w)
                 res.setdefault(k, []).append(time.perf_counter_ns() - t0)
     q.put({k: statistics.median(v[3:]) / 1e6 for k, v in res.items()})
 
