@@ -106,6 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     if not sys.platform.startswith("linux"):
         sys.exit("comm_sched: needs Linux (/proc/<tid>/schedstat)")
+    from ep_trace.workloads.comm_priority import COMM_THREAD_PREFIXES
     from ep_trace.workloads.launcher import rank_allocator, spawn_ranks
 
     with tempfile.TemporaryDirectory() as out, rank_allocator():
@@ -122,7 +123,7 @@ def main() -> None:
                     return statistics.median(f(x) for x in sel) / 1e6
 
                 def gloo(x: dict[str, Any], i: int) -> int:
-                    return sum(v[i] for n, v in x["threads"].items() if n.startswith(("pt_gloo", "gloo_")))
+                    return sum(v[i] for n, v in x["threads"].items() if n.startswith(COMM_THREAD_PREFIXES))
 
                 run, rq = med(lambda x: x["threads"]["main"][0]), med(lambda x: x["threads"]["main"][1])
                 wall = med(lambda x: x["wall"])

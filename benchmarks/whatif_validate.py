@@ -33,9 +33,9 @@ spread of B is marked noisy.
 
 The demo's ranks allocate with jemalloc when it is installed (its default since stop 22; the header
 line names the library), and gloo's transfer threads run on SCHED_FIFO where the process may (its
-default since stop 25, ``--comm-priority``; the header line says which); ``--demo-args '--allocator glibc'`` runs them on glibc malloc (on huge
-pages unless ``--no-huge-pages``), ``--demo-args '--pin-cores'`` gives each rank its own core (its
-gloo threads share it).
+default since stop 25, ``--comm-priority``; the header line says which); ``--demo-args '--allocator
+glibc'`` runs them on glibc malloc (on huge pages unless ``--no-huge-pages``), ``--demo-args
+'--pin-cores'`` gives each rank its own core (its gloo threads share it).
 
 Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs straggler,skew,chunks]``
 (each demo run takes 5-15 s). Prints one Markdown table row per pair.
