@@ -23,14 +23,17 @@ is paid again by every extra chunk. Measured from the 1-chunk trace, per rank:
 
 ``whatif._overhead`` adds the calls' fixed transfer latency (the count exchange's wait-free transfer).
 
-Checked against the demo's pipelined path (benchmarks/README.md, "Stop 25"; 2 gloo ranks, jemalloc,
-gloo's threads on SCHED_FIFO, chunk-major buffers: no gather / scatter per chunk), in-run A/B, four
-sets: 4 chunks at 512 tokens cost 1.16-1.40x the prediction (14.6-29.4 % error), at 2048 tokens
-0.77-1.10x (4.1-30.5 %, 3 of 4 sets within 15 %), 8 chunks 0.77-0.88x (13.7-29.0 % over):
-sub-linear in k as measured, linear in the model. What the model misses at 512 tokens: the pieces a
-chunk boundary cuts out of an expert's rows (~1.2 more GEMM pairs per extra chunk, at M <= 128,
-which cost more per row than at M = 256) and the host time between the extra calls' ops (stage
-ranges, sidecar records); a 1-chunk trace, running every op at one size, shows neither. Pricing
+Checked against the demo's pipelined path (benchmarks/README.md, "Stop 25", "Stop 26"; 2 gloo ranks,
+jemalloc, gloo's threads on SCHED_FIFO, chunk-major buffers: no gather / scatter per chunk), in-run
+A/B, median of neighbouring-step differences, four sets: 4 chunks at 2048 tokens cost 0.96-1.15x the
+prediction (1.4-12.7 % error), at 512 tokens 1.12-1.30x (10.5-23.1 %), 8 chunks (three sets)
+0.76-0.89x (12.9-32.2 % over): sub-linear in k as measured, linear in the model. The model's terms
+are off in both directions and cancel at 2048 tokens: it re-issues all of the region's ops per chunk
+(55 top-level ops per layer in the demo; an extra chunk adds ~30) at the p25 interval (~6 µs), but
+the ops an extra chunk does add include ~1.2 GEMM pairs cut out of an expert's rows, 80-115 µs of op
+time each at M <= 128 (stop 26, per-op-name totals of one in-run trace per size), plus host time
+between the extra calls' ops (stage ranges, sidecar records); a 1-chunk trace, running every op at
+one size, shows neither. Pricing
 each call at its whole host envelope (the Python before and after the post too) was tried and not
 adopted: 4-9 % at 512 tokens but 19-42 % and 46-70 % over at 2048 tokens and 8 chunks.
 History: before stop 25 the measured cost was 1.5-2.1x the prediction at k = 4. Most of that gap was

@@ -53,3 +53,29 @@ def test_pipelining_is_not_advised_where_transfers_cannot_hide(tmp_path):
     assert w["full_overlap"] == 0 and w["chunked_pipeline"] < 0
     assert any("gloo's transfer thread has no spare core" in n for n in a.notes)
     assert all("pipelining" not in f.title for f in a.findings)
+
+
+def test_in_run_pairs_measure_neighbouring_steps():
+    """benchmarks/whatif_validate.py's in-run estimator: each even (A) step against the odd (B) step
+    after it; a drift both sides share cancels (known answer: B is 5 ms shorter at every point)."""
+    import importlib
+    import pathlib
+    import sys
+
+    import polars as pl
+
+    bench = pathlib.Path(__file__).parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        wv = importlib.import_module("whatif_validate")
+    finally:
+        sys.path.remove(str(bench))
+    steps = list(range(2, 42))
+    # machine speed drifts by 30 ms over the run, far more than the 5 ms effect; step 41's B is missing
+    t = [50e6 + 0.75e6 * s - (5e6 if s % 2 else 0.0) for s in steps[:-1]]
+    pairs = wv._step_pairs(pl.DataFrame({"step": steps[:-1], "step_time_ns": t}))
+    assert len(pairs) == 19 and pairs[0] == (50e6 + 1.5e6, 50e6 + 2.25e6 - 5e6)
+    d = [a - b for a, b in pairs]
+    assert d == [pytest.approx(5e6 - 0.75e6)] * 19  # the drift of one step is left, no more
+    lo, hi = wv._paired_median_ci(d)
+    assert lo == pytest.approx(4.25e6) and hi == pytest.approx(4.25e6)
