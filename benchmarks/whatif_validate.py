@@ -13,8 +13,9 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   here; each A step is paired with the B step that follows it, and the measured saving is the
   median of those step-to-step differences, pooled over the runs (95 % bootstrap interval over the
   pairs; A / B spreads are the steps' interquartile ranges). Pairing neighbours cancels the load
-  drift both sides share: on the kept stop-25 sets it narrows the interval 2-3x against the
-  difference of the two sides' medians (2048 tokens, k = 4: -7.6..-5.6 against -8.4..-3.8 ms).
+  drift both sides share: on the kept stop-25 sets it narrows the interval 1.7-2.9x in 6 of 7 sets
+  against the difference of the two sides' medians (2048 tokens, k = 4: -7.6..-5.6 against
+  -8.4..-3.8 ms).
 * skew_ab: the skew pair inside one run (``--skew hot:1:0.45 --alt-skew uniform``, 2048 tokens),
   predicted = ``balanced_routing`` from each skewed step analysed alone.
 * readme_skew_ab: the README example's routing inside one run, its straggler on both sides
