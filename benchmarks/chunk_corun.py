@@ -31,7 +31,14 @@ import torch
 import torch.multiprocessing as mp
 from torch.profiler import ProfilerActivity, profile
 
-from ep_trace.workloads.moe import _chunk_major, _chunk_splits, _grouped_experts, local_experts, make_layer_weights
+from ep_trace.workloads.moe import (
+    _chunk_major,
+    _chunk_offsets,
+    _chunk_splits,
+    _grouped_experts,
+    local_experts,
+    make_layer_weights,
+)
 
 CHUNKS = (1, 4, 8)
 
@@ -46,8 +53,7 @@ def _run(q: Any, bar: Any, reps: int, profiled: bool) -> None:
     split = {}
     for k in CHUNKS:  # per k: the rows in the demo's chunk-major order, and each chunk's slice
         perm = _chunk_major(torch.tensor(sizes), k)
-        ends = torch.tensor([sum(c) for c in _chunk_splits(sizes, k)]).cumsum(0).tolist()
-        split[k] = (rows.index_select(0, perm), eid.index_select(0, perm), [0, *ends])
+        split[k] = (rows.index_select(0, perm), eid.index_select(0, perm), _chunk_offsets(_chunk_splits(sizes, k)))
     res: dict[int, list[int]] = {}
     with profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext():
         for _ in range(reps):

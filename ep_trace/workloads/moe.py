@@ -18,6 +18,7 @@ chunk c's ranges and a2a records carry micro-batch c, the count exchange a dispa
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -146,6 +147,11 @@ def _chunk_splits(sizes: list[int], chunks: int) -> list[list[int]]:
     return [[b[c + 1] - b[c] for b in bounds] for c in range(chunks)]
 
 
+def _chunk_offsets(splits: list[list[int]]) -> list[int]:
+    """Start row of each chunk of a chunk-major buffer, then its total rows (``splits``: :func:`_chunk_splits`)."""
+    return [0, *itertools.accumulate(sum(c) for c in splits)]
+
+
 def _chunk_major(peer_rows: torch.Tensor, chunks: int) -> torch.Tensor:
     """Permutation of a peer-major buffer (``peer_rows[j]`` rows of peer j, in order) into chunk-major order.
 
@@ -246,7 +252,8 @@ def ep_moe_forward(
         # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H
         # sync every all_to_allv-based EP layer has between the count exchange and token dispatch.
         send_splits = counts.view(W, L).sum(1).tolist()
-        recv_splits = rc.sum(1).tolist()
+        recv_rows = rc.sum(1)
+        recv_splits = recv_rows.tolist()
         local_eid = torch.repeat_interleave(torch.arange(L, device=x.device).repeat(W), rc.reshape(-1))
         if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
             recv_x = a2a(
@@ -265,7 +272,7 @@ def ep_moe_forward(
             )  # fmt: skip
     else:
         back = _pipelined(
-            send_x, local_eid, w, send_splits, recv_splits, rc.sum(1), ranks, group, layer, chunks, straggle_ms
+            send_x, local_eid, w, send_splits, recv_splits, recv_rows, ranks, group, layer, chunks, straggle_ms
         )
     u_in, u_out = bwd_region("unpermute", layer)
     with stage("unpermute", layer):
@@ -304,10 +311,7 @@ def _pipelined(
     H = send_x.shape[1]
     row_bytes = H * send_x.element_size()
     s_split, r_split = _chunk_splits(send_splits, chunks), _chunk_splits(recv_splits, chunks)
-    s_off, r_off = [0], [0]
-    for c in range(chunks):
-        s_off.append(s_off[-1] + sum(s_split[c]))
-        r_off.append(r_off[-1] + sum(r_split[c]))
+    s_off, r_off = _chunk_offsets(s_split), _chunk_offsets(r_split)
     eid = local_eid.index_select(0, _chunk_major(recv_rows, chunks))  # chunk-major, as the chunks arrive
     recv = send_x.new_empty(r_off[-1], H)
     back = send_x.new_empty(s_off[-1], H)
