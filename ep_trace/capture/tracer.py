@@ -46,7 +46,8 @@ def require_torch() -> Any:
         import torch
     except ImportError:
         raise MissingDependencyError(
-            "torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'"
+            "torch is needed to capture traces (analysis works without it); install it: pip install 'torch>=2.4' "
+            "(or the [capture] extra: pip install '.[capture]' in a checkout)"
         ) from None
     return torch
 

@@ -329,7 +329,7 @@ def test_demo_without_torch_validates_then_names_the_missing_extra(tmp_path: Pat
     assert p.stdout.splitlines() == ["rc 2", "rc 2"]
     assert p.stderr.splitlines() == [
         "error: --top-k: 9 is larger than --experts 8",
-        "error: torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'",
+        "error: torch is needed to capture traces (analysis works without it); install it: pip install 'torch>=2.4' (or the [capture] extra: pip install '.[capture]' in a checkout)",
     ]
     assert not (tmp_path / "d").exists()
 
