@@ -8,7 +8,6 @@ to fail (the larger of noise and threshold).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import polars as pl
@@ -96,14 +95,11 @@ def gate_verdict(g: Gate) -> str:
     rule = f"beyond the runs' noise and the {g.threshold_pct:g}% threshold"
     if g.passed:
         tail = f"; {na} n/a" if na else ""
-        return f"gate passed: no gated metric is worse {rule} ({judged.height} metrics judged{tail})."
+        n = judged.height
+        return f"gate passed: no gated metric is worse {rule} ({n} metric{'' if n == 1 else 's'} judged{tail})."
     failed = g.lines.filter(pl.col("status") == "fail")
     parts = ", ".join(_moved(r) for r in failed.iter_rows(named=True))
     return f"NEW is worse than BASE {rule} on {failed.height} of {judged.height} gated metrics: {parts}"
-
-
-def _clean(x: Any) -> Any:
-    return None if isinstance(x, float) and math.isnan(x) else x
 
 
 def gate_to_dict(g: Gate) -> dict[str, Any]:
@@ -113,5 +109,5 @@ def gate_to_dict(g: Gate) -> dict[str, Any]:
         "gates": list(g.gates),
         "passed": g.passed,
         "failed": list(g.failed),
-        "metrics": [{k: _clean(v) for k, v in r.items()} for r in g.lines.iter_rows(named=True)],
+        "metrics": g.lines.to_dicts(),  # polars nulls, never NaN: JSON-ready
     }
