@@ -128,7 +128,8 @@ def headline(c: Comparison) -> str:
     s += (
         "."
         if stat == "mean"
-        else " (or the gap between the P50 step and the mean stage times: the summaries lack step_time_mean_ns)."
+        else " (or the gap between the P50 step and the mean stage times: a summary saved before schema 3 holds no "
+        "mean step)."
     )
     if c.noise_ns is not None and not within_noise(c):
         s += f" The change is beyond the runs' own step-to-step spread (±{fmt_ns(c.noise_ns)}, 2 standard errors)."

@@ -159,8 +159,7 @@ def _worst_rank(d: RunDigest, col: str) -> tuple[float | None, float | None, int
     if r.is_empty():
         return None, None, 0
     row = r.sort(col, descending=True).row(0, named=True)
-    n = row["n_steps"]
-    return float(row[col]), row[f"{col[:-3]}_sd_ns"], int(n) if n is not None else 0
+    return float(row[col]), row[col.replace("_ns", "_sd_ns")], int(row["n_steps"] or 0)
 
 
 def _imbalance(d: RunDigest, name: str) -> tuple[float | None, float | None, int]:
@@ -179,47 +178,52 @@ def _stage_key(stage: str) -> tuple[int, str]:
     return (STAGES.index(stage) if stage in STAGES else len(STAGES), stage)
 
 
+def _row(
+    metric: str,
+    unit: str,
+    base: float | None,
+    new: float | None,
+    noise: float | None,
+    step: float | None = None,
+    on_step: bool = False,
+) -> dict[str, Any]:
+    """One metric before judgement; the threshold is a share of ``step`` (BASE's) when ``on_step``, else of ``base``."""
+    note = None
+    if base is None or new is None:
+        note = "not measured in " + (
+            "either run" if base is None and new is None else "BASE" if base is None else "NEW"
+        )
+    elif noise is None:
+        note = _NOISE_UNKNOWN
+    return {
+        "metric": metric,
+        "unit": unit,
+        "base": base,
+        "new": new,
+        "noise": noise,
+        "ref": step if on_step else base,
+        "reference": "base step" if on_step else "base value",
+        "note": note,
+    }
+
+
 def _candidates(c: Comparison) -> list[dict[str, Any]]:
-    """Every metric the comparison can gate, before selection: (metric, unit, base, new, noise, reference)."""
+    """Every metric the comparison can gate (:func:`_row`), in line order, before selection."""
     step = c.a_step_ns
-    rows: list[dict[str, Any]] = [
-        {"metric": "step_time", "unit": "ns", "base": c.a_step_ns, "new": c.b_step_ns, "noise": c.noise_ns}
-    ]
+    rows = [_row("step_time", "ns", c.a_step_ns, c.b_step_ns, c.noise_ns)]
     for r in sorted(c.stages.iter_rows(named=True), key=lambda r: _stage_key(r["stage"])):
+        # a stage BASE lacks (window 0) is judged against BASE's step
         absent = not r["a_window_ns"]
-        rows.append(
-            {
-                "metric": f"stage:{r['stage']}",
-                "unit": "ns",
-                "base": r["a_window_ns"],
-                "new": r["b_window_ns"],
-                "noise": r["noise_ns"],
-                "ref": step if absent else r["a_window_ns"],
-                "reference": "base step" if absent else "base value",
-            }
-        )
-    for name, col in (("exposed_comm", "exposed_comm_ns"), ("barrier_wait", "barrier_wait_ns")):
-        va, sa, na = _worst_rank(c.a, col)
-        vb, sb, nb = _worst_rank(c.b, col)
-        noise = _noise(sa, na, sb, nb)
-        rows.append({"metric": name, "unit": "ns", "base": va, "new": vb, "noise": noise, "ref": step})
-        rows[-1]["reference"] = "base step"
+        rows.append(_row(f"stage:{r['stage']}", "ns", r["a_window_ns"], r["b_window_ns"], r["noise_ns"], step, absent))
+    for name in ("exposed_comm", "barrier_wait"):
+        (va, sa, na), (vb, sb, nb) = (_worst_rank(d, f"{name}_ns") for d in (c.a, c.b))
+        rows.append(_row(name, "ns", va, vb, _noise(sa, na, sb, nb), step, on_step=True))
     for name in ("I_e", "I_r"):
-        ia, ib = (_imbalance(d, name) for d in (c.a, c.b))
-        noise = _noise(ia[1], ia[2], ib[1], ib[2])
-        rows.append({"metric": name, "unit": "ratio", "base": ia[0], "new": ib[0], "noise": noise})
+        (va, sa, na), (vb, sb, nb) = (_imbalance(d, name) for d in (c.a, c.b))
+        rows.append(_row(name, "ratio", va, vb, _noise(sa, na, sb, nb)))
     for r in c.findings.iter_rows(named=True):
-        rows.append(
-            {
-                "metric": f"finding:{r['kind']}",
-                "unit": "ns",
-                "base": float(r["a_saving_ns"] or 0),
-                "new": float(r["b_saving_ns"] or 0),
-                "noise": c.noise_ns,
-                "ref": step,
-                "reference": "base step",
-            }
-        )
+        base, new = float(r["a_saving_ns"] or 0), float(r["b_saving_ns"] or 0)
+        rows.append(_row(f"finding:{r['kind']}", "ns", base, new, c.noise_ns, step, on_step=True))
     return rows
 
 
@@ -236,15 +240,10 @@ def _selected(rows: list[dict[str, Any]], gates: tuple[str, ...], c: Comparison)
     have = {r["metric"] for r in rows}
     for g in gates:
         if g.startswith("finding:") and g not in have:  # no such finding in either run: no saving on either side
-            out.append({"metric": g, "unit": "ns", "base": 0.0, "new": 0.0, "noise": c.noise_ns, "ref": c.a_step_ns})
-            out[-1]["reference"] = "base step"
+            out.append(_row(g, "ns", 0.0, 0.0, c.noise_ns, c.a_step_ns, on_step=True))
         elif g.startswith("stage:") and g not in have:
-            out.append({"metric": g, "unit": "ns", "base": None, "new": None, "noise": None, "note": "in neither run"})
+            out.append(_row(g, "ns", None, None, None) | {"note": "in neither run"})
     return out
-
-
-def _missing(base: bool, new: bool) -> str:
-    return "either run" if base and new else "BASE" if base else "NEW"
 
 
 def evaluate(c: Comparison, threshold_pct: float = DEFAULT_THRESHOLD_PCT, gates: tuple[str, ...] = ("all",)) -> Gate:
@@ -256,14 +255,6 @@ def evaluate(c: Comparison, threshold_pct: float = DEFAULT_THRESHOLD_PCT, gates:
         gates: Metric names and groups (:func:`parse_gates`).
     """
     rows = _selected(_candidates(c), gates, c)
-    for r in rows:
-        r.setdefault("ref", r["base"])
-        r.setdefault("reference", "base value")
-        r.setdefault("note", None)
-        if r["note"] is None and (r["base"] is None or r["new"] is None):
-            r["note"] = "not measured in " + _missing(r["base"] is None, r["new"] is None)
-        elif r["note"] is None and r["noise"] is None:
-            r["note"] = _NOISE_UNKNOWN
     num = dict.fromkeys(("base", "new", "noise", "ref"), pl.Float64)
     df = pl.DataFrame(rows, schema={**dict.fromkeys(("metric", "unit", "reference", "note"), pl.Utf8), **num})
     base, new, ref = pl.col("base"), pl.col("new"), pl.col("ref")

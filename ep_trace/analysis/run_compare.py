@@ -4,7 +4,8 @@ Both runs are :class:`~ep_trace.analysis.run_digest.RunDigest` s (a trace direct
 Definitions used on both sides, so they agree:
 
 * step time = the slowest rank's mean step time (ns), so that it adds up with the stage times,
-  which are means per step; a summary without ``step_time_mean_ns`` falls back to the P50
+  which are means per step; a summary saved before schema 3 (no ``step_spread.ranks[].step_time_mean_ns``)
+  falls back to the P50
   (``RunDigest.step_stat`` says which);
 * stage time = per stage, the per-step window (first start -> last end, summed over layers and
   micro-batches) averaged over ranks; busy time alongside;
