@@ -1,7 +1,8 @@
 """The ``ep-trace`` command line: thin typer wrappers over library functions.
 
 Errors are mapped to exit codes in exactly one place, :func:`main`: 0 ok, 1 nothing to analyze,
-2 bad input (any :class:`~ep_trace.errors.EpTraceError` carries its code). Each command lives in its
+2 bad input (any :class:`~ep_trace.errors.EpTraceError` carries its code); 3 is a result, not an error
+(:class:`~ep_trace.errors.RegressionFound`: ``compare --fail-on-regression`` exits with it). Each command lives in its
 own module and registers itself on :data:`app`.
 """
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns (and exits with) the process exit code.
 
     0 ok, 1 nothing to analyze, 2 bad input or unwritable output (one line: ``error: ...``),
-    130 interrupted (Ctrl-C; outputs are written atomically, so none is left half-written).
+    3 a regression (``compare --fail-on-regression``; one line: ``regression: ...``), 130 interrupted (Ctrl-C; outputs are written atomically, so none is left half-written).
     """
     import typer.main
 

@@ -41,7 +41,7 @@ def test_gpu_job_exact(synth):
     kinds = [f.kind for f in a.findings]
     assert "straggler_wait" in kinds and "exposed_comm" in kinds
     summ = a.summary()
-    assert summ["straggler"]["rank"] == 3 and summ["schema_version"] == 2
+    assert summ["straggler"]["rank"] == 3 and summ["schema_version"] == 3
 
 
 def test_clock_offset_recovered(synth):
