@@ -44,15 +44,17 @@ def compare_cmd(
     from rich.table import Table
 
     from ep_trace.cli.analyze import check_format
-    from ep_trace.cli.outputs import check_writable, write_atomic, write_json
+    from ep_trace.cli.output_guard import Output, check_outputs
+    from ep_trace.cli.outputs import write_atomic, write_json
     from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, render_compare_html
     from ep_trace.reports.units import fmt_ns
 
     check_format(fmt)
-    if out is not None:
-        check_writable(out, "-o")
-    if json_out is not None:
-        check_writable(json_out, "--json")
+    check_outputs(
+        [a, b],
+        Output("-o", out) if out is not None else None,
+        Output("--json", json_out) if json_out is not None else None,
+    )
     on_error = "skip" if keep_going else "raise"
     from ep_trace.cli.rank_map import parse_rank_map
 
