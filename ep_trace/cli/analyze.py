@@ -182,6 +182,7 @@ def analyze_cmd(
     configure_threads(jobs)  # before anything loads polars: --jobs N is N cores (parsers/polars_threads.py)
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
+    from ep_trace.cli.output_guard import Output, check_outputs
     from ep_trace.cli.outputs import build_report, for_display
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.reports.terminal import summary_renderables
@@ -190,10 +191,12 @@ def analyze_cmd(
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
     fmt = check_format(fmt)
-    if record is not None:
-        from ep_trace.cli.outputs import check_writable
-
-        check_writable(record, "--record")
+    check_outputs(
+        [*dirs, *([stages] if stages is not None else [])],
+        Output("-o", out),
+        Output("--json", json_out) if json_out is not None else None,
+        Output("--record", record) if record is not None else None,
+    )
     with (
         contextlib.ExitStack() as scratch,
         progress_bar() as progress,

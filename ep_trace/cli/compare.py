@@ -65,7 +65,8 @@ def compare_cmd(
     """
     from ep_trace.analysis.regression_gate import DEFAULT_THRESHOLD_PCT, check_threshold, evaluate, parse_gates
     from ep_trace.cli.analyze import check_format
-    from ep_trace.cli.outputs import check_writable, write_atomic, write_json
+    from ep_trace.cli.output_guard import Output, check_outputs
+    from ep_trace.cli.outputs import write_atomic, write_json
     from ep_trace.errors import RegressionFound
     from ep_trace.reports.compare import compare_runs, comparison_to_dict, render_compare_html
     from ep_trace.reports.gate import gate_lines, gate_verdict
@@ -73,10 +74,11 @@ def compare_cmd(
     gates = parse_gates(gate)
     pct = DEFAULT_THRESHOLD_PCT if threshold is None else check_threshold(threshold)
     check_format(fmt)
-    if out is not None:
-        check_writable(out, "-o")
-    if json_out is not None:
-        check_writable(json_out, "--json")
+    check_outputs(
+        [a, b],
+        Output("-o", out) if out is not None else None,
+        Output("--json", json_out) if json_out is not None else None,
+    )
     on_error = "skip" if keep_going else "raise"
     from ep_trace.cli.rank_map import parse_rank_map
 
@@ -105,7 +107,9 @@ def compare_cmd(
 def _print_comparison(cmp: Comparison) -> None:
     """The headline, the per-stage table and the findings that moved."""
     from rich.table import Table
+    from rich.text import Text
 
+    from ep_trace.cli.safe_text import printable
     from ep_trace.reports.compare import headline
     from ep_trace.reports.units import fmt_ns
 
@@ -116,7 +120,7 @@ def _print_comparison(cmp: Comparison) -> None:
             t.add_column(c, justify="left" if c in ("stage", "change") else "right")
         for r in cmp.stages.iter_rows(named=True):
             t.add_row(
-                r["stage"],
+                Text(printable(r["stage"])),  # a saved summary's text: never rich markup, no control characters
                 fmt_ns(r["a_window_ns"]),
                 fmt_ns(r["b_window_ns"]),
                 fmt_ns(r["delta_ns"], signed=True),
@@ -125,7 +129,7 @@ def _print_comparison(cmp: Comparison) -> None:
         console.print(t)
     for r in cmp.findings.filter(cmp.findings["status"] != "same").iter_rows(named=True):
         console.print(
-            f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
+            f"finding {printable(r['kind'])}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
             markup=False,
             highlight=False,
             soft_wrap=True,

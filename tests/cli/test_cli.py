@@ -160,8 +160,8 @@ def test_annotate_refuses_the_input_directory(capsys, samples_dir):
     d = samples_dir / "balanced"
     code, _, err = _run(capsys, "annotate", str(d), "-o", str(d))
     assert code == 2 and err.strip() == (
-        f"error: -o: {d} is the input directory; annotated traces there would be read as extra "
-        "ranks next time, choose another directory"
+        f"error: -o {d}: is an input directory; what is written there would change the input of the next run: "
+        "choose another directory"
     )
 
 
