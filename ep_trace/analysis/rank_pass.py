@@ -33,7 +33,8 @@ from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, unio
 from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.name_filter import name_filter
 from ep_trace.analysis.op_stalls import STALL_SCHEMA, stage_calls, stalls_of_calls
-from ep_trace.analysis.steps import assign_step, step_windows
+from ep_trace.analysis.step_work import assign_activity, device_windows
+from ep_trace.analysis.steps import step_windows
 from ep_trace.schema import TraceTables
 
 __all__ = [
@@ -132,7 +133,8 @@ class FirstPass:
     """What the first pass keeps of every rank.
 
     Attributes:
-        all_windows: Step windows of every step (``step_windows(events, None)``).
+        all_windows: Step windows of every step (``step_windows(events, None)`` widened to the work
+            each step launched: :func:`~ep_trace.analysis.step_work.device_windows`).
         active_steps: The steps holding device activity on some rank (what
             :func:`~ep_trace.analysis.steps.select_steps` needs of the activity; the activity
             itself is rebuilt block by block in the second pass, never held for every rank).
@@ -163,10 +165,10 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
     floor: dict[int, float] = {}
     for b, ev in _events(tables, blocks, _UNREAD):
         w = step_windows(ev, None)
-        wf = _steps(w, steps)
-        act, m = device_activity(ev, _of(tables.collectives, b, single), wf)
+        act, m = device_activity(ev, _of(tables.collectives, b, single), _steps(w, steps))
+        w = device_windows(w, act)  # a step is the work it launched (step_work)
         wins.append(w)
-        active.append(assign_step(act, wf, "anchor_ns")["step"].drop_nulls().unique())
+        active.append(assign_activity(act, _steps(w, steps))["step"].drop_nulls().unique())
         mode |= m
         floor |= device_gap_floor(ev)  # per rank: queued kernel pairs of one stream
         host = ev.select("rank", "kind", "name", "start_ns", "end_ns").filter(
@@ -232,7 +234,7 @@ def second_pass(
         wf = _steps(_of(first.all_windows, b, single), config.steps)
         a, _ = device_activity(ev, _of(tables.collectives, b, single), wf)
         w = _of(windows, b, single)
-        a = assign_step(a, w, "anchor_ns")
+        a = assign_activity(a, w)
         out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step"))
         ins = a.filter(pl.col("step").is_not_null())
         comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")

@@ -3,45 +3,104 @@ from a serving engine's per-iteration annotations where ingest numbered them (``
 
 A trace without ``ProfilerStep`` rows on a rank gets one whole-trace step ``0`` spanning its
 events, and the caller is told (``method`` column) so the report can say so.
+
+Each window has two spans: the **host range** of its marker (``host_start_ns, host_end_ns``: the
+range in which the step *launched* its work; device work is assigned by launch time inside it) and
+the **step window** (``start_ns, end_ns``), which :mod:`ep_trace.analysis.step_work` widens to the end
+of the device work the step launched. Here both start as the host range; the GPU copy of the marker
+(Kineto's ``gpu_user_annotation`` of the same step: a ``ProfilerStep#N``, vLLM's
+``execute_context_...`` or SGLang's ``step[DECODE bs=16]`` range) is kept as the step's device
+envelope (``env_start_ns, env_end_ns``; null without one).
 """
 
 from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["step_windows", "assign_step"]
+__all__ = ["step_windows", "assign_step", "select_steps", "phase_expr", "PHASES"]
+
+#: Serving iteration phases (``phase`` column; null where the trace does not say).
+PHASES = ("prefill", "decode", "mixed", "idle")
+
+# SGLang's per-forward range, step[<ForwardMode name> bs=<n>...] (python/sglang/srt/utils/profile_utils.py
+# build_step_span_name: "step[EXTEND bs=.. toks=..]" or f"step[{mode.name} bs={bs}]"; ForwardMode in
+# python/sglang/srt/model_executor/forward_batch_info.py): EXTEND is a prefill (chunked or not), DECODE
+# and TARGET_VERIFY (speculative decoding's verify pass) decode, MIXED a chunked prefill batched with
+# decodes, IDLE an attention-DP rank without requests that still joins the MoE all-to-alls
+_SGLANG_MODE = r"^step\[([A-Z_]+) bs=\d+"
+_SGLANG_PHASE = {"EXTEND": "prefill", "DECODE": "decode", "TARGET_VERIFY": "decode", "MIXED": "mixed", "IDLE": "idle"}
+# vLLM's execute_context_<ctx requests>(<ctx tokens>)_generation_<gen requests>(<gen tokens>)
+# (vllm/v1/worker/gpu_worker.py Worker.annotate_profile): context requests are prefills, generation
+# requests decodes; both in one batch is a mixed (chunked-prefill) iteration
+_VLLM_COUNTS = r"^execute_context_(\d+)\([^)]*\)_generation_(\d+)\("
+
+
+def phase_expr(name: pl.Expr) -> pl.Expr:
+    """``prefill`` / ``decode`` / ``mixed`` / ``idle`` of a serving iteration from its marker's name,
+    null where the name does not say (ProfilerStep, frames, TensorRT-LLM's ``_forward_step``, the
+    first vLLM V1 ``execute_new_<n>_cached_<m>`` ranges: a cached request may still be prefilling).
+    vLLM's ``execute_dummy_batch`` frame (an idle data-parallel rank's forward) is ``idle``."""
+    mode = name.str.extract(_SGLANG_MODE, 1).replace_strict(_SGLANG_PHASE, default=None, return_dtype=pl.Utf8)
+    ctx = name.str.extract(_VLLM_COUNTS, 1).cast(pl.Int64)
+    gen = name.str.extract(_VLLM_COUNTS, 2).cast(pl.Int64)
+    vllm = (
+        pl.when((ctx > 0) & (gen > 0))
+        .then(pl.lit("mixed"))
+        .when(ctx > 0)
+        .then(pl.lit("prefill"))
+        .when(gen > 0)
+        .then(pl.lit("decode"))
+        .when(ctx.is_not_null())
+        .then(pl.lit("idle"))
+    )
+    dummy = pl.when(name.str.ends_with("): execute_dummy_batch")).then(pl.lit("idle"))
+    return pl.coalesce(mode, vllm, dummy)
 
 
 def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> pl.DataFrame:
-    """Per (rank, step) host window of the profiler step.
+    """Per (rank, step) host window of the profiler step (the step window starts as the host range).
 
     Args:
         events: Canonical events table.
         steps: Inclusive ``(first, last)`` step filter; ``None`` keeps all.
 
     Returns:
-        Columns ``rank, step, start_ns, end_ns, tid, method`` (``method`` is ``'profiler_step'``,
-        ``'iteration'`` (a serving engine's per-iteration annotation, e.g. vLLM's
-        ``execute_context_...``: :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``). When a
-        rank has duplicate rows for one step (a CPU and a GPU copy of the annotation) the host one
-        (``cpu_*`` kinds first) wins.
+        Columns ``rank, step, start_ns, end_ns, host_start_ns, host_end_ns, env_start_ns, env_end_ns,
+        tid, method, phase`` (``method`` is ``'profiler_step'``, ``'iteration'`` (a serving engine's
+        per-iteration annotation, e.g. vLLM's ``execute_context_...``:
+        :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``; ``phase``: :func:`phase_expr`).
+        When a rank has duplicate rows for one step (a CPU and a GPU copy of the annotation) the host
+        one (``cpu_*`` kinds first) is the host range and the GPU copies make the envelope.
     """
+    marked = events.filter(pl.col("seq").is_not_null()).with_columns(
+        pl.col("kind").is_in(["gpu_annotation"]).alias("_dev")
+    )
+    env = (
+        marked.filter(pl.col("_dev"))
+        .group_by("rank", "seq")
+        .agg(pl.col("start_ns").min().alias("env_start_ns"), pl.col("end_ns").max().alias("env_end_ns"))
+    )
     prof = (
-        events.filter(pl.col("seq").is_not_null())
-        .with_columns(pl.col("kind").is_in(["gpu_annotation"]).alias("_dev"))
-        .sort(["rank", "seq", "_dev", "start_ns"])
+        marked.sort(["rank", "seq", "_dev", "start_ns"])
         .unique(["rank", "seq"], keep="first", maintain_order=True)
+        .join(env, on=["rank", "seq"], how="left")
         .select(
             "rank",
             pl.col("seq").alias("step"),
             "start_ns",
             "end_ns",
+            pl.col("start_ns").alias("host_start_ns"),
+            pl.col("end_ns").alias("host_end_ns"),
+            # a GPU copy without its host row (the host range fell outside the trace) is no envelope
+            pl.when(~pl.col("_dev")).then(pl.col("env_start_ns")).alias("env_start_ns"),
+            pl.when(~pl.col("_dev")).then(pl.col("env_end_ns")).alias("env_end_ns"),
             "tid",
             # serving traces: per-iteration annotations numbered at ingest (parsers/serving_steps.py)
             pl.when(pl.col("name").str.starts_with("ProfilerStep#"))
             .then(pl.lit("profiler_step"))
             .otherwise(pl.lit("iteration"))
             .alias("method"),
+            phase_expr(pl.col("name")).alias("phase"),
         )
     )
     have = prof["rank"].unique()
@@ -54,28 +113,42 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
             pl.lit(0, pl.Int64).alias("step"),
             "start_ns",
             "end_ns",
+            pl.col("start_ns").alias("host_start_ns"),
+            pl.col("end_ns").alias("host_end_ns"),
+            pl.lit(None, pl.Int64).alias("env_start_ns"),
+            pl.lit(None, pl.Int64).alias("env_end_ns"),
             pl.lit(None, pl.Int64).alias("tid"),
             pl.lit("whole_trace").alias("method"),
+            pl.lit(None, pl.Utf8).alias("phase"),
         )
     )
-    out = pl.concat([prof, whole]).sort(["rank", "step"])
+    out = pl.concat([prof, whole], how="vertical_relaxed").sort(["rank", "step"])
     if steps is not None:
         out = out.filter(pl.col("step").is_between(steps[0], steps[1]))
     return out
 
 
-def assign_step(df: pl.DataFrame, windows: pl.DataFrame, at: str, out: str = "step") -> pl.DataFrame:
-    """Give each row the step whose host window contains ``df[at]`` (null when none does).
+def assign_step(
+    df: pl.DataFrame, windows: pl.DataFrame, at: str, out: str = "step", span: str = "host"
+) -> pl.DataFrame:
+    """Give each row the step whose window contains ``df[at]`` (null when none does).
 
     Args:
         df: Frame with ``rank`` and the time column ``at`` (epoch ns).
-        windows: Output of :func:`step_windows`.
+        windows: Output of :func:`step_windows` (or any frame with ``rank, step, start_ns, end_ns``).
         at: Name of the time column used (a launch time, a host start).
         out: Name of the added step column.
+        span: ``'host'``: the host range (``host_start_ns, host_end_ns`` where the frame has them):
+            for host times (a launch, a host range's start); ``'step'``: the step window
+            (``start_ns, end_ns``): for device times without a launch. Where windows overlap (an
+            overlap scheduler's device work), the latest-starting window containing the time wins.
     """
-    w = windows.select(
-        "rank", pl.col("step").alias(out), pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we")
-    ).sort("_ws")
+    lo, hi = (
+        ("host_start_ns", "host_end_ns")
+        if span == "host" and "host_start_ns" in windows.columns
+        else ("start_ns", "end_ns")
+    )
+    w = windows.select("rank", pl.col("step").alias(out), pl.col(lo).alias("_ws"), pl.col(hi).alias("_we")).sort("_ws")
     has_t = df.filter(pl.col(at).is_not_null()).sort(at)
     no_t = df.filter(pl.col(at).is_null()).with_columns(pl.lit(None, pl.Int64).alias(out))
     joined = has_t.join_asof(w, left_on=at, right_on="_ws", by="rank", strategy="backward", check_sortedness=False)
