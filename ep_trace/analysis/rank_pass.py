@@ -35,6 +35,8 @@ from ep_trace.analysis.name_filter import name_filter
 from ep_trace.analysis.op_stalls import STALL_SCHEMA, stage_calls, stalls_of_calls
 from ep_trace.analysis.step_work import assign_activity, device_windows
 from ep_trace.analysis.steps import step_windows
+from ep_trace.analysis.user_steps import user_range_steps
+from ep_trace.analysis.warmup import trim_warmup
 from ep_trace.schema import TraceTables
 
 __all__ = [
@@ -164,9 +166,16 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
     mode: dict[int, str] = {}
     floor: dict[int, float] = {}
     for b, ev in _events(tables, blocks, _UNREAD):
+        coll = _of(tables.collectives, b, single)
         w = step_windows(ev, None)
-        act, m = device_activity(ev, _of(tables.collectives, b, single), _steps(w, steps))
+        act, m = device_activity(ev, coll, _steps(w, steps))
+        if steps is None or steps[0] > 0:  # --steps 0 keeps a marker-less rank's whole trace
+            u = user_range_steps(w, ev, act)
+            if not u.equals(w):  # a user range is the step: its thread is the compute thread
+                w = u
+                act, m = device_activity(ev, coll, _steps(w, steps))
         w = device_windows(w, act)  # a step is the work it launched (step_work)
+        w = trim_warmup(w, assign_activity(act, w), ev)
         wins.append(w)
         active.append(assign_activity(act, _steps(w, steps))["step"].drop_nulls().unique())
         mode |= m
@@ -189,7 +198,7 @@ class SecondPass:
     Attributes:
         activity: Device activity of every rank with ``step`` (analysed steps), only the columns the
             cross-rank passes read: ``rank, cls`` (an Enum: 1 byte a row where a String costs 16)
-            ``, start_ns, end_ns, step``.
+            ``, start_ns, end_ns, step, launch_end_ns`` (the step graph's ``queued`` pieces).
         overlap: ``segment_lengths`` of the comm / compute overlay per ``(rank, step)``.
         exposed_union: The union of the comm-only segments per ``(rank, step)`` (own clock).
         exposed_iv: Comm minus compute per rank, all steps (own clock).
@@ -235,7 +244,7 @@ def second_pass(
         a, _ = device_activity(ev, _of(tables.collectives, b, single), wf)
         w = _of(windows, b, single)
         a = assign_activity(a, w)
-        out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step"))
+        out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step", "launch_end_ns"))
         ins = a.filter(pl.col("step").is_not_null())
         comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
         seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals

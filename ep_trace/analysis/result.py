@@ -213,7 +213,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "rank": "rank whose work or wait the segment is",
         "start_ns": "aligned clock",
         "end_ns": "aligned clock (segments tile the critical rank's step window)",
-        "cause": "'compute' | 'copy' (device memcpy / memset) | 'transfer' | 'barrier_wait' | 'host_stall' | 'launch_gap' | 'unexplained'",
+        "cause": "'compute' | 'copy' (device memcpy / memset) | 'transfer' | 'barrier_wait' | 'host_stall' | 'launch_gap' | 'queued' (device idle with its next work already launched) | 'unexplained'",
         "stage": "stage of the segment (null when outside every stage range)",
         "name": "collective / stage / reason",
     },

@@ -19,10 +19,14 @@ So every step gets a **step window** (``start_ns, end_ns``) besides its host ran
   ``step[DECODE bs=16]``, which Kineto draws over the kernels the range launched).
 * **Start** = the host range's start, or, when the previous step's device work was still running
   then (an overlap scheduler launches iteration N+1 while N runs: SGLang's ``event_loop_overlap``,
-  vLLM's async scheduling, TensorRT-LLM's overlap scheduler; or a training host that runs ahead), the
-  end of that work: until then the device was busy with step N-1, whose window holds that time. Never
-  later than the step's own first device work (two steps' work that truly runs concurrently, on two
-  streams, makes their windows overlap rather than cut either step's work).
+  vLLM's async scheduling, TensorRT-LLM's overlap scheduler; or a training host that runs ahead of
+  its device), the end of that work: until then the device was busy with step N-1, whose window holds
+  that time. The windows of a rank's steps so tile its device timeline, and a step's length is the
+  device time its work took, not the host's.
+* Work a step launched that ran while the previous step's work still did (on another stream: a
+  training pipeline's copies and input kernels of the next batch, ``hta_torchrec16_rank0``: 4.6 ms of
+  step N+1 during the 160 ms by which its device trails the host) is split at the window's start:
+  the part before it counts in the previous step's window, where it ran concurrently.
 
 Every interval assigned to a step lies inside its window, so its compute and comm unions never
 exceed the step. A step that launched nothing and whose host range lies inside the previous step's
@@ -48,12 +52,29 @@ def assign_activity(act: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """``act`` (:func:`~ep_trace.analysis.activity.device_activity`) with ``step``: launched work by
     its launch in the host range, the rest by its start in the step window (module rules).
 
-    Rows keep their order.
+    Launched work that started before its step's window (it ran while the previous step's work still
+    did: a side stream's copies of the next batch) is split at the window's start: the part before
+    it counts in the window where it ran. Every row then lies inside its step's window.
     """
     a = act.with_row_index("_r")
     linked = assign_step(a.filter(_linked()), windows, "anchor_ns")
     rest = assign_step(a.filter(~_linked()), windows, "start_ns", span="step")
-    return pl.concat([linked, rest.select(linked.columns)]).sort("_r").drop("_r")
+    out = pl.concat([linked, rest.select(linked.columns)])
+    ws = windows.select(pl.col("rank").cast(out.schema["rank"]), "step", pl.col("start_ns").alias("_win_s"))
+    out = out.join(ws, on=["rank", "step"], how="left")
+    early = pl.col("start_ns") < pl.col("_win_s")
+    if not bool(out.select(early.fill_null(False).any()).item()):
+        return out.sort("_r").drop("_r", "_win_s")
+    split = out.filter(early)
+    before = assign_step(
+        split.drop("step").with_columns(pl.min_horizontal("end_ns", "_win_s").alias("end_ns")),
+        windows,
+        "start_ns",
+        span="step",
+    )
+    after = split.filter(pl.col("end_ns") > pl.col("_win_s")).with_columns(pl.col("_win_s").alias("start_ns"))
+    parts = [out.filter(~early.fill_null(False)), before.select(out.columns), after]
+    return pl.concat(parts).sort("_r", "start_ns").drop("_r", "_win_s")
 
 
 def device_windows(windows: pl.DataFrame, act: pl.DataFrame) -> pl.DataFrame:
@@ -79,7 +100,9 @@ def device_windows(windows: pl.DataFrame, act: pl.DataFrame) -> pl.DataFrame:
     own_end = pl.max_horizontal("host_end_ns", "_w_hi", "env_end_ns")
     w = w.with_columns(own_end.alias("_e0"))
     prev_end = pl.col("_e0").cum_max().shift(1).over("rank")
-    start = pl.min_horizontal(pl.max_horizontal("host_start_ns", prev_end), "_w_lo", "env_start_ns")
+    # a kernel may start a few µs before its launch's recorded start (CUPTI clock skew, kineto#1380)
+    own_start = pl.min_horizontal("host_start_ns", "_w_lo", "env_start_ns")
+    start = pl.max_horizontal(own_start, prev_end)
     w = w.with_columns(start.alias("start_ns")).with_columns(pl.max_horizontal("_e0", "start_ns").alias("end_ns"))
     w = w.drop("_w_lo", "_w_hi", "_e0")
     # work without a linked launch joins the window holding its start; its end widens the window

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["step_windows", "assign_step", "select_steps", "phase_expr", "PHASES"]
+__all__ = ["step_windows", "assign_step", "select_steps", "phase_expr", "phase_table", "PHASES"]
 
 #: Serving iteration phases (``phase`` column; null where the trace does not say).
 PHASES = ("prefill", "decode", "mixed", "idle")
@@ -32,7 +32,10 @@ _SGLANG_PHASE = {"EXTEND": "prefill", "DECODE": "decode", "TARGET_VERIFY": "deco
 # vLLM's execute_context_<ctx requests>(<ctx tokens>)_generation_<gen requests>(<gen tokens>)
 # (vllm/v1/worker/gpu_worker.py Worker.annotate_profile): context requests are prefills, generation
 # requests decodes; both in one batch is a mixed (chunked-prefill) iteration
-_VLLM_COUNTS = r"^execute_context_(\d+)\([^)]*\)_generation_(\d+)\("
+# (and its detailed variant execute_<tokens>_context_<n>(...)_generation_<m>(...), AMD-AGI/TraceLens
+# TraceLens/TraceUtils/annotation_utils.py); ROCm/ATOM's prefill[...] / decode[...] say it outright
+_VLLM_COUNTS = r"^execute_(?:\d+_)?context_(\d+)\([^)]*\)_generation_(\d+)\("
+_ATOM = r"^(prefill|decode)\[bs="
 
 
 def phase_expr(name: pl.Expr) -> pl.Expr:
@@ -54,7 +57,7 @@ def phase_expr(name: pl.Expr) -> pl.Expr:
         .then(pl.lit("idle"))
     )
     dummy = pl.when(name.str.ends_with("): execute_dummy_batch")).then(pl.lit("idle"))
-    return pl.coalesce(mode, vllm, dummy)
+    return pl.coalesce(mode, vllm, name.str.extract(_ATOM, 1), dummy)
 
 
 def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> pl.DataFrame:
@@ -66,9 +69,10 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
 
     Returns:
         Columns ``rank, step, start_ns, end_ns, host_start_ns, host_end_ns, env_start_ns, env_end_ns,
-        tid, method, phase`` (``method`` is ``'profiler_step'``, ``'iteration'`` (a serving engine's
-        per-iteration annotation, e.g. vLLM's ``execute_context_...``:
-        :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'``; ``phase``: :func:`phase_expr`).
+        tid, method, phase, marker`` (``method`` is ``'profiler_step'``, ``'iteration'`` (a serving
+        engine's per-iteration annotation, e.g. vLLM's ``execute_context_...``:
+        :mod:`ep_trace.parsers.serving_steps`) or ``'whole_trace'`` (:mod:`ep_trace.analysis.user_steps`
+        adds ``'user_range'``); ``phase``: :func:`phase_expr`; ``marker``: the marker row's name).
         When a rank has duplicate rows for one step (a CPU and a GPU copy of the annotation) the host
         one (``cpu_*`` kinds first) is the host range and the GPU copies make the envelope.
     """
@@ -101,6 +105,7 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
             .otherwise(pl.lit("iteration"))
             .alias("method"),
             phase_expr(pl.col("name")).alias("phase"),
+            pl.col("name").alias("marker"),
         )
     )
     have = prof["rank"].unique()
@@ -120,6 +125,7 @@ def step_windows(events: pl.DataFrame, steps: tuple[int, int] | None = None) -> 
             pl.lit(None, pl.Int64).alias("tid"),
             pl.lit("whole_trace").alias("method"),
             pl.lit(None, pl.Utf8).alias("phase"),
+            pl.lit(None, pl.Utf8).alias("marker"),
         )
     )
     out = pl.concat([prof, whole], how="vertical_relaxed").sort(["rank", "step"])
@@ -205,3 +211,38 @@ def select_steps(windows: pl.DataFrame, active_steps: pl.Series) -> tuple[pl.Dat
             )
             steps = steps[1:]
     return windows.filter(pl.col("step").is_in(steps)), notes
+
+
+def phase_table(steps: pl.DataFrame) -> pl.DataFrame:
+    """Per serving phase (prefill / decode / mixed / idle: :func:`phase_expr`), the step figures kept
+    apart: a prefill and a decode are different EP workloads (tokens per all-to-all differ by orders of
+    magnitude), so a P50 over both describes neither.
+
+    Args:
+        steps: ``Analysis.steps`` (one row per rank and step, with ``phase``).
+
+    Returns:
+        Columns ``phase, n_steps`` (distinct steps), ``step_time_p50_ns, step_time_max_ns,
+        compute_p50_ns, comm_p50_ns, exposed_comm_p50_ns`` (P50 / max over the phase's (rank, step)
+        rows, ns), ``busy_share_p50`` (P50 of (compute + comm - overlap) / step time); one row per
+        phase present, none when no step has a phase.
+    """
+    if "phase" not in steps.columns or steps["phase"].null_count() == steps.height:
+        return pl.DataFrame(schema={"phase": pl.Utf8, "n_steps": pl.UInt32})
+    busy = (pl.col("compute_ns") + pl.col("comm_ns") - pl.col("overlapped_ns")) / pl.col("step_time_ns")
+    return (
+        steps.filter(pl.col("phase").is_not_null())
+        .group_by("phase")
+        .agg(
+            pl.col("step").n_unique().alias("n_steps"),
+            pl.col("step_time_ns").median().round(0).cast(pl.Int64).alias("step_time_p50_ns"),
+            pl.col("step_time_ns").max().alias("step_time_max_ns"),
+            pl.col("compute_ns").median().round(0).cast(pl.Int64).alias("compute_p50_ns"),
+            pl.col("comm_ns").median().round(0).cast(pl.Int64).alias("comm_p50_ns"),
+            pl.col("exposed_comm_ns").median().round(0).cast(pl.Int64).alias("exposed_comm_p50_ns"),
+            busy.filter(pl.col("step_time_ns") > 0).median().round(4).alias("busy_share_p50"),
+        )
+        .with_columns(pl.col("phase").replace_strict(PHASES, list(range(len(PHASES))), default=9).alias("_o"))
+        .sort("_o")
+        .drop("_o")
+    )
