@@ -15,8 +15,9 @@ not slow, only starting. Rules, per rank, on its first step (after the windows o
    excess is warm-up.
 3. **Start-up calls**: the first step's lead holds a one-time start-up call (:data:`STARTUP_RE`: a
    Python frame of ``torch.cuda._lazy_init``, Dynamo's ``_compile``, Inductor's ``compile_fx``,
-   Triton's ``compile``; a ``cuModuleLoad*`` / ``cuLibraryLoad*`` / ``hipModuleLoad*`` module load):
-   the lead up to the end of the last such call is warm-up (whatever the number of steps).
+   Triton's ``compile``; a ``cuModuleLoad*`` / ``cuLibraryLoad*`` / ``hipModuleLoad*`` module load)
+   of at least :data:`STARTUP_MIN_NS`: the lead up to the end of the last such call is warm-up
+   (whatever the number of steps).
 
 The warm-up is cut from the front of the step window (``start_ns`` moves, ``warmup_ns`` says by how
 much) and never past the step's first device work; a note names it. Rules 2 and 3 cut only a lead of
@@ -29,7 +30,12 @@ import polars as pl
 
 from ep_trace.analysis.steps import WARMUP_FACTOR
 
-__all__ = ["MIN_SHARE", "STARTUP_RE", "trim_warmup"]
+__all__ = ["MIN_SHARE", "STARTUP_MIN_NS", "STARTUP_RE", "trim_warmup"]
+
+#: A start-up call counts from this length: torch calls ``_lazy_init`` before every CUDA call, a µs
+#: no-op once initialised (72 of them, 0.6-2 µs each, in AMD-AGI/TraceLens' MI300X vLLM piecewise
+#: trace); the first, real one takes hundreds of ms.
+STARTUP_MIN_NS = 1_000_000
 
 #: Rules 2 and 3 name a warm-up only from this share of the rank's median step length.
 MIN_SHARE = 0.01
@@ -99,6 +105,7 @@ def _startup_end(events: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     first_dev = dev.group_by("rank").agg(pl.col("start_ns").min().alias("_fd"))
     calls = events.filter(
         pl.col("kind").is_in(["python_frame", "runtime", "cpu_op", "cpu_annotation"])
+        & (pl.col("end_ns") - pl.col("start_ns") >= STARTUP_MIN_NS)
         & pl.col("name").str.contains(STARTUP_RE)
     ).select("rank", "start_ns", "end_ns")
     if calls.is_empty():

@@ -18,7 +18,8 @@ capitalised categories included) it prints, as JSON:
   a synchronize or a synchronous copy) and ``host_wait_ns`` (the rest: the device waited for a busy
   host).
 
-Times are ns on the trace's clock: ``round(ts * 1000)`` (+ ``baseTimeNanoseconds`` when present).
+Times are ns on the trace's clock: ``ts * 1000`` (the integer part exact, the fraction rounded;
++ ``baseTimeNanoseconds`` when present).
 
 Usage: ``python tests/data/reference_count.py TRACE [--marker REGEX]``
 """
@@ -47,9 +48,18 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
+def _ns(us: int | float | str) -> int:
+    """µs -> ns; the integer part exactly (epoch µs times 1000 exceed a float's 53 bits)."""
+    if isinstance(us, int):
+        return us * 1000
+    v = float(us)
+    whole = int(v)
+    return whole * 1000 + round((v - whole) * 1000)
+
+
 def _span(e: dict, base: int) -> tuple[int, int]:
-    s = base + round(float(e["ts"]) * 1000)
-    return s, s + round(float(e.get("dur", 0)) * 1000)
+    s = base + _ns(e["ts"])
+    return s, s + _ns(e.get("dur", 0))
 
 
 def _union(iv: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -151,7 +161,7 @@ def count(path: str, marker: str | None = None) -> dict:
             }
         )
     return {
-        "kernels": {"n": len(kernels), "time_ns": sum(round(float(e.get("dur", 0)) * 1000) for e in kernels)},
+        "kernels": {"n": len(kernels), "time_ns": sum(_ns(e.get("dur", 0)) for e in kernels)},
         "steps": steps,
     }
 
