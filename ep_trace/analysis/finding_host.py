@@ -28,8 +28,10 @@ from ep_trace.analysis.result import Analysis, Finding
 __all__ = ["host_bound", "host_ops_in_gaps", "HOST_BOUND_SHARE"]
 
 #: Host ranges that span the whole step, a phase or an ep-trace stage (``ep:<stage>:...``, whose time
-#: the critical path already gives by stage) say nothing about what kept the host busy.
-_WRAPPERS = ("ProfilerStep#", "## ", "ep:")
+#: the critical path already gives by stage) say nothing about what kept the host busy: the step
+#: markers of training and serving (parsers/serving_steps.py: SGLang's ``step[...]``, vLLM's
+#: ``execute_...``, ATOM's ``prefill[`` / ``decode[``) included.
+_WRAPPERS = ("ProfilerStep#", "## ", "ep:", "step[", "execute_", "prefill[", "decode[")
 
 
 def host_ops_in_gaps(a: Analysis, ev: pl.DataFrame, rank: int, gaps: pl.DataFrame, top: int = 5) -> dict[str, int]:
@@ -150,33 +152,38 @@ def _title(rank: int, per_step: float, saving: int, n_gpu: int) -> str:
 
 def _remedy(gr: GraphReplay, ev: dict[str, Any], busy: dict[str, int]) -> str:
     """The remedy: what is left when the step already replays graphs (never "capture it"), else capture
-    it in the platform's graph; under the report's 512-character display limit (cli/outputs.DISPLAY_CHARS)."""
-    if gr.launches and not gr.spans.height:  # launches whose kernels the trace does not link
-        capture = (
-            f"The step already replays {gr.graph_name}s: capture more of it (full, not piecewise; the batch sizes "
-            "that run eager)"
-        )
-    elif gr.launches:
+    it in the platform's graph; under the report's 512-character display limit (cli/outputs.DISPLAY_CHARS).
+
+    Serving engines overlap the next batch's host work (scheduling, input preparation, sampling
+    bookkeeping) with the device: vLLM --async-scheduling (vllm-project/vllm#27679), SGLang's zero-overhead
+    overlap scheduler (lmsys.org/blog/2024-12-04-sglang-v0-4), TensorRT-LLM's overlap scheduler (on unless
+    disable_overlap_scheduler; nvidia.github.io/TensorRT-LLM/features/overlap-scheduler).
+    """
+    overlap = "vLLM --async-scheduling, the SGLang / TensorRT-LLM overlap schedulers"
+    if gr.launches and gr.spans.height:
         g = ev["graph_replay"]
-        capture = (
-            f"The step already replays {gr.graph_name}s ({g['kernel_share']:.0%} of its kernel time); what is left is "
-            f"host work before the launch ({fmt_ns(g['before_launch_ns_per_step'])} per step: overlap it with the "
-            f"previous step's device work) and gaps between replays ({fmt_ns(g['between_replays_ns_per_step'])} per "
-            "step: capture more of the step, full graphs rather than piecewise)"
+        remedy = (
+            f"Host-bound: the step already replays {gr.graph_name}s ({g['kernel_share']:.0%} of its kernel time); "
+            f"what is left is host work before the launch ({fmt_ns(g['before_launch_ns_per_step'])} per step: "
+            f"overlap it with the previous step's device work, in serving the overlap schedulers: {overlap}) and "
+            f"gaps between replays ({fmt_ns(g['between_replays_ns_per_step'])} per step: capture more of the step, "
+            "full graphs rather than piecewise)."
         )
-    elif gr.platform == "hip":
-        capture = "Capture the step in a HIP graph (torch.cuda.graphs on ROCm, or the serving engine's graph mode)"
     else:
-        capture = "Capture the step in a CUDA graph (torch.compile mode='reduce-overhead', or the serving engine's)"
-    # serving engines overlap the next batch's host work (scheduling, input preparation, sampling
-    # bookkeeping) with the device: vLLM --async-scheduling (vllm-project/vllm#27679), SGLang's
-    # zero-overhead overlap scheduler (lmsys.org/blog/2024-12-04-sglang-v0-4), TensorRT-LLM's overlap
-    # scheduler (on unless disable_overlap_scheduler; nvidia.github.io/TensorRT-LLM/features/overlap-scheduler)
-    remedy = (
-        f"Host-bound: keep the device fed. {capture}; fuse small kernels; move Python, data loading and per-step host "
-        "work (logging, .cpu(), a CPU-side optimizer) off the critical path; in serving, overlap scheduling with the "
-        "device (vLLM --async-scheduling, the SGLang / TensorRT-LLM overlap schedulers)."
-    )
+        if gr.launches:  # launches whose kernels the trace does not link
+            capture = (
+                f"The step already replays {gr.graph_name}s: capture more of it (full, not piecewise; the batch "
+                "sizes that run eager)"
+            )
+        elif gr.platform == "hip":
+            capture = "Capture the step in a HIP graph (torch.cuda.graphs on ROCm, or the serving engine's graph mode)"
+        else:
+            capture = "Capture the step in a CUDA graph (torch.compile mode='reduce-overhead', or the serving engine's)"
+        remedy = (
+            f"Host-bound: keep the device fed. {capture}; fuse small kernels; move Python, data loading and per-step "
+            "host work (logging, .cpu(), a CPU-side optimizer) off the critical path; in serving, overlap scheduling "
+            f"with the device ({overlap})."
+        )
     doing = ", ".join(n if len(n) <= 60 else n[:57] + "..." for n in list(busy)[:3])
     where = f" The host was inside {doing} during those gaps." if doing else ""
     return remedy + where if len(remedy) + len(where) <= 512 else remedy

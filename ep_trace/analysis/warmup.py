@@ -10,7 +10,8 @@ not slow, only starting. Rules, per rank, on its first step (after the windows o
 1. **Whole-trace step** (no step marker, no user range: :mod:`ep_trace.analysis.user_steps`): the
    step runs from the first device work to the end of the last; what precedes is warm-up, what
    follows tear-down.
-2. **Slow lead**: the first step's lead (its window's start to its first device work) beyond
+2. **Slow lead**: with at least 3 training steps (not serving iterations, whose first may be a
+   prefill), the first step's lead (its window's start to its first device work) beyond
    :data:`~ep_trace.analysis.steps.WARMUP_FACTOR` x the median lead of the rank's other steps: the
    excess is warm-up.
 3. **Start-up calls**: the first step's lead holds a one-time start-up call (:data:`STARTUP_RE`: a
@@ -75,7 +76,10 @@ def trim_warmup(windows: pl.DataFrame, act: pl.DataFrame, events: pl.DataFrame) 
     lead = (pl.col("_first") - pl.col("start_ns")).clip(0)
     first = pl.int_range(pl.len()).over("rank") == 0
     others = pl.when(~first).then(lead).median().over("rank")
-    slow = pl.when(first & (lead > WARMUP_FACTOR * others)).then(lead - others).otherwise(0)
+    # like the first-step rule of steps.select_steps: training steps, at least 3 of them (a serving
+    # trace's first iteration may be a prefill whose host scheduling is longer, not start-up)
+    repeat = (pl.len().over("rank") >= 3) & (pl.col("method") != "iteration")
+    slow = pl.when(first & repeat & (lead > WARMUP_FACTOR * others)).then(lead - others).otherwise(0)
     startup = _startup_end(events, windows)
     w = w.join(startup, on="rank", how="left").with_columns(
         pl.when(first & (pl.col("_su") > pl.col("start_ns")))

@@ -52,8 +52,9 @@ def test_2021_kineto_trace_is_read_as_a_gpu_trace_with_its_six_steps():
     ref = _reference(K2021)
     ev = a.tables.events
     assert ev.filter(pl.col("kind") == "gpu_kernel").height == ref["kernels"]["n"] == 8772
-    assert int(ev.filter(pl.col("kind") == "gpu_kernel").select((pl.col("end_ns") - pl.col("start_ns")).sum()).item()) == (
-        ref["kernels"]["time_ns"]
+    assert (
+        int(ev.filter(pl.col("kind") == "gpu_kernel").select((pl.col("end_ns") - pl.col("start_ns")).sum()).item())
+        == (ref["kernels"]["time_ns"])
     )
     assert ev.filter(pl.col("kind") == "cpu_op").height == 23646  # the "Operator" rows
     assert ev.filter(pl.col("kind") == "other").height == 1  # the "Trace" span only
