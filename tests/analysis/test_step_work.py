@@ -15,6 +15,7 @@ from ep_trace.analysis import analyze
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.finding_host import HOST_BOUND_SHARE
 from ep_trace.parsers import read_trace_dir
+from ep_trace.reports.html_sections import phases_html
 
 from .kineto_json import AMD_KERNELS, NV_KERNELS, Trace, us
 
@@ -170,6 +171,8 @@ def test_serving_phases_are_kept_apart(tmp_path):
     assert list(ph) == ["prefill", "decode", "mixed"]
     assert (ph["prefill"]["n_steps"], ph["decode"]["n_steps"], ph["mixed"]["n_steps"]) == (1, 2, 1)
     assert ph["prefill"]["compute_p50_ns"] == 600 * US and ph["decode"]["compute_p50_ns"] == 100 * US
+    html = phases_html(a)  # the report's per-phase table, after the per-rank one
+    assert html.count("<tr>") == 4 and ">prefill</td><td>1</td><td>620 µs</td><td>620 µs</td><td>600 µs</td>" in html
 
 
 def test_lazy_init_before_the_first_kernel_is_warm_up(tmp_path):
