@@ -79,6 +79,11 @@ def test_2021_kineto_trace_is_host_bound_by_the_independent_count():
     top = a.findings[0]
     assert top.kind == "host_bound" and top.evidence["share_of_step"] >= HOST_BOUND_SHARE
     assert top.evidence["graph_launches"] == 0 and "Capture the step in a CUDA graph" in top.remedy
+    # the saving is the what-if's, and its step keeps the device work it does not remove
+    wf = a.whatif.filter(pl.col("scenario") == "no_launch_gaps").row(0, named=True)
+    assert top.est_saving_ns == wf["saving_ns"]
+    busy = a.steps.select(pl.col("compute_ns") + pl.col("comm_ns") - pl.col("overlapped_ns")).to_series()
+    assert wf["predicted_step_ns"] >= int(busy.median())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
