@@ -175,9 +175,10 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
                 w = u
                 act, m = device_activity(ev, coll, _steps(w, steps))
         w = device_windows(w, act)  # a step is the work it launched (step_work)
-        w = trim_warmup(w, assign_activity(act, w), ev)
+        assigned = assign_activity(act, w)
+        w = trim_warmup(w, assigned, ev)  # never past a step's first work: the assignment stands
         wins.append(w)
-        active.append(assign_activity(act, _steps(w, steps))["step"].drop_nulls().unique())
+        active.append(_steps(assigned.filter(pl.col("step").is_not_null()), steps)["step"].unique())
         mode |= m
         floor |= device_gap_floor(ev)  # per rank: queued kernel pairs of one stream
         host = ev.select("rank", "kind", "name", "start_ns", "end_ns").filter(
