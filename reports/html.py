@@ -24,6 +24,7 @@ from ep_trace.reports.html_sections import (
     hta_overlap_html,
     imbalance_table,
     load_report_html,
+    phases_html,
     rank_table_html,
     stragglers_html,
     top_html,
@@ -206,7 +207,8 @@ def render_report(
             )
             + stragglers_html(analysis)
             + "<h3>Per-rank step time and communication</h3>"
-            + rank_table_html(analysis),
+            + rank_table_html(analysis)
+            + phases_html(analysis),
         )
     )
     tick(6)

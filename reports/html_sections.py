@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import polars as pl
 
 from ep_trace.analysis.result import Analysis
+from ep_trace.analysis.steps import phase_table
 from ep_trace.reports import breakdown_figures, comm_figures, digest
 from ep_trace.reports.evidence import Evidence, finding_evidence
 from ep_trace.reports.html_page import LEFT_CLASS, esc, table_html
@@ -26,6 +27,7 @@ __all__ = [
     "findings_html",
     "whatif_html",
     "rank_table_html",
+    "phases_html",
     "imbalance_table",
     "stragglers_html",
     "host_stalls_html",
@@ -203,6 +205,31 @@ def rank_table_html(analysis: Analysis, max_rows: int = 64) -> str:
         ],
         rows,
         left=2,
+    )
+
+
+def phases_html(analysis: Analysis) -> str:
+    """Per serving phase (prefill / decode / mixed / idle) the step figures kept apart; empty without phases."""
+    ph = phase_table(analysis.steps)
+    if ph.is_empty():
+        return ""
+    rows = [
+        [
+            r["phase"],
+            r["n_steps"],
+            fmt_ns(r["step_time_p50_ns"]),
+            fmt_ns(r["step_time_max_ns"]),
+            fmt_ns(r["compute_p50_ns"]),
+            fmt_ns(r["comm_p50_ns"]),
+            fmt_ns(r["exposed_comm_p50_ns"]),
+            fmt_pct(r["busy_share_p50"]),
+        ]
+        for r in ph.iter_rows(named=True)
+    ]
+    head = ["phase", "steps", "step P50", "max", "compute P50", "comm P50", "exposed P50", "busy P50"]
+    return (
+        '<p class="note">Serving iterations by phase (a prefill and a decode are different EP workloads):</p>'
+        + table_html(head, rows, left=1)
     )
 
 

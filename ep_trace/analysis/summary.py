@@ -10,6 +10,7 @@ import polars as pl
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.step_spread import slowest_step, step_spread
+from ep_trace.analysis.steps import phase_table
 from ep_trace.analysis.whatif_checks import rerun_error_pct
 
 if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
@@ -185,6 +186,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
     out.update(_model_sections(a))
     out["breakdown"] = _breakdown(a)
     out["step_spread"] = step_spread(a)
+    out["phases"] = phase_table(a.steps).to_dicts() if a.steps.height else []
     if a.hta_overlap is not None:
         out["hta_overlap"] = a.hta_overlap.to_dicts()
     return _clean(out)

@@ -52,7 +52,14 @@ def _step_table(windows: pl.DataFrame, overlap: pl.DataFrame, vcr: pl.DataFrame)
     )
     return (
         windows.select(
-            "rank", "step", "start_ns", "end_ns", (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns")
+            "rank",
+            "step",
+            "start_ns",
+            "end_ns",
+            (pl.col("end_ns") - pl.col("start_ns")).alias("step_time_ns"),
+            "host_start_ns",
+            "host_end_ns",
+            "phase",
         )
         .join(overlap, on=["rank", "step"], how="left")
         .join(per_step_wait, on=["rank", "step"], how="left", nulls_equal=True)
@@ -68,6 +75,9 @@ def _step_table(windows: pl.DataFrame, overlap: pl.DataFrame, vcr: pl.DataFrame)
             pl.col("a_only_ns").fill_null(0).alias("exposed_comm_ns"),
             pl.col("barrier_wait_ns").fill_null(0),
             pl.col("transfer_ns").fill_null(0),
+            "host_start_ns",
+            "host_end_ns",
+            "phase",
         )
         .sort(["rank", "step"])
     )

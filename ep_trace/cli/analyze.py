@@ -122,7 +122,9 @@ def analyze_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON summary (docs/summary.md) here."),
     fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
     steps: Optional[str] = typer.Option(
-        None, "--steps", help="Analyze only profiler steps FIRST:LAST (inclusive), e.g. 2:5."
+        None,
+        "--steps",
+        help="Analyze only steps FIRST:LAST (inclusive), e.g. 2:5; 0 = the whole trace where a user range would be the step.",
     ),
     stages: Optional[Path] = typer.Option(
         None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."
