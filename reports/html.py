@@ -28,6 +28,7 @@ from ep_trace.reports.html_sections import (
     stragglers_html,
     top_html,
     whatif_html,
+    withheld_html,
 )
 from ep_trace.reports.units import fmt_ns
 
@@ -95,7 +96,11 @@ def render_report(
         f'<div class="detail">{esc(v.detail)}</div><div class="context">{esc(v.context)}</div></div>'
     )
     sections.append(
-        ("findings", "Findings and their evidence", findings_html(analysis, ss.mean_ns) + whatif_html(analysis))
+        (
+            "findings",
+            "Findings and their evidence",
+            findings_html(analysis, ss.mean_ns) + withheld_html(analysis) + whatif_html(analysis),
+        )
     )
     tick(1)
     sentence = breakdown_figures.breakdown_sentence(analysis)
