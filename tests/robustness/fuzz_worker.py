@@ -90,7 +90,10 @@ def run_case(case: str, parquet: bool, keep_going: bool = False) -> dict[str, An
         else:
             analysis = ep_trace.load(case, on_error="skip" if keep_going else "raise")
         summary = analysis.summary()
-        why = insane(summary)
+        from ep_trace.analysis.invariants import violations
+
+        left = violations(analysis)  # what the invariants pass left: nothing, or it published a broken figure
+        why = insane(summary) or (f"{left['invariant'][0]}: {left['reason'][0]}" if left.height else None)
         return {"outcome": "insane", "detail": why} if why else {"outcome": "ok", "detail": ""}
     except NothingToAnalyzeError as exc:
         return {"outcome": "nothing", "detail": str(exc)[:300]}
