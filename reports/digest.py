@@ -158,6 +158,8 @@ def verdict(analysis: Analysis) -> Verdict:
         )
     if any("cannot be measured" in n for n in analysis.notes):
         context += "; ranks are missing from some groups: wait and straggler cannot be measured"
+    if any("which group each belongs to is unknown" in n for n in analysis.notes):  # match_pass._apart_notes
+        context += "; the trace does not name the process group of its calls: wait and straggler cannot be measured"
     if analysis.calls.height == 0 and analysis.tables.collectives.height == 0:
         context += "; no EP communication (no collective) in the trace"
     found = ranked_findings(analysis)

@@ -2,8 +2,8 @@
 
 Calls are matched within their process group only (EP groups, expert-data-parallel groups and the
 world each have their own sequence of calls): the group is the trace's process-group name, else
-its ranks, else the world; calls on a group of one rank, and calls on a sub-group the trace does
-not name, are not matched (:func:`_apart`).
+its ranks, else the world; calls on a group of one rank are not matched, nor, where the trace has
+sub-groups it does not name, any call that names no group (:func:`_apart`).
 
 A collective instance is identified by, in order of preference: ``(pg_name, Seq)`` when the trace
 records ``Seq``; ``(Comms Id, step, ordinal)`` when it records a ``Comms Id``; else
@@ -29,7 +29,7 @@ import polars as pl
 from ep_trace.analysis.steps import assign_step
 from ep_trace.dtypes import itemsize_expr
 
-__all__ = ["APART", "match_collectives", "measure_calls", "splits_long"]
+__all__ = ["match_collectives", "measure_calls", "splits_long"]
 
 
 def splits_long(coll: pl.DataFrame, which: str) -> pl.DataFrame:
@@ -75,7 +75,8 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
 
     Returns:
         ``(coll, misaligned)``: the collectives with ``step, key, match_id``, ``_gr``, ``_pg`` (the
-        group's key) and ``unmatched`` (a key of :data:`APART`, or null) added; and
+        group's key) and ``unmatched`` (``'group_of_one'`` or ``'unknown_group'``: kept apart by
+        :func:`_apart`; else null) added; and
         one row per (pg, step) that could not be matched: ``pg_name, step, calls_per_rank`` (a
         ``rank -> count`` string) and ``reason``.
     """
@@ -169,26 +170,26 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
     return c.drop(["_ord", "_ord_c", "_kv", "_ks", "_bad", "_t"]), misaligned
 
 
-#: ``unmatched`` of a call that is no cross-rank collective (its group is one rank) or whose group's
-#: members the trace does not name while it is smaller than the trace set (see :func:`_apart`).
-APART = {"group_of_one": "a group of one rank", "unknown_group": "a sub-group the trace does not name"}
-
-
 def _apart(c: pl.DataFrame, world: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``(calls to match, calls kept apart)``, each with ``_pg`` (the group's key) and ``unmatched``.
 
     Matching is within a process group: ``_pg`` is its name, else its ranks (``ranks:0,1``; the
-    sidecar's lists), else ``<default>`` (one group: the world). Kept apart, never matched: a call on
-    a group of one rank (an expert-parallel size of 1; nothing crosses ranks, so there is no wait), and
-    a call on a group smaller than the trace set whose members the trace does not name (a gloo
-    all-to-all of an EP sub-group, split lists of 2 in a 4-rank world, with no ``pg_config`` to tell
-    its thread's group): paired by order across every rank it would be paired with calls of other
-    groups (the EP-2 gloo trace: 26 of 39 calls non-causal, waits for ranks of another group).
+    sidecar's lists), else ``<default>`` (one group: the world). Kept apart, never matched:
+
+    * a call on a group of one rank (an expert-parallel size of 1): nothing crosses ranks, no wait;
+    * where some call's group is smaller than the trace set and the trace does not name it (a gloo
+      all-to-all with split lists of 2 in a 4-rank world and no ``pg_config`` to tell its worker
+      thread's group), every call whose group the trace does not name: the job has sub-groups, so an
+      unnamed all-reduce may be an expert-data-parallel one as well as the world's, and pairing them
+      by order across every rank pairs calls of different groups (the EP-2 gloo test trace without
+      ``pg_config``: rank 0 charged 61.7 ms of waiting for rank 3, with which it shares no group but
+      the world, where it waits 0.51 ms).
     """
     lists = [pl.when(~pl.col("splits_truncated")).then(pl.col(c).list.len()) for c in ("in_splits", "out_splits")]
     size = pl.coalesce(pl.col("group_size"), pl.col("_gr").list.len(), *lists).cast(pl.Int64)
     named = pl.col("pg_name").is_not_null() | pl.col("group_ranks").is_not_null()
-    why = pl.when(size == 1).then(pl.lit("group_of_one")).when(~named & (size < world)).then(pl.lit("unknown_group"))
+    unnamed_sub = (~named & (size < world)).any()
+    why = pl.when(size == 1).then(pl.lit("group_of_one")).when(~named & unnamed_sub).then(pl.lit("unknown_group"))
     key = pl.coalesce(
         "pg_name", pl.lit("ranks:") + pl.col("group_ranks").cast(pl.List(pl.Utf8)).list.join(","), pl.lit("<default>")
     )
