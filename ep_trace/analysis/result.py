@@ -48,7 +48,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "n_steps": "steps analysed",
         "mode": "'gpu' (kernels) or 'cpu' (compute thread + gloo workers)",
         "overlap_efficiency": "|C ∩ K| / |C| over all analysed steps (NaN when no comm)",
-        "barrier_wait_ns": "mean per step sum of wait_r over matched calls",
+        "barrier_wait_ns": "mean per step of |union of the wait spans [s_r, s_r + wait_r)| over matched calls",
         "transfer_ns": "mean per step sum of transfer_r over matched calls",
         "wait_uncertainty_ns": "clock uncertainty of the rank's wait figures (host residual)",
     },
@@ -62,7 +62,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "compute_ns": "|K|",
         "overlapped_ns": "|C ∩ K|",
         "exposed_comm_ns": "|C \\ K|",
-        "barrier_wait_ns": "",
+        "barrier_wait_ns": "|union of the wait spans of the step's valid calls| (time spent waiting)",
         "transfer_ns": "",
     },
     "stages": {

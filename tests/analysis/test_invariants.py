@@ -140,6 +140,17 @@ def test_a_whatif_below_its_kept_work_is_withheld_with_its_finding(carrier: Anal
     assert invariants.summary_violations(s) == []
 
 
+def test_all_falls_with_a_withheld_edit(carrier: Analysis) -> None:
+    """``all`` (kept work 45 ms) predicts 50 ms, above its own bound, but includes balanced_routing,
+    which predicts 44 ms against its 45 ms: withheld with it."""
+    wf = _whatif([("balanced_routing", 44 * MS, [0, 1]), ("full_overlap", 60 * MS, [0, 1]), ("all", 50 * MS, [0, 1])])
+    out = invariants.enforce(_handmade(carrier, whatif=wf))
+    assert out.whatif is not None and out.whatif["scenario"].to_list() == ["full_overlap"]
+    assert out.withheld[0] == Withheld(
+        "whatif", "all", (), "whatif_ge_kept_work", "every edit at once includes the withheld balanced_routing"
+    )
+
+
 def test_compute_beyond_the_step_withholds_the_rank_figures_and_its_findings(carrier: Analysis) -> None:
     """The DeepEP training case of issue 39: a compute union of 124.3 ms per 112.2 ms step."""
     steps = _steps([(0, 1, 112_200_000, 124_300_000), (0, 2, 100 * MS, 70 * MS), (1, 1, 100 * MS, 80 * MS)])
