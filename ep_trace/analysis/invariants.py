@@ -242,7 +242,7 @@ def _model_checks(a: Analysis, kept: pl.DataFrame) -> list[pl.DataFrame]:
     """What-if rows above the work their edit keeps; no negative replayed or predicted step."""
     out = []
     if a.whatif is not None and a.whatif.height:
-        w = a.whatif.join(kept, on="scenario", how="left")
+        w = a.whatif.drop("kept_work_ns", strict=False).join(kept, on="scenario", how="left")
         p = pl.col("predicted_step_ns")
         below = (p >= 0) & (p < pl.col("kept_work_ns") - TOLERANCE_NS)
         kept_why = "predicted step {predicted_step_ns} < the {kept_work_ns} of device work the edit keeps"
@@ -300,7 +300,11 @@ def enforce(a: Analysis) -> Analysis:
     what-if rows' ``kept_work_ns`` added, and ``withheld`` saying what and why."""
     v = violations(a)
     kept = kept_work(a)
-    whatif = a.whatif.join(kept, on="scenario", how="left") if a.whatif is not None else None
+    whatif = (
+        a.whatif.drop("kept_work_ns", strict=False).join(kept, on="scenario", how="left")
+        if a.whatif is not None
+        else None
+    )
     findings, lines = _judge_findings(a, v)
     if v.is_empty() and not lines:
         return dataclasses.replace(a, whatif=whatif)
