@@ -86,7 +86,7 @@ def _handmade(carrier: Analysis, **frames) -> Analysis:
     rs = rank_tables.rank_summary(st, carrier.tables.ranks, {0: "gpu", 1: "gpu"}).with_columns(
         pl.lit(0).alias("wait_uncertainty_ns")
     )
-    base = dict(steps=steps, stages=stages, rank_summary=rs, breakdown=None, replay=None, findings=())
+    base = dict(steps=steps, stages=stages, rank_summary=rs, breakdown=None, replay=None, whatif=None, findings=())
     return dataclasses.replace(carrier, **{**base, **frames})  # fmt: skip
 
 
