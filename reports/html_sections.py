@@ -30,6 +30,7 @@ __all__ = [
     "phases_html",
     "imbalance_table",
     "stragglers_html",
+    "withheld_html",
     "host_stalls_html",
     "alpha_beta_table",
     "hta_overlap_html",
@@ -143,6 +144,11 @@ def findings_html(analysis: Analysis, mean_step: float | None) -> str:
         'e.g. F1, in the search box: the slice on the "ep-trace findings" track marks the window; see docs/annotate.md).</p>'
     )
     return f'<div class="tbl"><table><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>' + note
+
+
+def withheld_html(analysis: Analysis) -> str:
+    """One line per finding or group of figures withheld for breaking an invariant (empty when none)."""
+    return "".join(f'<p class="note withheld">{esc(line)}</p>' for line in digest.withheld_lines(analysis))
 
 
 def whatif_html(analysis: Analysis) -> str:

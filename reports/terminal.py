@@ -49,6 +49,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
                 fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–",
             )
         out.append(t)
+    out += [Text(line, style="yellow") for line in digest.withheld_lines(analysis)]
     wrows = whatif_rows(analysis)
     if wrows:
         t = Table(

@@ -64,6 +64,7 @@ def match_pass(
         # analysed step: they would dominate every wait figure (1.61 s of 2.82 s in a skewed demo)
         notes.append(f"{n_setup} collective rows outside the analysed profiler steps (setup barriers...): left out")
     matched = matched.filter(pl.col("step").is_not_null())
+    notes += _apart_notes(matched, world)
     rank_off, clock, tol, clock_ranks = _aligned_clocks(matched, ranks, config, notes)
     calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
     call_ranks = call_ranks.join(_uncertainty(clock_ranks, clock), on="rank", how="left")
@@ -115,6 +116,27 @@ def _uncertainty(ranks: pl.DataFrame, clock: pl.DataFrame) -> pl.DataFrame:
         .join(clock.select("host", "residual_ns"), on="host", how="left")
         .select("rank", pl.col("residual_ns").fill_null(0).alias("uncertainty_ns"))
     )
+
+
+def _apart_notes(matched: pl.DataFrame, world: int) -> list[str]:
+    """What was kept apart from matching (:func:`~ep_trace.analysis.matching._apart`), and why."""
+    apart = matched.filter(pl.col("unmatched").is_not_null())
+    if apart.is_empty():
+        return []
+    sub = pl.col("group_size").filter(pl.col("group_size") < world).unique().sort()
+    by = apart.group_by("unmatched").agg(pl.len().alias("n"), sub.alias("sizes"))
+    out = []
+    for why, n, sizes in by.sort("unmatched").iter_rows():
+        if why == "group_of_one":
+            out.append(f"{n} collective calls on groups of one rank: no other rank takes part, so no wait; not matched")
+        else:
+            out.append(
+                f"{n} collective calls name no process group while some run on sub-groups of "
+                f"{'/'.join(map(str, sizes))} ranks (gloo names its groups only through distributedInfo.pg_config, "
+                "torch >= 2.4): which group each belongs to is unknown, so they are not matched across ranks and "
+                "are left out of wait figures"
+            )
+    return out
 
 
 def _call_notes(calls: pl.DataFrame, tol: int) -> list[str]:

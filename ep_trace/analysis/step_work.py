@@ -28,6 +28,12 @@ So every step gets a **step window** (``start_ns, end_ns``) besides its host ran
   step N+1 during the 160 ms by which its device trails the host) is split at the window's start:
   the part before it counts in the previous step's window, where it ran concurrently.
 
+On a CPU rank (gloo) there is no device queue: a comm worker range runs the collective its op posted
+at once, while the step that posted it still runs (a step ends with its collectives waited). A worker
+range linked to an op of an earlier step that it starts after (the trace's names pair the k-th worker
+range with the wrong op: a collective renamed or missing on one rank, issue 40) is anchored at its own
+start instead: a mis-link never stretches a step over the steps after it.
+
 Every interval assigned to a step lies inside its window, so its compute and comm unions never
 exceed the step. A step that launched nothing and whose host range lies inside the previous step's
 device work gets an empty window (length 0).
@@ -48,6 +54,24 @@ def _linked() -> pl.Expr:
     return pl.col("anchor_ns") != pl.col("start_ns")
 
 
+def _plausible_links(act: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """``act`` with the implausible links of CPU work undone (module rules): a row without a device
+    stream whose anchor's step host range ended before the row started is anchored at its start."""
+    cpu_linked = _linked() & pl.col("stream").is_null()
+    if not bool(act.select(cpu_linked.any()).item()):
+        return act
+    hi = "host_end_ns" if "host_end_ns" in windows.columns else "end_ns"
+    ends = windows.select("rank", "step", pl.col(hi).alias("_he"))
+    a = assign_step(act.with_row_index("_r"), windows, "anchor_ns", out="_as")
+    a = a.join(ends.rename({"step": "_as"}), on=["rank", "_as"], how="left")
+    late = cpu_linked & pl.col("_he").is_not_null() & (pl.col("start_ns") > pl.col("_he"))
+    return (
+        a.with_columns(pl.when(late).then(pl.col("start_ns")).otherwise(pl.col("anchor_ns")).alias("anchor_ns"))
+        .sort("_r")
+        .select(act.columns)
+    )
+
+
 def assign_activity(act: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     """``act`` (:func:`~ep_trace.analysis.activity.device_activity`) with ``step``: launched work by
     its launch in the host range, the rest by its start in the step window (module rules).
@@ -56,7 +80,7 @@ def assign_activity(act: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
     did: a side stream's copies of the next batch) is split at the window's start: the part before
     it counts in the window where it ran. Every row then lies inside its step's window.
     """
-    a = act.with_row_index("_r")
+    a = _plausible_links(act, windows).with_row_index("_r")
     linked = assign_step(a.filter(_linked()), windows, "anchor_ns")
     rest = assign_step(a.filter(~_linked()), windows, "start_ns", span="step")
     out = pl.concat([linked, rest.select(linked.columns)])
@@ -90,6 +114,7 @@ def device_windows(windows: pl.DataFrame, act: pl.DataFrame) -> pl.DataFrame:
     """
     if windows.is_empty():
         return windows
+    act = _plausible_links(act, windows)
     launched = (
         assign_step(act.filter(_linked()).select("rank", "start_ns", "end_ns", "anchor_ns"), windows, "anchor_ns")
         .filter(pl.col("step").is_not_null())

@@ -169,6 +169,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         else [],
         "straggler": straggler,
         "wait_matrix": a.wait_matrix.to_dicts(),
+        "groups": a.group_stragglers.to_dicts() if a.group_stragglers is not None else [],
         "imbalance": {
             "I_e": agg["I_e"],
             "I_r": agg["I_r"],
@@ -182,6 +183,10 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "findings": findings,
         "load_report": load_report,
         "notes": list(a.notes),
+        "withheld": [
+            {"what": w.what, "name": w.name, "ranks": list(w.ranks), "invariant": w.invariant, "reason": w.reason}
+            for w in a.withheld
+        ],
     }
     out.update(_model_sections(a))
     out["breakdown"] = _breakdown(a)
@@ -233,6 +238,7 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
                 "saving_ns": int(r["saving_ns"]),
                 "ranks": [int(x) for x in r["ranks"]],
                 "chunks": r.get("chunks"),
+                "kept_work_ns": r.get("kept_work_ns"),
                 "rerun_error_pct": rerun_error_pct(r["scenario"]),
             }
             for r in wf.iter_rows(named=True)

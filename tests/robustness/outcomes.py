@@ -96,6 +96,10 @@ def insane(summary: dict[str, Any]) -> str | None:
             v = r.get(key)
             if isinstance(st, (int, float)) and isinstance(v, (int, float)) and v > st * 1.0001 + 1000:
                 bad.append(f"{key}={v} > step_time_ns={st} (rank {r.get('rank')})")
+    # the invariants the analysis' last pass enforces, on the published summary (ep_trace.analysis.invariants)
+    from ep_trace.analysis.invariants import summary_violations
+
+    bad += summary_violations(summary)
     return bad[0] if bad else None
 
 

@@ -1,5 +1,6 @@
 """The robustness contract under fuzzing: only our own one-line error (exit 2), or exit 0 / 1 with
-sane numbers (no negative times, waits <= step time, overlap in [0, 1]), no hang (60 s per case),
+sane numbers (no negative times, waits <= step time, overlap in [0, 1], and every invariant of
+ep_trace.analysis.invariants on the analysis and its published summary), no hang (60 s per case),
 bounded memory (4 GB address space per worker).
 
 CI runs 6 seeded cases of each of the 23 mutation classes (tests/robustness/attacks.py) on two
