@@ -117,9 +117,15 @@ def contiguous_placement(num_experts: int, world_size: int) -> ExpertPlacement:
     return ExpertPlacement(num_experts, tuple(tuple(range(r * per, (r + 1) * per)) for r in range(world_size)))
 
 
+def _show(v: Any) -> str:
+    """A JSON value as it reads in the file, on one line, at most 40 characters."""
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _expert_id(v: Any, r: int, where: str, experts: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{where}: rank {r} lists {v!r}, not an expert id; expected {FORMAT_HINT}")
+        raise ConfigError(f"{where}: rank {r} lists {_show(v)}, not an expert id; expected {FORMAT_HINT}")
     if not 0 <= v < experts:
         raise ConfigError(f"{where}: rank {r} lists expert {v}, outside 0..{experts - 1} (num_experts {experts})")
     return v
@@ -156,7 +162,7 @@ def parse_placement(
     ranks: list[tuple[int, ...]] = []
     for r, held in enumerate(lists):
         if not isinstance(held, list):
-            raise ConfigError(f"{where}: rank {r} is {held!r}, not a list of expert ids; expected {FORMAT_HINT}")
+            raise ConfigError(f"{where}: rank {r} is {_show(held)}, not a list of expert ids; expected {FORMAT_HINT}")
         ids = tuple(_expert_id(v, r, where, e) for v in held)
         dup = next((x for i, x in enumerate(ids) if x in ids[:i]), None)
         if dup is not None:
@@ -165,11 +171,9 @@ def parse_placement(
     placed = {x for ids in ranks for x in ids}
     missing = [x for x in range(e) if x not in placed]
     if missing:
-        raise ConfigError(
-            f"{where}: expert {missing[0]} is on no rank"
-            + (f" (nor are {len(missing) - 1} more)" if len(missing) > 1 else "")
-            + "; every expert needs at least one rank"
-        )
+        ids = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        what = f"expert {ids} is" if len(missing) == 1 else f"experts {ids} ({len(missing)}) are"
+        raise ConfigError(f"{where}: {what} on no rank; every expert needs at least one rank")
     return ExpertPlacement(e, tuple(ranks))
 
 

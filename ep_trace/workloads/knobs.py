@@ -196,6 +196,11 @@ def _check_realisable(sk: SkewSpec, spec: str, experts: int, top_k: int, option:
             raise ConfigError(f"{option}: {spec!r}: the hot set covers all {experts} experts; leave some out")
         if not hot and sk.kind != "cold-rank":
             raise ConfigError(f"{option}: {spec!r}: the hot set is empty (rank holds no experts)")
+        if sk.kind == "cold-rank" and experts - len(hot) < top_k:
+            raise ConfigError(
+                f"{option}: {spec!r} leaves {experts - len(hot)} experts with tokens, fewer than --top-k {top_k} "
+                "(a token picks top_k distinct experts)"
+            )
         p = skew_probabilities(sk, experts, 0, r)
         e = max(range(experts), key=lambda i: p[i])
         if p[e] > 1.0 / top_k + 1e-12:
