@@ -171,8 +171,8 @@ def parse_placement(
     placed = {x for ids in ranks for x in ids}
     missing = [x for x in range(e) if x not in placed]
     if missing:
-        ids = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
-        what = f"expert {ids} is" if len(missing) == 1 else f"experts {ids} ({len(missing)}) are"
+        listed = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        what = f"expert {listed} is" if len(missing) == 1 else f"experts {listed} ({len(missing)}) are"
         raise ConfigError(f"{where}: {what} on no rank; every expert needs at least one rank")
     return ExpertPlacement(e, tuple(ranks))
 
