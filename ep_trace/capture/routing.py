@@ -65,8 +65,10 @@ def record_routing(
         layer: MoE layer index.
         topk_ids: ``[tokens, top_k]`` integer tensor of chosen global expert ids.
         num_experts: Number of routed experts E.
-        placement: Expert -> rank map: ``placement[e]`` is a rank or a list of ranks (replicas); the
-            meta also gets ``redundant_experts``, the copies beyond one per expert.
+        placement: Expert -> rank map: ``placement[e]`` is a rank or a list of ranks (replicas). The
+            first one goes to the meta with ``redundant_experts`` (the copies beyond one per expert);
+            when a layer's placement differs from the one in force for it, a ``placement`` record
+            (step, layer, placement, redundant_experts) marks the change (docs/sidecar.md).
         microbatch: Micro-batch index (0 when not micro-batched).
         expert_counts: Optional precomputed assignments per expert (length E) to avoid a bincount.
         hidden_size: Hidden size of the dispatched rows (meta).
@@ -89,16 +91,28 @@ def record_routing(
     if len(counts) != num_experts:
         raise ConfigError(f"expert_counts: length {len(counts)} != num_experts {num_experts}")
     where = _normalise_placement(placement, num_experts)
+    first = where is not None and w.meta.get("placement") is None
     w.update_meta(
         num_experts=int(num_experts),
         top_k=int(top_k),
-        placement=where,
+        placement=where if first else None,
         # copies beyond one per expert, declared beside the placement (docs/sidecar.md)
-        redundant_experts=None if where is None else sum(len(r) for r in where) - int(num_experts),
+        redundant_experts=_redundant(where, num_experts) if first else None,
         hidden_size=None if hidden_size is None else int(hidden_size),
         dtype=None if dtype is None else str(dtype).removeprefix("torch."),
         ep_group_ranks=None if group_ranks is None else [int(r) for r in group_ranks],
     )
+    if where is not None and where != w.placements.get(int(layer), w.meta.get("placement")):
+        # a layer's placement changed (an EPLB rearrangement, ep-trace demo --alt-placement): meta keeps
+        # the first placement, this record the new one of this layer from this step on
+        w.placements[int(layer)] = where
+        w.write(
+            "placement",
+            step=w.step,
+            layer=int(layer),
+            placement=where,
+            redundant_experts=_redundant(where, num_experts),
+        )
     w.write(
         "routing",
         step=w.step,
@@ -108,6 +122,11 @@ def record_routing(
         tokens=int(tokens),
         top_k=int(top_k),
     )
+
+
+def _redundant(placement: list[list[int]] | None, num_experts: int) -> int | None:
+    """Copies beyond one per expert of ``placement[e]`` lists (None without a placement)."""
+    return None if placement is None else sum(len(r) for r in placement) - int(num_experts)
 
 
 def reserve_a2a_call() -> int | None:

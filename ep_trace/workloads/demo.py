@@ -106,10 +106,9 @@ def model_step(cfg: DemoConfig, model: RankModel, rank: int, step: int, straggle
         with stage("route", layer):
             ids, gate = route(r_in(h), w.router, cfg.top_k, routing_bias(cfg, rank, step, layer).to(dev))
             gate = r_out(gate)
-            # meta.placement stays --placement's on every step (odd steps of an A/B: workload.alt_placement)
-            record_routing(
-                layer, ids, cfg.experts, cfg.placement, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks
-            )
+            # the step's placement: meta.placement is --placement's; each flip of an A/B is a placement record
+            held = cfg.placement_at(step).holders
+            record_routing(layer, ids, cfg.experts, held, hidden_size=cfg.hidden, dtype=h.dtype, group_ranks=ranks)
         y = ep_moe_forward(
             h, w, ids, gate, num_experts=cfg.experts, layer=layer, chunks=cfg.chunks_at(step), straggle_ms=straggle_ms,
             link=model.link, slots=slots,

@@ -250,16 +250,28 @@ def test_routing_workload_load_shapes(skew: str, rank: int, step: int, want: lis
 
 def test_tracer_meta_host_names_the_host_in_both_files(tmp_path: Path) -> None:
     """An emulated node's name reaches the Kineto header (where the ingest reads hosts first) and the sidecar;
-    ``record_routing`` declares the replicas of the placement it is given."""
+    ``record_routing`` declares the replicas of the placement it is given, and a layer's change of
+    placement is a ``placement`` record (the meta keeps the first)."""
     from ep_trace.capture.routing import record_routing
     from ep_trace.capture.tracer import Tracer
 
+    ids = torch.tensor([[0, 1], [1, 2]])
     with Tracer(tmp_path, job_id="j", meta={"host": "node7", "local_rank": 1}) as t:
-        record_routing(0, torch.tensor([[0, 1], [1, 2]]), 3, [[0], [0, 1], [0, 1, 2]])
+        record_routing(0, ids, 3, [[0], [0, 1], [0, 1, 2]])
+        record_routing(1, ids, 3, [[0], [0, 1], [0, 1, 2]])
         t.step()
+        record_routing(0, ids, 3, [[0], [0, 1], [0, 1, 2]])  # unchanged: nothing but the routing record
+        record_routing(1, ids, 3, [[0], [0], [0]])  # layer 1 changes at step 1
+        t.step()
+        record_routing(1, ids, 3, [[0], [0], [0]])
     with gzip.open(tmp_path / "rank0.pt.trace.json.gz", "rt") as f:
         assert json.load(f)["host_name"] == "node7"
     recs = [orjson.loads(x) for x in (tmp_path / "rank0.ep.jsonl").read_bytes().splitlines()]
     assert (recs[0]["host"], recs[0]["local_rank"]) == ("node7", 1)
-    update = next(r for r in recs[1:] if r["type"] == "meta")
-    assert update["placement"] == [[0], [0, 1], [0, 1, 2]] and update["redundant_experts"] == 3
+    updates = [r for r in recs[1:] if r["type"] == "meta"]
+    assert len(updates) == 1 and updates[0]["placement"] == [[0], [0, 1], [0, 1, 2]]
+    assert updates[0]["redundant_experts"] == 3
+    changes = [r for r in recs if r["type"] == "placement"]
+    assert changes == [
+        {"type": "placement", "v": 1, "step": 1, "layer": 1, "placement": [[0], [0], [0]], "redundant_experts": 0}
+    ]
