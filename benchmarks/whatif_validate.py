@@ -218,11 +218,14 @@ def _propose(name: str, steps: int, work: Path, demo_extra: tuple[str, ...], tok
     _demo(d, [*a_args, *demo_extra], steps, tokens, ranks)
     prop = work / f"{name}_proposal.json"
     cmd = [sys.executable, "-c", "import sys; from ep_trace.cli import main; sys.exit(main())", "analyze", str(d)]
-    cmd += ["-o", str(d / "report.html"), "--propose-placement", str(prop)]
+    cmd += ["-o", str(d / "report.html"), "--json", str(d / "summary.json"), "--propose-placement", str(prop)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     chosen = prop.with_name(f"{prop.stem}.{scenario}.json")  # ep_trace.cli.outputs.placement_paths
     if p.returncode == 0 and chosen.exists():
-        return chosen, "proposed"
+        rows = json.loads((d / "summary.json").read_text()).get("whatif") or []
+        saving = next((r["saving_ns"] for r in rows if r.get("scenario") == scenario), None)
+        said = "n/a" if saving is None else f"{saving / 1e6:.1f} ms"
+        return chosen, f"proposed (the calibration run predicts {said})"
     if "--propose-placement" not in p.stderr or "No such option" not in p.stderr:
         raise RuntimeError(f"{name}: ep-trace analyze --propose-placement failed: {p.stderr.strip()}")
     fallback = work / f"{name}_fallback.json"
