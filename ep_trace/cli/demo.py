@@ -19,7 +19,9 @@ _LABELS = {"start": "starting ranks", "step": "traced steps", "write": "writing 
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Trace directory to write.")] = Path("demo_traces"),
     ranks: Annotated[int, typer.Option("--ranks", help="EP world size (processes).")] = 4,
-    experts: Annotated[int, typer.Option("--experts", help="Routed experts (a multiple of --ranks).")] = 8,
+    experts: Annotated[
+        int, typer.Option("--experts", help="Routed experts (without --placement a multiple of --ranks).")
+    ] = 8,
     top_k: Annotated[int, typer.Option("--top-k", help="Experts per token.")] = 2,
     hidden: Annotated[int, typer.Option("--hidden", help="Hidden size.")] = 256,
     tokens: Annotated[int, typer.Option("--tokens", help="Tokens per rank per step.")] = 512,
@@ -55,7 +57,7 @@ def demo(
         Optional[Path],
         typer.Option(
             "--placement",
-            help='Placement file {"num_experts": E, "ranks": [[expert ids of rank 0], ...]} (an id on several '
+            help='Placement file {"num_experts": E, "ranks": \\[\\[expert ids of rank 0], ...]} (an id on several '
             "ranks is a replica; its tokens go to the replica on the source's node, then split evenly), e.g. what "
             "`ep-trace analyze --propose-placement` writes. Default: contiguous blocks of E/W experts.",
         ),

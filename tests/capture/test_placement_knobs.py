@@ -275,3 +275,15 @@ def test_tracer_meta_host_names_the_host_in_both_files(tmp_path: Path) -> None:
     assert changes == [
         {"type": "placement", "v": 1, "step": 1, "layer": 1, "placement": [[0], [0], [0]], "redundant_experts": 0}
     ]
+
+
+def test_demo_help_names_every_routing_workload_and_the_placement_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # one line per option: no word is wrapped apart
+    assert main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    for word in ("hotset:E1,E2,...:SHARE", "hotrank:RANK:SHARE", "spread:N:SHARE", "rotate:N:SHARE", "cold-rank:RANK",
+                 "affinity:OFFSET:SHARE", "burst:EVERY:SPEC", '"ranks": [[expert ids of rank 0], ...]', "--alt-placement",
+                 "--nodes", "--cross-node-latency-ms", "--cross-node-gbps"):  # fmt: skip
+        assert word in out, word
