@@ -29,10 +29,14 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   FILE.placement.json``: even steps A (the contiguous placement), odd steps B (the proposal);
   predicted = the ``placement`` what-if of each A step analysed alone. ``_uniform`` is the control: a
   placement that cannot help must be predicted as not helping.
-* node_local_ab (and _uniform): 4 ranks on 2 emulated nodes (``--nodes 2``) with a cross-node link
-  (``--cross-node-latency-ms 2 --cross-node-gbps 2``) and source-dependent routing (``--skew
-  affinity:2:0.8``: each node's tokens mostly use the other node's experts); B runs the
-  ``node_local`` proposal (``FILE.node_local.json``), predicted = the ``node_local`` what-if.
+* node_local_ab (and _latency, _uniform): 4 ranks on 2 emulated nodes (``--nodes 2``) with a
+  cross-node link and source-dependent routing (``--skew affinity:2:0.9``: each node's tokens mostly
+  use the other node's experts); B runs the ``node_local`` proposal (``FILE.node_local.json``),
+  predicted = the ``node_local`` what-if. ``node_local_ab``: a bandwidth-bound link (``--cross-node-
+  latency-ms 1 --cross-node-gbps 1``); ``_latency``: a fixed 4 ms per call that moves anything across
+  and every token on the other node (``affinity:2:1``); ``_uniform``: the control. The row gives the
+  cross-node delay the demo injected per step on each side (from the sidecars), the known part of the
+  measured saving.
   Each row says how many of the analysed A steps proposed exactly the placement B ran. Without the
   analysis side of issue 41 (no ``--propose-placement``), the pair runs the fixed placement of
   :data:`FALLBACK_PROPOSALS` and prints the prediction as n/a.
@@ -57,7 +61,7 @@ glibc'`` runs them on glibc malloc (on huge pages unless ``--no-huge-pages``), `
 
 Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs straggler,skew,chunks]``
 (each demo run takes 5-15 s). Prints one Markdown table row per pair. The placement pairs:
-``--pairs placement_ab,placement_ab_hotset,placement_ab_zipf,placement_ab_uniform,node_local_ab,node_local_ab_uniform``.
+``--pairs placement_ab,placement_ab_hotset,placement_ab_zipf,placement_ab_uniform,node_local_ab,node_local_ab_latency,node_local_ab_uniform``.
 """
 
 from __future__ import annotations
@@ -185,14 +189,24 @@ PLACEMENT_PAIRS = {
     "placement_ab_hotset": (["--skew", "hotset:0,1:0.6"], "placement", 2048, 2),  # two hot experts, both on rank 0
     "placement_ab_zipf": (["--skew", "zipf:1.2"], "placement", 2048, 2),
     "placement_ab_uniform": ([], "placement", 2048, 2),  # control: nothing to gain
+    # bandwidth-bound link: a node-local B still sends the uniform 10 % across (A's latency stays), but
+    # ~1/8 of A's cross-node bytes
     "node_local_ab": (
-        ["--nodes", "2", "--cross-node-latency-ms", "2", "--cross-node-gbps", "2", "--skew", "affinity:2:0.8"],
+        ["--nodes", "2", "--cross-node-latency-ms", "1", "--cross-node-gbps", "1", "--skew", "affinity:2:0.9"],
         "node_local",
         512,
         4,
     ),
-    "node_local_ab_uniform": (
-        ["--nodes", "2", "--cross-node-latency-ms", "2", "--cross-node-gbps", "2"],
+    # latency-bound link (the seed scenario of issue 41): every token uses the other node's experts, so a
+    # node-local B's dispatch and combine move nothing across and skip the latency (the count exchange keeps it)
+    "node_local_ab_latency": (
+        ["--nodes", "2", "--cross-node-latency-ms", "4", "--skew", "affinity:2:1"],
+        "node_local",
+        512,
+        4,
+    ),
+    "node_local_ab_uniform": (  # control: without affinity no placement keeps tokens on their node
+        ["--nodes", "2", "--cross-node-latency-ms", "1", "--cross-node-gbps", "1"],
         "node_local",
         512,
         4,
@@ -207,6 +221,7 @@ FALLBACK_PROPOSALS = {
     "placement_ab_zipf": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
     "placement_ab_uniform": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
     "node_local_ab": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
+    "node_local_ab_latency": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
     "node_local_ab_uniform": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
 }
 
@@ -256,13 +271,37 @@ def run_placement_ab(
     file, source = _propose(name, steps, work, demo_extra, n_tokens)
     proposed = [sorted(r) for r in json.loads(file.read_text())["ranks"]]
     agree: list[bool] = []
+    delays: list[tuple[float, float]] = []
     spec = ([*a_args, "--alt-placement", str(file)], scenario, None, n_tokens, ranks)
     r = run_ab_pair(
         name, repeats, steps, work, keep=keep, demo_extra=demo_extra, spec=spec,
         on_a_step=lambda a1: agree.append(_proposal_of(a1, scenario) == proposed),
+        on_run=lambda d: delays.extend(_injected_cross_node(d)),
     )  # fmt: skip
     r["pair"] = f"{r['pair']}; B = {source} {file.name}, proposed again by {sum(agree)}/{len(agree)} A steps"
+    if delays:  # the known part of the answer: what the emulated link charged each side
+        a_ms, b_ms = (statistics.median(x[i] for x in delays) / 1e6 for i in (0, 1))
+        r["pair"] = f"{r['pair']}; injected cross-node delay per step A {a_ms:.1f} ms, B {b_ms:.1f} ms"
     return r
+
+
+def _injected_cross_node(d: Path) -> list[tuple[float, float]]:
+    """``(A, B)`` per neighbouring step pair: the cross-node delay the demo injected per step, ns.
+
+    Per all-to-all call the largest ``cross_node_delay_ns`` over the ranks (the call ends after its
+    latest rank), summed over the step's calls; steps 0 and 1 left out as in :func:`run_ab_pair`.
+    """
+    per_call: dict[tuple[int, int], float] = {}
+    for f in d.glob("rank*.ep.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
+                key = (rec["step"], rec["call"])
+                per_call[key] = max(per_call.get(key, 0.0), float(rec["cross_node_delay_ns"]))
+    step: dict[int, float] = {}
+    for (s, _), v in per_call.items():
+        step[s] = step.get(s, 0.0) + v
+    return [(v, step[t + 1]) for t, v in sorted(step.items()) if t % 2 == 0 and t >= 2 and t + 1 in step]
 
 
 def _paired_median_ci(d: list[float], n: int = 2000) -> tuple[float, float]:
@@ -289,6 +328,7 @@ def run_ab_pair(
     demo_extra: tuple[str, ...] = (),
     spec: tuple[list[str], str, int | None, int, int] | None = None,
     on_a_step: Callable[[ep_trace.Analysis], None] | None = None,
+    on_run: Callable[[Path], None] | None = None,
 ) -> dict[str, object]:
     """``repeats`` runs of ``2 * steps + 2`` steps, A on even and B on odd steps, steps pooled over runs.
 
@@ -297,7 +337,8 @@ def run_ab_pair(
     differences A(s) - B(s + 1) over every pair of neighbouring steps, with a bootstrap interval
     (the difference of the two sides' medians is printed beside it); the prediction is the median of
     the pair's what-if over ``predict_steps`` A steps per run, each analysed alone. ``spec`` replaces
-    ``AB_PAIRS[name]`` (the placement pairs); ``on_a_step`` sees each analysed A step.
+    ``AB_PAIRS[name]`` (the placement pairs); ``on_a_step`` sees each analysed A step, ``on_run`` each
+    run's trace directory before it is removed.
     """
     demo_args, scenario, k, tokens, ranks = spec or AB_PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
@@ -323,6 +364,8 @@ def run_ab_pair(
                 pred.append(p)
             if on_a_step is not None:
                 on_a_step(a1)
+        if on_run is not None:
+            on_run(d)
         if not keep:
             shutil.rmtree(d, ignore_errors=True)
     ma, mb = statistics.median(a_all), statistics.median(b_all)
