@@ -181,8 +181,16 @@ def _routing_counts(sc: Sidecar, rank: int) -> pl.DataFrame:
             "layer": [r.get("layer") for r in recs],
             "microbatch": [r.get("microbatch", 0) for r in recs],
             "count": [r["expert_counts"] for r in recs],
+            # conservation facts of the decision (docs/sidecar.md), checked by the analysis (ep_invariants)
+            **{k: [r.get(k) for r in recs] for k in ("tokens", "top_k", "dropped", "padded")},
         },
-        schema={"step": pl.Int64, "layer": pl.Int32, "microbatch": pl.Int32, "count": pl.List(pl.Int64)},
+        schema={
+            "step": pl.Int64,
+            "layer": pl.Int32,
+            "microbatch": pl.Int32,
+            "count": pl.List(pl.Int64),
+            **dict.fromkeys(("tokens", "top_k", "dropped", "padded"), pl.Int64),
+        },
     )
     df = df.with_columns(pl.int_ranges(pl.col("count").list.len()).alias("expert")).explode("count", "expert")
     return schema.conform("routing_counts", df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")))

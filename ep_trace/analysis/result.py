@@ -13,6 +13,7 @@ from typing import Any, Literal
 import polars as pl
 
 from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.placement_plan import PlacementProposal
 from ep_trace.schema import LoadIssue, TraceTables
 
 __all__ = ["Finding", "Analysis", "FRAME_DOCS"]
@@ -328,6 +329,18 @@ class Analysis:
     top_ops: pl.DataFrame | None = None
     #: Stalled op calls of CPU ranks' permute / unpermute stages (:mod:`ep_trace.analysis.op_stalls`).
     op_stalls: pl.DataFrame | None = None
+    #: Each rank's node and how it was found (:mod:`ep_trace.analysis.topology`).
+    topology: pl.DataFrame | None = None
+    #: α–β per link class, fitted from the trace's transfers or the defaults (:mod:`ep_trace.analysis.link_cost`).
+    link_costs: pl.DataFrame | None = None
+    #: Each layer's dispatch / combine rows and bytes per link class, mean per step.
+    link_bytes: pl.DataFrame | None = None
+    #: The EP invariants the routing counts make checkable (:mod:`ep_trace.analysis.ep_invariants`).
+    ep_invariants: pl.DataFrame | None = None
+    #: Per rank: experts, load and cross-node traffic under the recorded placement and each proposal.
+    placement: pl.DataFrame | None = None
+    #: The proposed placements as data (``ep-trace analyze --propose-placement`` writes them).
+    placement_proposals: tuple[PlacementProposal, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""
