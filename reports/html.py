@@ -29,6 +29,7 @@ from ep_trace.reports.html_sections import (
     top_html,
     whatif_html,
 )
+from ep_trace.reports.placement_section import invariants_html, placement_html
 from ep_trace.reports.units import fmt_ns
 
 __all__ = ["render_report"]
@@ -66,10 +67,10 @@ def render_report(
 ) -> str:
     """Render the full report page.
 
-    Order: verdict (first under the title) + findings with their evidence; where the time goes
+    Order: the EP invariants, verdict (first under the title) + findings with their evidence; where the time goes
     (per-rank breakdown beside the stage breakdown, top kernels and CPU ops); timeline of one step
     (with the critical path when the analysis has one); routing (count matrix, expert load, I_e / I_r
-    per layer); overlap; barrier wait (per rank, wait matrix, stragglers, per-rank step-time table);
+    per layer); placement and topology (link classes, proposals); overlap; barrier wait (per rank, wait matrix, stragglers, per-rank step-time table);
     α–β fit; host stalls; load report; ``extra_sections``; metric definitions.
 
     Args:
@@ -171,6 +172,9 @@ def render_report(
     else:
         routing = f'<p class="note">{esc(no_routing)}</p>'
     sections.append(("routing", "Routing: count matrix and expert load", routing))
+    placement = placement_html(analysis)
+    if placement:
+        sections.append(("placement", "Placement and topology: where experts live, what crosses nodes", placement))
     tick(4)
     ov_sentence = comm_figures.overlap_sentence(analysis)
     if ov_sentence is not None:
@@ -234,6 +238,6 @@ def render_report(
     body = nav + "".join(f'<section id="{a}"><h2>{esc(t)}</h2>{b}</section>' for a, t, b in sections)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     subtitle = (f"{', '.join(sources)} · " if sources else "") + f"generated {stamp}"
-    out = page(title, body, subtitle, lead=verdict_html)
+    out = page(title, body, subtitle, lead=invariants_html(analysis) + verdict_html)
     tick(9)
     return out

@@ -30,6 +30,7 @@ PER_RANK_SCHEMA = {
     "load": pl.Float64,
     "cross_node_rows": pl.Float64,
     "cross_node_bytes": pl.Float64,
+    "recorded": pl.Boolean,
 }
 
 
@@ -161,7 +162,9 @@ def build_plan(
         cap = (1.0 + slack) * max(weight.sum() / len(group), float(cast(float, loads_bal["load"].max()) or 0.0))
         proposals["node_local"] = plm.node_local(demand, group, rank_node, budget, cap)
         pairs["node_local"] = plm.route(counts, proposals["node_local"], node_of)
-    per_rank = _per_rank(pairs, {"current": current, **proposals}, group, nodes, node_of, row_bytes)
+    per_rank = _per_rank(pairs, {"current": current, **proposals}, group, nodes, node_of, row_bytes).with_columns(
+        pl.lit(recorded_p is not None).alias("recorded")
+    )
     return PlacementPlan(counts, current, recorded_p is not None, proposals, node_of, pairs, per_rank)
 
 
@@ -205,4 +208,5 @@ def _per_rank(
                 pl.col("cross_node_rows").fill_null(0.0).cast(pl.Float64),
             ).with_columns((pl.col("cross_node_rows") * (row_bytes or 0.0)).alias("cross_node_bytes"))
         )
-    return pl.concat(out).select(list(PER_RANK_SCHEMA)).cast(PER_RANK_SCHEMA)  # type: ignore[arg-type]
+    cols = [c for c in PER_RANK_SCHEMA if c != "recorded"]
+    return pl.concat(out).select(cols).cast({c: PER_RANK_SCHEMA[c] for c in cols})  # type: ignore[arg-type,misc]

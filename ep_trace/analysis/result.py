@@ -29,6 +29,8 @@ FindingKind = Literal[
     "pack_unpack_overhead",
     "split_inconsistency",
     "missing_collective",
+    "expert_placement",
+    "cross_node_traffic",
 ]
 
 #: Columns of every frame of :class:`Analysis` (documentation; the analysis fills them exactly).
@@ -216,11 +218,50 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "name": "collective / stage / reason",
     },
     "whatif": {
-        "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'no_launch_gaps' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all'",
+        "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'no_launch_gaps' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all' | 'placement' | 'node_local' (not part of 'all')",
         "chunks": "k of chunked_pipeline (null elsewhere)",
         "predicted_step_ns": "replayed baseline step length (median over steps of the mean over ranks) - saving_ns",
         "saving_ns": "median over steps of (replayed baseline step - re-simulated step), each the mean over ranks",
         "ranks": "ranks whose work the edit changes",
+    },
+    "topology": {
+        "rank": "",
+        "node": "node name (host, launcher node 'node<i>', or the --topology name)",
+        "node_id": "dense node index, in order of each node's first rank",
+        "source": "'override' (--topology) | 'launcher' (GROUP_RANK, SLURM_NODEID, LOCAL_WORLD_SIZE) | 'host' | 'assumed'",
+    },
+    "link_costs": {
+        "link_class": "'same_rank' | 'same_node' | 'cross_node'",
+        "alpha_us": "fixed cost of a call whose farthest peer is of this class, µs",
+        "beta_gbps": "bandwidth of the class, GB/s",
+        "alpha_source": "'fitted' (from the trace's all-to-alls) | 'default' (AnalysisConfig.link_defaults)",
+        "beta_source": "'fitted' | 'default'",
+        "r2": "r² of the joint fit over the (call, rank) transfers whose farthest class this is",
+        "n": "(call, rank) transfers whose farthest class this is",
+    },
+    "link_bytes": {
+        "layer": "",
+        "direction": "'dispatch' | 'combine'",
+        "link_class": "",
+        "rows": "rows over pairs of this class, mean per step",
+        "bytes": "rows x bytes per row, mean per step",
+    },
+    "ep_invariants": {
+        "check": "'assignment_conservation' | 'ownership' | 'split_consistency'",
+        "status": "'ok' | 'violated' | 'not_checked'",
+        "checked": "units checked (routing decisions and dispatches; pairs; split pairs)",
+        "violations": "units that break the invariant",
+        "detail": "one line: what was compared, and the first violation",
+    },
+    "placement": {
+        "scenario": "'current' (the recorded placement, or the contiguous default) | 'placement' | 'node_local'",
+        "rank": "",
+        "node": "",
+        "experts": "expert ids the rank holds",
+        "load": "rows routed to the rank, mean per step (summed over layers)",
+        "cross_node_rows": "rows the rank sends to other nodes in dispatch, mean per step",
+        "cross_node_bytes": "those rows x bytes per row",
+        "recorded": "the current placement was recorded (False: the contiguous default was assumed)",
     },
     "breakdown": {
         "rank": "",

@@ -9,6 +9,7 @@ import polars as pl
 
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
+from ep_trace.analysis.placement_summary import invariants_section, placement_sections
 from ep_trace.analysis.whatif_checks import rerun_error_pct
 
 if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
@@ -149,6 +150,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
+        "ep_invariants": invariants_section(a),  # before any performance figure (docs/summary.md)
         "overall": overall,
         "ranks": _rows(
             a.rank_summary,
@@ -191,6 +193,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "notes": list(a.notes),
     }
     out.update(_model_sections(a))
+    out.update(placement_sections(a))
     out["breakdown"] = _breakdown(a)
     if a.hta_overlap is not None:
         out["hta_overlap"] = a.hta_overlap.to_dicts()
