@@ -44,6 +44,7 @@ class PlacementProposal:
         ranks: The EP group's global ranks; ``experts[i]`` are held by ``ranks[i]``.
         experts: Expert ids per rank (an id on several ranks = replicas).
         replica_budget: The extra copies per rank it was allowed.
+        layers: The MoE layers of the trace it applies to (one placement for all of them).
     """
 
     scenario: str
@@ -51,6 +52,7 @@ class PlacementProposal:
     ranks: tuple[int, ...]
     experts: tuple[tuple[int, ...], ...]
     replica_budget: int
+    layers: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ class PlacementPlan:
     def proposal(self, scenario: str, budget: int) -> PlacementProposal:
         """The proposal of ``scenario`` as data."""
         p = self.proposals[scenario]
-        return PlacementProposal(scenario, p.num_experts, p.ranks, tuple(tuple(x) for x in p.experts_of()), budget)
+        layers = tuple(sorted(int(x) for x in self.counts["layer"].unique()))
+        experts = tuple(tuple(x) for x in p.experts_of())
+        return PlacementProposal(scenario, p.num_experts, p.ranks, experts, budget, layers)
 
 
 def _group_ranks(ranks: pl.DataFrame) -> list[int]:

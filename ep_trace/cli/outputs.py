@@ -26,7 +26,16 @@ from ep_trace.errors import OutputError
 if TYPE_CHECKING:
     from ep_trace.reports.annotate import OriginalTrace
 
-__all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report", "write_yaml"]
+__all__ = [
+    "build_report",
+    "check_writable",
+    "write_atomic",
+    "write_json",
+    "write_report",
+    "write_yaml",
+    "placement_paths",
+    "write_placement",
+]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
@@ -245,6 +254,42 @@ def write_report(
     return out
 
 
+def placement_paths(path: str | Path) -> dict[str, Path]:
+    """The files ``--propose-placement FILE`` writes: ``best`` = FILE (the proposal with the largest
+    simulated saving), and beside it ``<stem>.placement.json``, ``<stem>.node_local.json`` (each
+    proposal) and ``<stem>.sglang.json`` (the best one as SGLang's ``--init-expert-location``)."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix == ".json" else p
+    return {
+        "best": p,
+        **{sc: stem.with_name(f"{stem.name}.{sc}.json") for sc in ("placement", "node_local", "sglang")},
+    }
+
+
+def write_placement(analysis: Analysis, path: str | Path) -> tuple[str, list[Path]]:
+    """Write the proposals of ``analysis`` (:func:`placement_paths`); returns the best one's scenario
+    and the files written.
+
+    Raises:
+        NothingToAnalyzeError: the analysis has no proposal (no routing counts).
+    """
+    from ep_trace.errors import NothingToAnalyzeError
+    from ep_trace.reports.placement_files import best_proposal, ep_trace_placement, sglang_expert_location
+
+    best = best_proposal(analysis.placement_proposals, analysis.whatif)
+    if best is None:
+        raise NothingToAnalyzeError(
+            f"--propose-placement {path}: the traces carry no routing counts (no sidecar routing records, no "
+            "--routing dump), so there is no placement to propose; record them with ep_trace.record_routing"
+        )
+    paths = placement_paths(path)
+    written = [write_json(ep_trace_placement(best), paths["best"])]
+    for p in analysis.placement_proposals:
+        written.append(write_json(ep_trace_placement(p), paths[p.scenario]))
+    written.append(write_json(sglang_expert_location(best), paths["sglang"]))
+    return best.scenario, written
+
+
 def build_report(
     trace_dirs: Sequence[str | Path] | str | Path,
     out_html: str | Path,
@@ -258,11 +303,13 @@ def build_report(
     jobs: int = 1,
     executor: Executor | None = None,
     cache: bool | Path = False,
+    placement_path: str | Path | None = None,
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis.
 
     ``cache``: reuse / write the Parquet cache of each trace directory (``ep_trace.load(cache=...)``:
-    True the default root, a path that root)."""
+    True the default root, a path that root). ``placement_path``: also write the placement proposals
+    (:func:`write_placement`), every one of its files checked before any work like ``-o``."""
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
@@ -271,6 +318,12 @@ def build_report(
         check_writable(json_path, "--json")
         if Path(json_path).resolve() == Path(out_html).resolve():
             raise OutputError(f"--json {json_path}: same file as -o; pass two different paths")
+    if placement_path is not None:
+        taken = {Path(x).resolve() for x in (out_html, json_path) if x is not None}
+        for p in placement_paths(placement_path).values():
+            check_writable(p, "--propose-placement")
+            if p.resolve() in taken:
+                raise OutputError(f"--propose-placement {placement_path}: writes {p}, the same file as -o or --json")
     analysis = load(
         dirs,
         config,
@@ -283,4 +336,6 @@ def build_report(
         cache=cache,
     )
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
+    if placement_path is not None:
+        write_placement(analysis, placement_path)
     return analysis
