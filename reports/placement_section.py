@@ -100,7 +100,8 @@ def _compare_rows(analysis: Analysis) -> list[list[str]]:
             continue
         w = wf.get(sc)
         pred = base if sc == "current" else (int(w["predicted_step_ns"]) if w else None)
-        saving = "–" if sc == "current" or w is None else fmt_ns(int(w["saving_ns"]))
+        sav = None if sc == "current" or w is None else int(w["saving_ns"])
+        saving = "–" if sav is None else fmt_ns(sav) if sav >= 0 else f"{fmt_ns(-sav)} slower"
         rows.append(
             [
                 SCENARIO_LABELS[sc],
@@ -114,6 +115,11 @@ def _compare_rows(analysis: Analysis) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _num(x: float) -> str:
+    """3 significant digits without an exponent below 10⁶ (``1000``, not ``1e+03``)."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 def _link_tables(analysis: Analysis) -> str:
@@ -139,7 +145,7 @@ def _link_tables(analysis: Analysis) -> str:
             [
                 r["link_class"].replace("_", " "),
                 f"{r['alpha_us']:.1f} µs ({r['alpha_source']})",
-                f"{r['beta_gbps']:.3g} GB/s ({r['beta_source']})",
+                f"{_num(r['beta_gbps'])} GB/s ({r['beta_source']})",
                 "–" if r["r2"] is None else f"{r['r2']:.3f}",
                 str(r["n"]),
             ]

@@ -81,6 +81,11 @@ def placement_pass(
         imbalance.split_pairs_compared(m.matched),
     )
     inputs = None
+    if plan is not None and not plan.steps_matched:
+        notes.append(
+            "the routing counts' steps are none of the analysed profiler steps (a routing dump numbers its own): their "
+            "mean per step stands for each analysed step in the placement model"
+        )
     if plan is not None:
         if not plan.recorded:
             notes.append(

@@ -67,6 +67,8 @@ class PlacementPlan:
         node_of: ``rank -> node id``.
         pairs: ``scenario -> (step, layer, src, dst, rows)`` routed under each placement (and ``current``).
         per_rank: :data:`PER_RANK_SCHEMA` rows for ``current`` and each proposal (mean per step).
+        steps_matched: The counts are those of the analysed steps (False: a routing dump's mean per
+            step stands for each of them).
     """
 
     counts: pl.DataFrame
@@ -76,6 +78,7 @@ class PlacementPlan:
     node_of: dict[int, int]
     pairs: dict[str, pl.DataFrame]
     per_rank: pl.DataFrame
+    steps_matched: bool = True
 
     def proposal(self, scenario: str, budget: int) -> PlacementProposal:
         """The proposal of ``scenario`` as data."""
@@ -131,12 +134,9 @@ def build_plan(
         budget: ``AnalysisConfig.replica_budget``.
         slack: ``AnalysisConfig.node_local_slack``.
     """
-    rc = routing_counts.filter(pl.col("step").is_in(steps)) if steps else routing_counts
-    if rc.is_empty():
+    counts, matched = _step_counts(routing_counts, steps)
+    if counts.is_empty():
         return None
-    counts = rc.group_by("step", "layer", pl.col("rank").cast(pl.Int32).alias("src"), "expert").agg(
-        pl.col("count").sum()
-    )
     group = _group_ranks(tables_ranks)
     n_exp = max(int(cast(int, tables_ranks["num_experts"].max() or 0)), int(cast(int, counts["expert"].max())) + 1)
     recorded_p = plm.from_table(placement_table, n_exp, group)
@@ -169,7 +169,26 @@ def build_plan(
     per_rank = _per_rank(pairs, {"current": current, **proposals}, group, nodes, node_of, row_bytes).with_columns(
         pl.lit(recorded_p is not None).alias("recorded")
     )
-    return PlacementPlan(counts, current, recorded_p is not None, proposals, node_of, pairs, per_rank)
+    return PlacementPlan(counts, current, recorded_p is not None, proposals, node_of, pairs, per_rank, matched)
+
+
+def _step_counts(routing_counts: pl.DataFrame, steps: list[int]) -> tuple[pl.DataFrame, bool]:
+    """``step, layer, src, expert, count`` of the analysed steps, and whether the counts' steps are the
+    trace's. A routing dump numbers its own steps (Megatron-Core's iteration, SGLang's forward pass):
+    when none is an analysed profiler step, its mean per (layer, source, expert) over its steps stands
+    for every analysed step (the workload, rather than the very steps traced)."""
+    per = routing_counts.group_by("step", "layer", pl.col("rank").cast(pl.Int32).alias("src"), "expert").agg(
+        pl.col("count").sum()
+    )
+    hit = per.filter(pl.col("step").is_in(steps)) if steps else per
+    if hit.height or per.is_empty() or not steps:
+        return hit, True
+    n = per["step"].n_unique()
+    mean = per.group_by("layer", "src", "expert").agg(
+        (pl.col("count").sum() / n).round(0).cast(pl.Int64).alias("count")
+    )
+    grid = pl.DataFrame({"step": pl.Series(steps, dtype=pl.Int64)}).join(mean, how="cross")
+    return grid.select("step", "layer", "src", "expert", "count"), False
 
 
 def _per_rank(

@@ -171,6 +171,11 @@ def analyze_cmd(
         "--propose-placement",
         help="Also write the proposed expert placement here as JSON (ep-trace demo --placement takes it), with each proposal and an SGLang --init-expert-location file beside it.",
     ),
+    routing: Optional[list[Path]] = typer.Option(
+        None,
+        "--routing",
+        help="A framework's routing dump (Megatron-Core router_trace_rank*.jsonl, SGLang expert_distribution_recorder_*.pt, a vLLM EPLB state .pt) or a directory of them, for traces without ep-trace sidecars; repeatable.",
+    ),
     replica_budget: int = typer.Option(
         1, "--replica-budget", help="Extra expert replicas each rank may hold in the placement proposals."
     ),
@@ -235,6 +240,7 @@ def analyze_cmd(
             executor=executor,
             cache=events_home(scratch, cache),
             placement_path=propose_placement,
+            routing=routing or (),
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):

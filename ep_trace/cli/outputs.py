@@ -304,6 +304,7 @@ def build_report(
     executor: Executor | None = None,
     cache: bool | Path = False,
     placement_path: str | Path | None = None,
+    routing: Sequence[str | Path] = (),
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis.
 
@@ -334,6 +335,7 @@ def build_report(
         jobs=jobs,
         executor=executor,
         cache=cache,
+        routing=routing,
     )
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
     if placement_path is not None:
