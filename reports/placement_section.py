@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import polars as pl
 
-from ep_trace.analysis.finding_placement import scenario_stats
+from ep_trace.analysis.placement_plan import scenario_stats
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports.figure_style import apply_layout, neutral_shades
 from ep_trace.reports.html_page import esc, figure_html, table_html
@@ -87,7 +87,7 @@ def rank_load_by_placement(analysis: Analysis) -> go.Figure | None:
 
 
 def _compare_rows(analysis: Analysis) -> list[list[str]]:
-    stats = scenario_stats(analysis)
+    stats = scenario_stats(analysis.placement)
     wf = {r["scenario"]: r for r in analysis.whatif.iter_rows(named=True)} if analysis.whatif is not None else {}
     base = None
     if wf:

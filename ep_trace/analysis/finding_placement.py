@@ -13,33 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import polars as pl
-
 from ep_trace.analysis.finding_common import fmt_ns, has_ep_traffic, severity, wf, wf_ev
+from ep_trace.analysis.placement_plan import scenario_stats
 from ep_trace.analysis.result import Analysis, Finding
 
-__all__ = ["placement_findings", "scenario_stats"]
-
-
-def scenario_stats(a: Analysis) -> dict[str, dict[str, Any]]:
-    """Per scenario of ``Analysis.placement`` (``current``, ``placement``, ``node_local``): the largest
-    rank load, the mean, their ratio, cross-node rows and bytes (per step, summed over layers) and the
-    copies per rank (largest)."""
-    p = a.placement
-    if p is None or p.is_empty():
-        return {}
-    g = p.group_by("scenario").agg(
-        pl.col("load").max().alias("max_load"),
-        pl.col("load").mean().alias("mean_load"),
-        pl.col("cross_node_rows").sum(),
-        pl.col("cross_node_bytes").sum(),
-        pl.col("experts").list.len().max().alias("max_experts_per_rank"),
-    )
-    out = {}
-    for r in g.iter_rows(named=True):
-        r["I_r"] = r["max_load"] / r["mean_load"] if r["mean_load"] else None
-        out[str(r.pop("scenario"))] = r
-    return out
+__all__ = ["placement_findings"]
 
 
 def _replicated(a: Analysis, scenario: str) -> list[int]:
@@ -127,5 +105,5 @@ def placement_findings(a: Analysis, step_ns: float) -> list[Finding]:
     """The two findings (module doc), on EP traffic only."""
     if not has_ep_traffic(a):
         return []
-    stats = scenario_stats(a)
+    stats = scenario_stats(a.placement)
     return _placement(a, step_ns, stats) + _node_local(a, step_ns, stats)

@@ -9,7 +9,7 @@ vLLM's default of contiguous blocks (``placement_recorded`` False: the report sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import polars as pl
@@ -17,7 +17,7 @@ import polars as pl
 from ep_trace.analysis import placement as plm
 from ep_trace.dtypes import itemsize
 
-__all__ = ["PlacementPlan", "PlacementProposal", "build_plan", "PER_RANK_SCHEMA", "SCENARIOS"]
+__all__ = ["PlacementPlan", "PlacementProposal", "build_plan", "scenario_stats", "PER_RANK_SCHEMA", "SCENARIOS"]
 
 #: The what-ifs of the plan, in report order (``current`` is the recorded placement).
 SCENARIOS = ("placement", "node_local")
@@ -233,3 +233,23 @@ def _per_rank(
         )
     cols = [c for c in PER_RANK_SCHEMA if c != "recorded"]
     return pl.concat(out).select(cols).cast({c: PER_RANK_SCHEMA[c] for c in cols})  # type: ignore[arg-type,misc]
+
+
+def scenario_stats(per_rank: pl.DataFrame | None) -> dict[str, dict[str, Any]]:
+    """Per scenario of a :data:`PER_RANK_SCHEMA` frame (``current``, ``placement``, ``node_local``): the
+    largest rank load, the mean, their ratio ``I_r``, cross-node rows and bytes (per step, summed over
+    layers) and the most experts a rank holds."""
+    if per_rank is None or per_rank.is_empty():
+        return {}
+    g = per_rank.group_by("scenario").agg(
+        pl.col("load").max().alias("max_load"),
+        pl.col("load").mean().alias("mean_load"),
+        pl.col("cross_node_rows").sum(),
+        pl.col("cross_node_bytes").sum(),
+        pl.col("experts").list.len().max().alias("max_experts_per_rank"),
+    )
+    out = {}
+    for r in g.iter_rows(named=True):
+        r["I_r"] = r["max_load"] / r["mean_load"] if r["mean_load"] else None
+        out[str(r.pop("scenario"))] = r
+    return out

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from ep_trace.analysis.finding_placement import scenario_stats
+from ep_trace.analysis.placement_plan import scenario_stats
 
 if TYPE_CHECKING:  # result.Analysis.summary() reaches here through summary.build_summary
     from ep_trace.analysis.result import Analysis
@@ -35,7 +35,7 @@ def _placement(a: Analysis) -> dict[str, Any] | None:
     p = a.placement
     if p is None or p.is_empty():
         return None
-    stats = scenario_stats(a)
+    stats = scenario_stats(a.placement)
     wf = {r["scenario"]: r for r in a.whatif.iter_rows(named=True)} if a.whatif is not None else {}
     by_scenario = {}
     for sc, s in stats.items():
