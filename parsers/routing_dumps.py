@@ -246,6 +246,10 @@ def dump_files(paths: list[Path]) -> list[Path]:
     """The dump files of ``paths`` (directories: their Megatron / SGLang / vLLM files), sorted."""
     out: list[Path] = []
     for p in paths:
+        if not p.exists():
+            raise TraceFormatError(
+                p, "no such file or directory", "pass a routing dump file or a directory of them (--routing)"
+            )
         if p.is_dir():
             out += sorted(
                 f for f in p.iterdir() if _MEGATRON.search(f.name) or _SGLANG.search(f.name) or f.suffix == ".pt"

@@ -92,7 +92,8 @@ def render_report(
 
     sections: list[tuple[str, str, str]] = []
     verdict_html = (
-        f'<div class="verdict {esc(v.severity)}" id="verdict"><div class="headline" elementtiming="verdict">{esc(v.headline)}</div>'
+        f'<div class="verdict {esc(v.severity)}" id="verdict">{invariants_html(analysis)}'
+        f'<div class="headline" elementtiming="verdict">{esc(v.headline)}</div>'
         f'<div class="detail">{esc(v.detail)}</div><div class="context">{esc(v.context)}</div></div>'
     )
     sections.append(
@@ -238,6 +239,6 @@ def render_report(
     body = nav + "".join(f'<section id="{a}"><h2>{esc(t)}</h2>{b}</section>' for a, t, b in sections)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     subtitle = (f"{', '.join(sources)} · " if sources else "") + f"generated {stamp}"
-    out = page(title, body, subtitle, lead=invariants_html(analysis) + verdict_html)
+    out = page(title, body, subtitle, lead=verdict_html)
     tick(9)
     return out

@@ -28,9 +28,10 @@ _CHECK_WORDS = {
 
 
 def invariants_line(analysis: Analysis) -> tuple[str, bool]:
-    """``('EP invariants: assignment conservation ok (48 checked) · ...', any violated)``; ('', False) without checks."""
+    """``('EP invariants: assignment conservation ok (48 checked) · ...', any violated)``; ('', False) when
+    nothing could be checked (no routing counts, no split lists)."""
     inv = analysis.ep_invariants
-    if inv is None or inv.is_empty():
+    if inv is None or inv.is_empty() or bool((inv["status"] == "not_checked").all()):
         return "", False
     parts = []
     for r in inv.iter_rows(named=True):
@@ -45,7 +46,8 @@ def invariants_line(analysis: Analysis) -> tuple[str, bool]:
 
 
 def invariants_html(analysis: Analysis) -> str:
-    """The invariants box: one line, and each check's detail when one is violated."""
+    """The invariants line (the verdict box's first line, before any performance figure), and each
+    check's detail when one is violated."""
     line, bad = invariants_line(analysis)
     if not line:
         return ""
@@ -61,8 +63,8 @@ def invariants_html(analysis: Analysis) -> str:
             )
             + "</ul>"
         )
-    cls = "verdict high" if bad else "note"
-    return f'<div class="{cls}" id="ep-invariants"><b>{esc(line)}</b>{detail}</div>'
+    style = "color:#b00020" if bad else "color:#2e7d32"
+    return f'<div class="invariants" id="ep-invariants" style="{style}"><b>{esc(line)}</b>{detail}</div>'
 
 
 def rank_load_by_placement(analysis: Analysis) -> go.Figure | None:

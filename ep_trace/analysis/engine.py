@@ -25,12 +25,15 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+import polars as pl
+
 from ep_trace.analysis import findings, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
 from ep_trace.analysis.model_pass import RankFacts, model_pass
 from ep_trace.analysis.placement_pass import placement_pass, proposals
+from ep_trace.analysis.placement_plan import PER_RANK_SCHEMA
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.step_pass import step_pass
 from ep_trace.analysis.timeline_pass import timeline_pass
@@ -135,7 +138,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         link_costs=pp.link_costs,
         link_bytes=pp.link_bytes,
         ep_invariants=pp.ep_invariants,
-        placement=pp.plan.per_rank if pp.plan is not None else None,
+        placement=pp.plan.per_rank if pp.plan is not None else pl.DataFrame(schema=PER_RANK_SCHEMA),
         placement_proposals=proposals(pp.plan, config.replica_budget),
     )
     out = findings.with_findings(partial)

@@ -61,7 +61,7 @@ def _conservation(rc: pl.DataFrame, cm: pl.DataFrame) -> tuple[str, str, int, in
         if known.height:
             parts.append(f"{known.height} routing decisions: Σ counts = tokens × top_k in {known.height - off.height}")
         if off.height:
-            r = off.row(0, named=True)
+            r = off.sort("rank", "step", "layer", "microbatch").row(0, named=True)
             parts.append(
                 f"first off: rank {r['rank']} step {r['step']} layer {r['layer']}: {r['_sum']} assignments for "
                 f"{r['tokens']} tokens × top-{r['top_k']}"

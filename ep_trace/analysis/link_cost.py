@@ -13,7 +13,8 @@ whose worker copies them one after the other). One least-squares fit over every 
 dispatch / combine calls gives all α and β at once (numpy ``lstsq``, one row per (call, rank)). A
 class' β counts as fitted when the class carries bytes in at least :data:`MIN_CALLS` calls with at
 least two sizes and the slope is positive at the 95 % level; its α when the class is the farthest in
-at least :data:`MIN_CALLS` calls and the intercept is not negative. What is not fitted takes the
+at least :data:`MIN_CALLS` calls and the intercept is not significantly negative (a
+slightly negative one counts as 0). What is not fitted takes the
 user's default (``AnalysisConfig.link_defaults``), with the fit redone on what remains; r² is per
 class over the calls it is the farthest in.
 """
@@ -123,13 +124,13 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
             break
         slope = coef[_K:]
         bad_b = b_fit & ~((slope > 0) & (slope - 1.96 * se[_K:] > 0))
-        bad_a = a_fit & (coef[:_K] < 0)
+        bad_a = a_fit & (coef[:_K] + 1.96 * se[:_K] < -1.0)  # significantly negative (1 ns of float noise)
         if not bad_b.any() and not bad_a.any():
             break
         b_fit &= ~bad_b
         a_fit &= ~bad_a
     if coef is not None:
-        alpha = np.where(a_fit, coef[:_K], alpha)
+        alpha = np.where(a_fit, np.maximum(coef[:_K], 0.0), alpha)
         beta = np.where(b_fit, 1.0 / np.where(b_fit, coef[_K:], 1.0), beta)
     costs = LinkCosts(alpha, beta)
     return costs, _table(costs, b, y, far, a_fit, b_fit)

@@ -9,7 +9,7 @@ vLLM's default of contiguous blocks (``placement_recorded`` False: the report sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import polars as pl
@@ -17,12 +17,15 @@ import polars as pl
 from ep_trace.analysis import placement as plm
 from ep_trace.dtypes import itemsize
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
 __all__ = ["PlacementPlan", "PlacementProposal", "build_plan", "scenario_stats", "PER_RANK_SCHEMA", "SCENARIOS"]
 
 #: The what-ifs of the plan, in report order (``current`` is the recorded placement).
 SCENARIOS = ("placement", "node_local")
 
-PER_RANK_SCHEMA = {
+PER_RANK_SCHEMA: dict[str, PolarsDataType] = {
     "scenario": pl.Utf8,
     "rank": pl.Int32,
     "node": pl.Utf8,
@@ -232,7 +235,7 @@ def _per_rank(
             ).with_columns((pl.col("cross_node_rows") * (row_bytes or 0.0)).alias("cross_node_bytes"))
         )
     cols = [c for c in PER_RANK_SCHEMA if c != "recorded"]
-    return pl.concat(out).select(cols).cast({c: PER_RANK_SCHEMA[c] for c in cols})  # type: ignore[arg-type,misc]
+    return pl.concat(out).select(cols).cast({c: PER_RANK_SCHEMA[c] for c in cols})
 
 
 def scenario_stats(per_rank: pl.DataFrame | None) -> dict[str, dict[str, Any]]:
