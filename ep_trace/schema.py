@@ -45,7 +45,7 @@ __all__ = [
 #: Enum; 3: ``events.category`` Categorical; 4: ``events.seq`` also on serving engines' iteration
 #: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``; 5: kind
 #: ``python_frame``; 6: ``ranks.node_rank`` / ``local_world_size``, ``routing_counts.tokens`` / ``top_k`` /
-#: ``dropped`` / ``padded``).
+#: ``dropped`` / ``padded``, ``collectives.link_delay_ns``).
 SCHEMA_VERSION = 6
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
@@ -195,6 +195,13 @@ _COLLECTIVES_COLS = [
     ("peer_rank", _I32, True, "global rank of the p2p peer (send / recv)"),
     ("layer", _I32, True, "MoE layer (sidecar), when known"),
     ("direction", _S, True, "'dispatch', 'combine', 'count' (sidecar), when known"),
+    (
+        "link_delay_ns",
+        _I64,
+        True,
+        "an injected link delay the caller waited just before the call (sidecar a2a link_delay_ns: ep-trace demo's "
+        "emulated link), ns; part of the call's link cost",
+    ),
 ]
 
 _STAGES_COLS = [

@@ -47,7 +47,20 @@ def _observations(m: MatchPass, call_bytes: pl.DataFrame) -> pl.DataFrame:
     cr = m.call_ranks.join(ok, on="match_id", how="semi").select(
         "match_id", pl.col("rank").cast(pl.Int32), pl.col("transfer_ns").cast(pl.Float64).alias("y_ns")
     )
-    return cr.join(call_bytes, on=["match_id", "rank"], how="inner")
+    # an injected link delay before the call (ep-trace demo's emulated link) is part of its link cost
+    j = cr.join(call_bytes, on=["match_id", "rank"], how="inner")
+    return j.with_columns(pl.col("y_ns") + pl.col("delay_ns"))
+
+
+def _delays(matched: pl.DataFrame) -> pl.DataFrame:
+    """``match_id, rank, delay_ns``: the injected link delay each rank waited before each call (sidecar)."""
+    if "link_delay_ns" not in matched.columns:
+        return pl.DataFrame(schema={"match_id": pl.Int64, "rank": pl.Int32, "delay_ns": pl.Float64})
+    return (
+        matched.filter(pl.col("match_id").is_not_null())
+        .group_by("match_id", pl.col("rank").cast(pl.Int32))
+        .agg(pl.col("link_delay_ns").fill_null(0).sum().cast(pl.Float64).alias("delay_ns"))
+    )
 
 
 def placement_pass(
@@ -59,7 +72,8 @@ def placement_pass(
     note = topology.topology_note(nodes)
     if note:
         notes.append(note)
-    cb = link_cost.call_class_bytes(m.matched, nodes)
+    cb = link_cost.call_class_bytes(m.matched, nodes).join(_delays(m.matched), on=["match_id", "rank"], how="left")
+    cb = cb.with_columns(pl.col("delay_ns").fill_null(0.0))
     costs, cost_table = link_cost.fit_link_costs(_observations(m, cb), config.link_defaults)
     lb = link_cost.link_bytes(ld.count_matrix, nodes)
     plan = build_plan(

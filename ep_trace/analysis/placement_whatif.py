@@ -86,14 +86,16 @@ def _class_rows(pairs: pl.DataFrame, node_of: dict[int, int]) -> pl.DataFrame:
     )
 
 
-def _transfer_delta(g: StepGraph, inp: PlacementInputs, scenario: str) -> np.ndarray:
-    """Per node: the modelled change of its transfer, ns (0 for nodes the edit does not reach)."""
-    out = np.zeros(g.nodes.height)
+def _transfer_delta(g: StepGraph, inp: PlacementInputs, scenario: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per node: the modelled change of its link cost, ns, as ``(lead gap change, transfer change)``: an
+    injected link delay the caller waited before the call (``delay_ns``) sits in the lead gap, so the
+    change is shared between the two in proportion to the delay and the measured transfer."""
+    dg, dt = np.zeros(g.nodes.height), np.zeros(g.nodes.height)
     calls = g.nodes.filter(
         (pl.col("kind") == "call") & pl.col("direction").is_in(["dispatch", "combine"]) & pl.col("layer").is_not_null()
-    ).select("node", "rank", "step", "layer", "direction", "match_id")
+    ).select("node", "rank", "step", "layer", "direction", "match_id", "transfer_ns")
     if calls.is_empty() or inp.call_bytes.is_empty():
-        return out
+        return dg, dt
     c = calls.join(inp.call_bytes, on=["match_id", "rank"], how="inner")
     tot = pl.sum_horizontal(_B)
     c = c.with_columns(tot.alias("_tot")).with_columns(
@@ -102,12 +104,19 @@ def _transfer_delta(g: StepGraph, inp: PlacementInputs, scenario: str) -> np.nda
     new = _class_rows(inp.plan.pairs[scenario], inp.plan.node_of)
     c = c.join(new, on=["step", "layer", "rank"], how="inner")
     if c.is_empty():
-        return out
+        return dg, dt
     scale = pl.col("_f") * pl.col("row_bytes")
     old_b = c.select(_B).to_numpy().astype(np.float64)
     new_b = c.select([(pl.col(f"r_{k}") * scale).fill_null(0.0) for k in LINK_CLASSES]).to_numpy().astype(np.float64)
-    out[c["node"].to_numpy()] = inp.costs.price(new_b) - inp.costs.price(old_b)
-    return out
+    change = inp.costs.price(new_b) - inp.costs.price(old_b)
+    delay = (
+        c["delay_ns"].fill_null(0.0).to_numpy().astype(np.float64) if "delay_ns" in c.columns else np.zeros(c.height)
+    )
+    total = delay + c["transfer_ns"].to_numpy().astype(np.float64)
+    share = np.divide(delay, total, out=np.zeros_like(delay), where=total > 0)
+    idx = c["node"].to_numpy()
+    dg[idx], dt[idx] = change * share, change * (1.0 - share)
+    return dg, dt
 
 
 def placement_edits(
@@ -119,10 +128,9 @@ def placement_edits(
         if sc not in inp.plan.proposals:
             continue
         dz, _ = expert_delta(g, _loads(inp, sc), charge_idle=True)
-        dt = _transfer_delta(g, inp, sc)
-        changed = (np.abs(dz) > 0) | (np.abs(dt) > 0)
+        dg, dt = _transfer_delta(g, inp, sc)
+        changed = (np.abs(dz) > 0) | (np.abs(dt) > 0) | (np.abs(dg) > 0)
         ranks = sorted({int(r) for r in g.nodes.filter(pl.Series(changed))["rank"].unique()})
-        out.append(
-            (sc, np.maximum(gap - dz, 0.0), np.maximum(transfer + dt, 0.0), ranks or list(inp.plan.current.ranks))
-        )
+        edited_gap = np.maximum(gap - dz + dg, 0.0)
+        out.append((sc, edited_gap, np.maximum(transfer + dt, 0.0), ranks or list(inp.plan.current.ranks)))
     return out
