@@ -48,7 +48,9 @@ def test_routing_rule_reproduces_the_recorded_count_matrix(analyses, sample):
     model = plm.route(counts, current, nodes).rename({"rows": "model"})
     cm = a.count_matrix.filter(pl.col("direction") == "dispatch")
     measured = cm.group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum().alias("measured"))
-    j = measured.filter(pl.col("measured") > 0).join(model, on=["step", "layer", "src", "dst"], how="full", coalesce=True)
+    j = measured.filter(pl.col("measured") > 0).join(
+        model, on=["step", "layer", "src", "dst"], how="full", coalesce=True
+    )
     assert j.height == 2 * 3 * 16  # layers x steps x pairs: every pair of the 4 ranks sends
     assert (j["model"] == j["measured"]).all()
 
