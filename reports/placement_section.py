@@ -67,10 +67,16 @@ def invariants_html(analysis: Analysis) -> str:
     return f'<div class="invariants" id="ep-invariants" style="{style}"><b>{esc(line)}</b>{detail}</div>'
 
 
+#: Ranks beyond which the per-rank load figure is left out (the comparison table says it all; a
+#: grouped bar per rank and scenario at 1,024 ranks is unreadable and heavy).
+MAX_FIGURE_RANKS = 128
+
+
 def rank_load_by_placement(analysis: Analysis) -> go.Figure | None:
-    """Grouped bars: each rank's expert load (rows per step) as recorded and under each proposal."""
+    """Grouped bars: each rank's expert load (rows per step) as recorded and under each proposal (None
+    beyond :data:`MAX_FIGURE_RANKS` ranks)."""
     p = analysis.placement
-    if p is None or p.is_empty():
+    if p is None or p.is_empty() or p["rank"].n_unique() > MAX_FIGURE_RANKS:
         return None
     fig = go.Figure()
     scen = [s for s in SCENARIO_LABELS if s in set(p["scenario"].to_list())]
@@ -192,7 +198,11 @@ def placement_html(analysis: Analysis) -> str:
                 rows,
                 left=1,
             )
-            + figure_html(rank_load_by_placement(analysis), "fig-placement-load", "No placement model.")
+            + figure_html(
+                rank_load_by_placement(analysis),
+                "fig-placement-load",
+                f"More than {MAX_FIGURE_RANKS} ranks: the per-rank load is in the table below (first 64 ranks).",
+            )
             + _per_rank_table(analysis)
         )
     return "".join(parts)
