@@ -47,13 +47,11 @@ def _placement(a: Analysis) -> dict[str, Any] | None:
             "I_r": s["I_r"],
             "cross_node_bytes_per_step": s["cross_node_bytes"],
             "predicted_step_ns": int(w["predicted_step_ns"]) if w else None,
-            "saving_ns": int(w["saving_ns"]) if w else None,
             "ranks": rows.select("rank", "node", "experts", "load", "cross_node_bytes").to_dicts(),
         }
     if "current" in by_scenario and wf:
         base = next(iter(wf.values()))
         by_scenario["current"]["predicted_step_ns"] = int(base["predicted_step_ns"]) + int(base["saving_ns"])
-        by_scenario["current"]["saving_ns"] = 0
     return {
         "recorded": bool(p["recorded"][0]),
         "replica_budget": a.config.replica_budget,

@@ -43,7 +43,7 @@ def test_propose_placement_writes_the_proposal_files(capsys, tmp_path, samples_d
     # the file holds the proposal with the largest simulated saving, and the terminal says which
     summary = orjson.loads((tmp_path / "s.json").read_bytes())
     scen = summary["placement"]["scenarios"]
-    chosen = max(("placement", "node_local"), key=lambda s: scen[s]["saving_ns"])
+    chosen = min(("placement", "node_local"), key=lambda s: scen[s]["predicted_step_ns"])
     line = next(x for x in out.splitlines() if x.startswith("placement: "))
     assert line.startswith(f"placement: {prop} ({chosen}")
     assert f"--init-expert-location {tmp_path / 'p.sglang.json'} --ep-num-redundant-experts {4 * slots - 8}" in line
