@@ -82,6 +82,7 @@ def load(
     jobs: int = 1,
     executor: Executor | None = None,
     cache: bool | str | Path = False,
+    routing: Sequence[str | Path] = (),
 ) -> Analysis:
     """Read the trace directories (or files) of one job and analyze them: ingest, then analysis.
 
@@ -103,6 +104,9 @@ def load(
             ``~/.cache/ep-trace``; a path: that cache root). Re-analysing 1,024 small ranks then
             reads the Parquet tables (~3.8 CPU-s with the analysis) instead of parsing ~11 CPU-s of JSON. Off by default
             (the library writes no file unless asked); ``ep-trace analyze`` turns it on.
+        routing: Frameworks' routing dumps (files or directories: Megatron-Core router traces, SGLang
+            expert distribution records, vLLM EPLB state; ``ep_trace.parsers.routing_dumps``) whose
+            per-(rank, expert) counts stand in for ranks without sidecar routing records.
 
     Returns:
         The frozen :class:`Analysis` (all times int64 ns).
@@ -133,6 +137,10 @@ def load(
             executor=executor,
         )
     tables = read_trace_dirs(dirs, format, on_error, progress, rank_map, jobs, executor, reader)
+    if routing:
+        from ep_trace.parsers.routing_dumps import with_routing_dumps
+
+        tables = with_routing_dumps(tables, [Path(p) for p in routing])
     if tables.n_events() == 0:
         names = ", ".join(map(str, dirs))
         raise NothingToAnalyzeError(

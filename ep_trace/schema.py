@@ -45,7 +45,8 @@ __all__ = [
 #: Enum; 3: ``events.category`` Categorical; 4: ``events.seq`` also on serving engines' iteration
 #: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``; 5: kind
 #: ``python_frame``; 6: gloo calls' process group read from their worker threads,
-#: ``parsers/kineto_gloo_groups.py``).
+#: ``parsers/kineto_gloo_groups.py``; ``ranks.node_rank`` / ``local_world_size``, ``routing_counts.tokens`` /
+#: ``top_k`` / ``dropped`` / ``padded``, ``collectives.link_delay_ns``).
 SCHEMA_VERSION = 6
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
@@ -108,6 +109,18 @@ _RANKS_COLS = [
     ("top_k", _I32, True, "experts per token (sidecar)"),
     ("torch_version", _S, True, "torch version of the capture"),
     ("ep_trace_version", _S, True, "ep-trace version of the capture"),
+    (
+        "node_rank",
+        _I32,
+        True,
+        "index of the rank's node from its launcher (torchrun GROUP_RANK / --node-rank, SLURM_NODEID), when recorded",
+    ),
+    (
+        "local_world_size",
+        _I32,
+        True,
+        "ranks per node from the launcher (LOCAL_WORLD_SIZE, torchrun --nproc-per-node, SLURM_NTASKS_PER_NODE)",
+    ),
 ]
 
 _EVENTS_COLS = [
@@ -183,6 +196,13 @@ _COLLECTIVES_COLS = [
     ("peer_rank", _I32, True, "global rank of the p2p peer (send / recv)"),
     ("layer", _I32, True, "MoE layer (sidecar), when known"),
     ("direction", _S, True, "'dispatch', 'combine', 'count' (sidecar), when known"),
+    (
+        "link_delay_ns",
+        _I64,
+        True,
+        "an injected link delay the caller waited just before the call (sidecar a2a link_delay_ns: ep-trace demo's "
+        "emulated link), ns; part of the call's link cost",
+    ),
 ]
 
 _STAGES_COLS = [
@@ -208,6 +228,15 @@ _ROUTING_COUNTS_COLS = [
     ("microbatch", _I32, False, "micro-batch (0 when not micro-batched)"),
     ("expert", _I32, False, "global expert id"),
     ("count", _I64, False, "token assignments routed to the expert (top-k counted k times)"),
+    ("tokens", _I64, True, "tokens the rank routed in this (step, layer, micro-batch), on each of its expert rows"),
+    ("top_k", _I32, True, "experts per token of that routing decision"),
+    (
+        "dropped",
+        _I64,
+        True,
+        "assignments of the decision that were not dispatched (capacity drops), when recorded; counted in ``count``",
+    ),
+    ("padded", _I64, True, "padding rows dispatched beyond the assignments (capacity padding), when recorded"),
 ]
 
 _ROUTING_MATRIX_COLS = [

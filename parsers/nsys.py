@@ -33,7 +33,14 @@ from ep_trace.comm_classifier import comm_family_expr
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers.nsys_collectives import group_collectives
 from ep_trace.parsers.nsys_project import enclosing_pairs, innermost_range, range_envelopes
-from ep_trace.parsers.nsys_ranks import assign_ranks, hostname, launcher_env, nccl_init_ranks, ranks_table
+from ep_trace.parsers.nsys_ranks import (
+    assign_ranks,
+    hostname,
+    launcher_env,
+    launcher_topology,
+    nccl_init_ranks,
+    ranks_table,
+)
 from ep_trace.parsers.nsys_source import TableSource, open_source
 from ep_trace.parsers.nsys_tables import (
     EMIT_NVTX_SUFFIX,
@@ -312,7 +319,7 @@ def _read(
         )
 
     events, collectives = _assemble(gpu, rt, ranges, annotations, calls, members, rank_of, offset)
-    ranks = ranks_table(events, collectives, rank_of, owners, path, hostname(src))
+    ranks = ranks_table(events, collectives, rank_of, owners, path, hostname(src), launcher_topology(src))
     dropped = (
         pl.concat([gpu.select("_proc"), rt.select("_proc"), ranges.select("_proc")])
         .filter(~pl.col("_proc").is_in(rank_of["_proc"].implode()))

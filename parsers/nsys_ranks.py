@@ -36,7 +36,15 @@ from ep_trace.errors import ConfigError
 from ep_trace.parsers.nsys_source import TableSource
 from ep_trace.schema import LoadIssue, conform
 
-__all__ = ["assign_ranks", "hostname", "ranks_table", "launcher_env", "nccl_init_ranks", "LOOKED_FOR"]
+__all__ = [
+    "assign_ranks",
+    "hostname",
+    "ranks_table",
+    "launcher_env",
+    "launcher_topology",
+    "nccl_init_ranks",
+    "LOOKED_FOR",
+]
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -64,6 +72,44 @@ def launcher_env(src: TableSource) -> dict[str, str]:
             if sep and k.strip():
                 env[k.strip()] = v
     return env
+
+
+#: Node of the rank: torchrun's GROUP_RANK (torch/distributed/run.py sets it per agent), Slurm's SLURM_NODEID.
+_NODE_VARS = ("GROUP_RANK", "SLURM_NODEID")
+#: Ranks per node: torchrun's LOCAL_WORLD_SIZE, Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE
+#: (``8`` or ``8(x2)``: the leading number).
+_PER_NODE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+#: torchrun's own arguments when nsys profiled the launcher (``torchrun --nproc_per_node=2 ...``; both
+#: spellings, torch/distributed/run.py ``--nproc-per-node`` / ``--nproc_per_node``).
+_ARG = re.compile(r"^--(nproc[-_]per[-_]node|node[-_]rank)=(\d+)$")
+
+
+def launcher_topology(src: TableSource) -> dict[str, int | None]:
+    """``{"node_rank", "local_world_size"}`` of the profiled process from its launcher, None where absent.
+
+    Read from the recorded environment (:func:`launcher_env`) and the capture metadata
+    (``META_DATA_CAPTURE`` rows ``PROCESS_<i>:ENVIRONMENT_VARIABLE`` = ``NAME="value"`` and
+    ``PROCESS_<i>:ARGUMENT_<j>``: the launcher's arguments when nsys profiled ``torchrun``).
+    """
+    env = dict(launcher_env(src))
+    args: list[str] = []
+    if {"name", "value"} <= set(src.columns("META_DATA_CAPTURE")):
+        rows = src.read("META_DATA_CAPTURE", ["name", "value"]).filter(pl.col("name").str.starts_with("PROCESS_"))
+        for name, value in rows.iter_rows():
+            text = str(value or "")
+            if str(name).endswith(":ENVIRONMENT_VARIABLE"):
+                k, sep, v = text.partition("=")
+                if sep:
+                    env.setdefault(k.strip(), v.strip().strip('"'))
+            elif ":ARGUMENT_" in str(name):
+                args.append(text.strip())
+    found = {m.group(1).replace("-", "_"): int(m.group(2)) for a in args if (m := _ARG.match(a))}
+    per = _env_int({k: re.sub(r"\(.*\)$", "", env.get(k, "")) for k in _PER_NODE_VARS}, _PER_NODE_VARS)
+    node = _env_int(env, _NODE_VARS)
+    return {
+        "node_rank": node if node is not None else found.get("node_rank"),
+        "local_world_size": per if per is not None else found.get("nproc_per_node"),
+    }
 
 
 def _env_int(env: Mapping[str, str], names: tuple[str, ...]) -> int | None:
@@ -255,8 +301,11 @@ def ranks_table(
     owners: pl.DataFrame,
     path: Path,
     host: str | None,
+    topo: Mapping[str, int | None] | None = None,
 ) -> pl.DataFrame:
-    """The canonical ``ranks`` table: one row per mapped process, trace span from its events."""
+    """The canonical ``ranks`` table: one row per mapped process, trace span from its events; ``topo``:
+    :func:`launcher_topology` (every process of one file shares its launcher)."""
+    topo = topo or {}
     span = events.group_by("rank").agg(
         pl.col("start_ns").min().alias("trace_start_ns"), pl.col("end_ns").max().alias("trace_end_ns")
     )
@@ -280,6 +329,8 @@ def ranks_table(
             pl.lit(0, dtype=pl.Int64).alias("clock_offset_ns"),
             "rank_source",
             pl.lit(False).alias("has_sidecar"),
+            pl.lit(topo.get("node_rank"), dtype=pl.Int32).alias("node_rank"),
+            pl.lit(topo.get("local_world_size"), dtype=pl.Int32).alias("local_world_size"),
         )
         .sort("rank")
     )

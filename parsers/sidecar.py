@@ -181,8 +181,16 @@ def _routing_counts(sc: Sidecar, rank: int) -> pl.DataFrame:
             "layer": [r.get("layer") for r in recs],
             "microbatch": [r.get("microbatch", 0) for r in recs],
             "count": [r["expert_counts"] for r in recs],
+            # conservation facts of the decision (docs/sidecar.md), checked by the analysis (ep_invariants)
+            **{k: [r.get(k) for r in recs] for k in ("tokens", "top_k", "dropped", "padded")},
         },
-        schema={"step": pl.Int64, "layer": pl.Int32, "microbatch": pl.Int32, "count": pl.List(pl.Int64)},
+        schema={
+            "step": pl.Int64,
+            "layer": pl.Int32,
+            "microbatch": pl.Int32,
+            "count": pl.List(pl.Int64),
+            **dict.fromkeys(("tokens", "top_k", "dropped", "padded"), pl.Int64),
+        },
     )
     df = df.with_columns(pl.int_ranges(pl.col("count").list.len()).alias("expert")).explode("count", "expert")
     return schema.conform("routing_counts", df.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")))
@@ -202,6 +210,7 @@ def _a2a_frame(sc: Sidecar) -> pl.DataFrame:
         "group_ranks",
         "start_ns",
         "end_ns",
+        "link_delay_ns",
     )
     return pl.DataFrame(
         {c: [r.get(c) for r in sc.a2a] for c in cols},
@@ -218,6 +227,7 @@ def _a2a_frame(sc: Sidecar) -> pl.DataFrame:
             "group_ranks": pl.List(pl.Int32),
             "start_ns": pl.Int64,
             "end_ns": pl.Int64,
+            "link_delay_ns": pl.Int64,
         },
     ).with_columns(
         pl.col("microbatch").fill_null(0), pl.col("phase").fill_null("fwd")
@@ -276,6 +286,7 @@ def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFram
             pl.col("recv_splits").alias("_recv"),
             pl.col("row_bytes").alias("_rb"),
             pl.col("group_ranks").alias("_gr"),
+            pl.col("link_delay_ns").alias("_delay"),
         )
         .drop_nulls(["_a_start"])
         .sort("_a_start")
@@ -287,13 +298,16 @@ def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFram
         .join_asof(right, left_on="cpu_start_ns", right_on="_a_start", strategy="backward")
     )
     cand = cand.filter(pl.col("cpu_start_ns") <= pl.col("_a_end")).select(
-        "_i", "_layer", "_dir", "_send", "_recv", "_rb", "_gr"
+        "_i", "_layer", "_dir", "_send", "_recv", "_rb", "_gr", "_delay"
     )
     calls = left.filter(is_a2a).sort("cpu_start_ns")
     if cand.height == 0 and calls.height == right.height:
         # Host clocks that do not line up (e.g. a trace re-based by another tool): pair by order.
         cand = pl.concat(
-            [calls.select("_i"), right.sort("_a_start").select("_layer", "_dir", "_send", "_recv", "_rb", "_gr")],
+            [
+                calls.select("_i"),
+                right.sort("_a_start").select("_layer", "_dir", "_send", "_recv", "_rb", "_gr", "_delay"),
+            ],
             how="horizontal",
         )
     out = left.join(cand, on="_i", how="left")
@@ -308,6 +322,7 @@ def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFram
         pl.when(replace_splits).then(False).otherwise(pl.col("splits_truncated")).alias("splits_truncated"),
         pl.coalesce("row_bytes", "_rb").alias("row_bytes"),
         pl.coalesce("group_ranks", "_gr").alias("group_ranks"),
+        pl.coalesce("link_delay_ns", "_delay").alias("link_delay_ns"),
     )
     out = out.with_columns(
         pl.when(replace_splits & (pl.col("collective") == "all_to_all"))

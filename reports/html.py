@@ -31,6 +31,7 @@ from ep_trace.reports.html_sections import (
     whatif_html,
     withheld_html,
 )
+from ep_trace.reports.placement_section import invariants_html, placement_html
 from ep_trace.reports.units import fmt_ns
 
 __all__ = ["render_report"]
@@ -69,10 +70,10 @@ def render_report(
 ) -> str:
     """Render the full report page.
 
-    Order: verdict (first under the title) + findings with their evidence; where the time goes
+    Order: the EP invariants, verdict (first under the title) + findings with their evidence; where the time goes
     (per-rank breakdown beside the stage breakdown, top kernels and CPU ops); timeline of one step
     (with the critical path when the analysis has one); routing (count matrix, expert load, I_e / I_r
-    per layer); overlap; barrier wait (per rank, wait matrix, stragglers, per-rank step-time table);
+    per layer); placement and topology (link classes, proposals); overlap; barrier wait (per rank, wait matrix, stragglers, per-rank step-time table);
     α–β fit; host stalls; load report; ``extra_sections``; metric definitions.
 
     Args:
@@ -94,7 +95,8 @@ def render_report(
 
     sections: list[tuple[str, str, str]] = []
     verdict_html = (
-        f'<div class="verdict {esc(v.severity)}" id="verdict"><div class="headline" elementtiming="verdict">{esc(v.headline)}</div>'
+        f'<div class="verdict {esc(v.severity)}" id="verdict">{invariants_html(analysis)}'
+        f'<div class="headline" elementtiming="verdict">{esc(v.headline)}</div>'
         f'<div class="detail">{esc(v.detail)}</div><div class="context">{esc(v.context)}</div></div>'
     )
     sections.append(
@@ -178,6 +180,9 @@ def render_report(
     else:
         routing = f'<p class="note">{esc(no_routing)}</p>'
     sections.append(("routing", "Routing: count matrix and expert load", routing))
+    placement = placement_html(analysis)
+    if placement:
+        sections.append(("placement", "Placement and topology: where experts live, what crosses nodes", placement))
     tick(4)
     ov_sentence = comm_figures.overlap_sentence(analysis)
     if ov_sentence is not None:

@@ -96,6 +96,20 @@ METRIC_DEFINITIONS: tuple[tuple[str, str], ...] = (
         "T = α + B/β is fitted per link class (intra-host, inter-host): a large α share means latency-bound, else bandwidth-bound.",
     ),
     (
+        "EP invariants",
+        "Assignment conservation: each routing decision assigns tokens × top-k slots, and every assignment is "
+        "dispatched once (dropped and padding rows counted and named). Ownership: each expert's rows land on a rank "
+        "that holds it under the recorded placement. Split consistency: as above. Stated before any performance figure.",
+    ),
+    (
+        "Link classes, placement",
+        "Each (source, destination) pair is same rank, same node or cross node (host names, the launcher, or "
+        "--topology). A call's transfer costs α of its farthest class + Σ bytes / β per class, fitted from the trace's "
+        "all-to-alls (else defaults). A placement maps experts to ranks (replicas: a source's rows go to the copies on "
+        "its node first, split evenly); the placement and node_local what-ifs re-price expert work per row and the "
+        "transfers per class for the proposed placement, and replay the step.",
+    ),
+    (
         "Host stall",
         "Device idle on the critical path while the host blocks (e.g. cudaStreamSynchronize, a D2H copy of the counts "
         "before the token all-to-all).",

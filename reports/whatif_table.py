@@ -40,6 +40,8 @@ WHATIF_HEADERS = (
     "ranks",
     "checked against a rerun",
 )
+#: The what-ifs that are not part of ``all`` (each an alternative to ``balanced_routing``).
+PLACEMENT_SCENARIOS = ("placement", "node_local")
 #: The baseline row's name (no scenario of ``Analysis.whatif`` has it).
 MEASURED = "as measured"
 
@@ -53,6 +55,9 @@ SCENARIO_WORDS = {
     "fused_permute": "permute / unpermute compute halved",
     "chunked_pipeline": "dispatch / experts / combine pipelined over {k} chunks (the best k)",
     "all": "every edit above at once: the bound (do not add the rows)",
+    "placement": "experts re-placed, hot ones replicated (EPLB-style): each rank's expert work at its cost per row, "
+    "transfers re-priced per link class",
+    "node_local": "experts placed on the nodes whose tokens use them (fewest cross-node bytes at a bounded load)",
 }
 
 
@@ -68,6 +73,8 @@ def slower_reason(scenario: str, heavy: list[int], straggler: int | None) -> str
         if straggler is not None and straggler not in heavy:
             return f"balancing gives more tokens to rank {straggler}, the late rank, which then arrives later still"
         return "the ranks that receive tokens finish later than the heavy ranks did"
+    if scenario in PLACEMENT_SCENARIOS:
+        return "the ranks that take the moved rows work slower per row (measured) than the ranks that shed them"
     if scenario == "chunked_pipeline":
         return (
             "each extra chunk's two collective calls and re-issued ops cost more than pipelining hides on these ranks"
@@ -123,6 +130,8 @@ def whatif_rows(analysis: Analysis) -> list[list[str]]:
         sav = int(r["saving_ns"])
         words = SCENARIO_WORDS.get(r["scenario"], r["scenario"]).format(k=r.get("chunks"))
         words += f"; slower: {reasons[r['scenario']]}" if r["scenario"] in reasons else ""
+        if r["scenario"] == "all" and wf["scenario"].is_in(list(PLACEMENT_SCENARIOS)).any():
+            words += "; placement and node_local left out: alternatives to balanced_routing"
         saving = fmt_ns(sav) if sav >= 0 else f"{fmt_ns(-sav)} slower"
         rows.append(
             [

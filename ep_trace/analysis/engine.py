@@ -7,7 +7,8 @@
    (comm / compute), true overlap per (rank, step), stage attribution, top ops and kernels;
 4. matching (:mod:`~ep_trace.analysis.match_pass`): collectives matched across ranks, clocks aligned;
 5. waits (:mod:`~ep_trace.analysis.wait_pass`): wait matrix, stragglers, the step table;
-6. load (:mod:`~ep_trace.analysis.load_pass`): expert / rank load, imbalance, α–β;
+6. load (:mod:`~ep_trace.analysis.load_pass`): expert / rank load, imbalance, α–β; then topology,
+   link costs, EP invariants and the placement plan (:mod:`~ep_trace.analysis.placement_pass`);
 7. timeline (:mod:`~ep_trace.analysis.timeline_pass`): host stalls, timeline, breakdown;
 8. model (:mod:`~ep_trace.analysis.model_pass`): the step graph, its replay and the what-ifs;
 9. findings (:mod:`~ep_trace.analysis.findings`): ranked findings with their savings;
@@ -26,11 +27,15 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
+import polars as pl
+
 from ep_trace.analysis import findings, invariants, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
 from ep_trace.analysis.model_pass import RankFacts, model_pass
+from ep_trace.analysis.placement_pass import placement_pass, proposals
+from ep_trace.analysis.placement_plan import PER_RANK_SCHEMA
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.step_pass import step_pass
 from ep_trace.analysis.timeline_pass import timeline_pass
@@ -80,6 +85,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     w = wait_pass(m, windows, second.overlap, tables.ranks, first.mode)
     say("imbalance", 5, total)
     ld = load_pass(tables, m)
+    pp = placement_pass(tables, m, ld, sorted(int(x) for x in windows["step"].unique()), config)
     say("bandwidth", 6, total)
     tl = timeline_pass(blocks, first, second, windows, m, w, config)
     facts = RankFacts(first.mode, first.gap_floor)
@@ -91,7 +97,9 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     detection, top_ops, top_kernels = second.detection, second.top_ops, second.top_kernels
     del second
     say("model", 7, total)
-    md = model_pass(tables, blocks, config, facts, windows, m, graph_act, stage_df, tl.host_stalls, ld.rank_load)
+    md = model_pass(
+        tables, blocks, config, facts, windows, m, graph_act, stage_df, tl.host_stalls, ld.rank_load, pp.inputs
+    )
     say("findings", 8, total)
     hta = rank_pass.hta_overlap(tables, blocks) if config.hta_compatible else None
     filled = dataclasses.replace(tables, stages=stage_df.select(list(STAGES_SCHEMA)).cast(STAGES_SCHEMA))
@@ -120,7 +128,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         detection_method=detection,
         hta_overlap=hta,
         load_report=tables.load_report,
-        notes=step_notes + m.notes + md.notes,
+        notes=step_notes + m.notes + pp.notes + md.notes,
         misaligned=m.misaligned,
         replay=md.replay,
         critical_path=md.critical_path,
@@ -129,6 +137,12 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         top_kernels=top_kernels,
         top_ops=top_ops,
         op_stalls=md.op_stalls,
+        topology=pp.topology,
+        link_costs=pp.link_costs,
+        link_bytes=pp.link_bytes,
+        ep_invariants=pp.ep_invariants,
+        placement=pp.plan.per_rank if pp.plan is not None else pl.DataFrame(schema=PER_RANK_SCHEMA),
+        placement_proposals=proposals(pp.plan, config.replica_budget),
     )
     out = invariants.enforce(findings.with_findings(partial))
     log.debug(

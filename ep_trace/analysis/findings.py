@@ -15,6 +15,7 @@ different findings come from one model and rank against each other (they still o
 * host_bound <- ``no_launch_gaps`` (GPU ranks whose device waits for a busy host, :mod:`finding_host`);
 * bandwidth_bound <- ``fp8_dispatch`` (EP traffic only);
 * pack_unpack_overhead <- ``fused_permute``;
+* expert_placement <- ``placement``; cross_node_traffic <- ``node_local`` (:mod:`finding_placement`);
 * small_message_latency: upper bound calls per step x alpha (no graph edit), only from a fit with
   enough calls and r2 >= 0.8;
 * split_inconsistency / missing_collective: correctness findings, saving 0, listed after the
@@ -50,6 +51,7 @@ from ep_trace.analysis.finding_common import num as _num
 from ep_trace.analysis.finding_common import wf as _wf
 from ep_trace.analysis.finding_common import wf_ev as _wf_ev
 from ep_trace.analysis.finding_host import host_bound
+from ep_trace.analysis.finding_placement import placement_findings
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.late_stages import late_stages
 from ep_trace.analysis.result import Analysis, Finding
@@ -75,6 +77,7 @@ def with_findings(a: Analysis) -> Analysis:
     out += host_bound(a, step_ns)
     out += alpha_beta(a, step_ns, n_steps)
     out += _pack(a, step_ns)
+    out += placement_findings(a, step_ns)
     # no finding without a positive saving heads (or joins) the performance list
     out = [f for f in out if f.est_saving_ns > 0]
     out = _one_finding_per_whatif(out)

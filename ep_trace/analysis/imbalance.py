@@ -16,7 +16,15 @@ import polars as pl
 
 from ep_trace.analysis.matching import splits_long
 
-__all__ = ["expert_load", "count_matrix", "split_violations", "rank_load", "imbalance_table", "run_aggregate"]
+__all__ = [
+    "expert_load",
+    "count_matrix",
+    "split_violations",
+    "split_pairs_compared",
+    "rank_load",
+    "imbalance_table",
+    "run_aggregate",
+]
 
 
 def expert_load(routing_counts: pl.DataFrame, num_experts: int | None) -> pl.DataFrame:
@@ -70,12 +78,8 @@ def count_matrix(routing_matrix: pl.DataFrame, matched: pl.DataFrame) -> pl.Data
     ).sort(["step", "direction", "call", "src", "dst"])
 
 
-def split_violations(matched: pl.DataFrame) -> pl.DataFrame:
-    """Pairs where rank src's send split to dst differs from rank dst's receive split from src.
-
-    Only pairs where both ranks recorded their list are compared (a missing rank is a load-report
-    matter, not a violation). Columns ``step, call, src, dst, sent, received`` (``call`` = match id).
-    """
+def _split_pairs(matched: pl.DataFrame) -> pl.DataFrame:
+    """``match_id, step, src, dst, sent, received``: every pair whose two ranks both recorded their list."""
     m = matched.filter(pl.col("match_id").is_not_null())
     meta = m.select("rank", "coll_id", "match_id", "step")
     sent = (
@@ -90,12 +94,26 @@ def split_violations(matched: pl.DataFrame) -> pl.DataFrame:
         .join(meta, on=["rank", "coll_id"])
         .select("match_id", pl.col("peer").alias("src"), pl.col("rank").alias("dst"), pl.col("rows").alias("received"))
     )
-    j = sent.join(recv, on=["match_id", "src", "dst"], how="inner")
+    return sent.join(recv, on=["match_id", "src", "dst"], how="inner")
+
+
+def split_violations(matched: pl.DataFrame) -> pl.DataFrame:
+    """Pairs where rank src's send split to dst differs from rank dst's receive split from src.
+
+    Only pairs where both ranks recorded their list are compared (a missing rank is a load-report
+    matter, not a violation). Columns ``step, call, src, dst, sent, received`` (``call`` = match id).
+    """
+    j = _split_pairs(matched)
     return (
         j.filter(pl.col("sent") != pl.col("received"))
         .select("step", pl.col("match_id").alias("call"), "src", "dst", "sent", "received")
         .sort(["call", "src", "dst"])
     )
+
+
+def split_pairs_compared(matched: pl.DataFrame) -> int:
+    """How many (call, source, destination) split pairs :func:`split_violations` compared."""
+    return _split_pairs(matched).height
 
 
 def rank_load(cm: pl.DataFrame, all_ranks: list[int]) -> pl.DataFrame:

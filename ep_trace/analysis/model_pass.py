@@ -18,6 +18,7 @@ from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.finding_common import fmt_ns, rank_list
 from ep_trace.analysis.match_pass import MatchPass
 from ep_trace.analysis.op_stalls import stall_share
+from ep_trace.analysis.placement_whatif import PlacementInputs, placement_edits
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
 from ep_trace.schema import TraceTables
 
@@ -60,8 +61,10 @@ def model_pass(
     stage_df: pl.DataFrame,
     stalls: pl.DataFrame,
     rank_load: pl.DataFrame,
+    placement: PlacementInputs | None = None,
 ) -> ModelPass:
-    """Build the step graph (consuming ``graph_act``, a block at a time), replay it, run the what-ifs."""
+    """Build the step graph (consuming ``graph_act``, a block at a time), replay it, run the what-ifs
+    (with the ``placement`` / ``node_local`` edits of ``placement``, when the trace has routing counts)."""
     mode = facts.mode
     gpu_ranks = [r for r, md in mode.items() if md == "gpu"]
     unmatched = m.matched.filter(pl.col("match_id").is_null()).select(
@@ -92,6 +95,7 @@ def model_pass(
         frozenset(gpu_ranks),
         facts.gap_floor if gpu_ranks else None,
         stall_share(stall_df),
+        None if placement is None else lambda g, gap, tr: placement_edits(g, gap, tr, placement),
     )
     notes = _overlap_notes(model.whatif, hiding, unknown_cores) + _queued_note(model.critical_path, windows)
     return ModelPass(model.replay, model.critical_path, model.whatif, stall_df, tuple(notes))

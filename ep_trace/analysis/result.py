@@ -13,6 +13,7 @@ from typing import Any, Literal
 import polars as pl
 
 from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.placement_plan import PlacementProposal
 from ep_trace.schema import LoadIssue, TraceTables
 
 __all__ = ["Finding", "Withheld", "Analysis", "FRAME_DOCS"]
@@ -28,6 +29,8 @@ FindingKind = Literal[
     "pack_unpack_overhead",
     "split_inconsistency",
     "missing_collective",
+    "expert_placement",
+    "cross_node_traffic",
 ]
 
 #: Columns of every frame of :class:`Analysis` (documentation; the analysis fills them exactly).
@@ -232,13 +235,52 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "name": "collective / stage / reason",
     },
     "whatif": {
-        "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'no_launch_gaps' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all'",
+        "scenario": "'no_straggler' | 'balanced_routing' | 'full_overlap' | 'fp8_dispatch' | 'no_host_stalls' | 'no_launch_gaps' | 'fused_permute' | 'chunked_pipeline' (best k in chunks) | 'all' | 'placement' | 'node_local' (not part of 'all')",
         "chunks": "k of chunked_pipeline (null elsewhere)",
         "predicted_step_ns": "replayed baseline step length (median over steps of the mean over ranks) - saving_ns",
         "saving_ns": "median over steps of (replayed baseline step - re-simulated step), each the mean over ranks",
         "ranks": "ranks whose work the edit changes",
         "kept_work_ns": "the device work the edit keeps (min over steps of the mean over ranks of |K| less the "
         "stages it edits, the edited ranks' left out): predicted_step_ns may not be shorter (invariants)",
+    },
+    "topology": {
+        "rank": "",
+        "node": "node name (host, launcher node 'node<i>', or the --topology name)",
+        "node_id": "dense node index, in order of each node's first rank",
+        "source": "'override' (--topology) | 'launcher' (GROUP_RANK, SLURM_NODEID, LOCAL_WORLD_SIZE) | 'host' | 'assumed'",
+    },
+    "link_costs": {
+        "link_class": "'same_rank' | 'same_node' | 'cross_node'",
+        "alpha_us": "fixed cost of a call whose farthest peer is of this class, µs",
+        "beta_gbps": "bandwidth of the class, GB/s",
+        "alpha_source": "'fitted' (from the trace's all-to-alls) | 'default' (AnalysisConfig.link_defaults)",
+        "beta_source": "'fitted' | 'default'",
+        "r2": "r² of the joint fit over the (call, rank) transfers whose farthest class this is",
+        "n": "(call, rank) transfers whose farthest class this is",
+    },
+    "link_bytes": {
+        "layer": "",
+        "direction": "'dispatch' | 'combine'",
+        "link_class": "",
+        "rows": "rows over pairs of this class, mean per step",
+        "bytes": "rows x bytes per row, mean per step",
+    },
+    "ep_invariants": {
+        "check": "'assignment_conservation' | 'ownership' | 'split_consistency'",
+        "status": "'ok' | 'violated' | 'not_checked'",
+        "checked": "units checked (routing decisions and dispatches; pairs; split pairs)",
+        "violations": "units that break the invariant",
+        "detail": "one line: what was compared, and the first violation",
+    },
+    "placement": {
+        "scenario": "'current' (the recorded placement, or the contiguous default) | 'placement' | 'node_local'",
+        "rank": "",
+        "node": "",
+        "experts": "expert ids the rank holds",
+        "load": "rows routed to the rank, mean per step (summed over layers)",
+        "cross_node_rows": "rows the rank sends to other nodes in dispatch, mean per step",
+        "cross_node_bytes": "those rows x bytes per row",
+        "recorded": "the current placement was recorded (False: the contiguous default was assumed)",
     },
     "breakdown": {
         "rank": "",
@@ -376,6 +418,18 @@ class Analysis:
     group_stragglers: pl.DataFrame | None = None
     #: Findings and figures withheld for breaking an invariant (:mod:`ep_trace.analysis.invariants`).
     withheld: tuple[Withheld, ...] = ()
+    #: Each rank's node and how it was found (:mod:`ep_trace.analysis.topology`).
+    topology: pl.DataFrame | None = None
+    #: α–β per link class, fitted from the trace's transfers or the defaults (:mod:`ep_trace.analysis.link_cost`).
+    link_costs: pl.DataFrame | None = None
+    #: Each layer's dispatch / combine rows and bytes per link class, mean per step.
+    link_bytes: pl.DataFrame | None = None
+    #: The EP invariants the routing counts make checkable (:mod:`ep_trace.analysis.ep_invariants`).
+    ep_invariants: pl.DataFrame | None = None
+    #: Per rank: experts, load and cross-node traffic under the recorded placement and each proposal.
+    placement: pl.DataFrame | None = None
+    #: The proposed placements as data (``ep-trace analyze --propose-placement`` writes them).
+    placement_proposals: tuple[PlacementProposal, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

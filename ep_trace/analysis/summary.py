@@ -9,6 +9,7 @@ import polars as pl
 
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
+from ep_trace.analysis.placement_summary import invariants_section, placement_sections
 from ep_trace.analysis.step_spread import slowest_step, step_spread
 from ep_trace.analysis.steps import phase_table
 from ep_trace.analysis.whatif_checks import rerun_error_pct
@@ -142,6 +143,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
+        "ep_invariants": invariants_section(a),  # before any performance figure (docs/summary.md)
         "overall": overall,
         "ranks": _rows(
             a.rank_summary,
@@ -189,6 +191,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         ],
     }
     out.update(_model_sections(a))
+    out.update(placement_sections(a))
     out["breakdown"] = _breakdown(a)
     out["step_spread"] = step_spread(a)
     out["phases"] = phase_table(a.steps).to_dicts() if a.steps.height else []

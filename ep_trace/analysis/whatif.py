@@ -49,6 +49,7 @@ import polars as pl
 
 from ep_trace.analysis.critical_path import critical_path
 from ep_trace.analysis.graph import StepGraph
+from ep_trace.analysis.load_scaling import expert_delta, with_step
 from ep_trace.analysis.replay import Prepared, prepare, replay, replay_error
 
 if TYPE_CHECKING:
@@ -211,7 +212,7 @@ def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -
         .filter(pl.col("stage") == "expert")
         .group_by(["node", "rank", "layer"])
         .agg((pl.col("end_ns") - pl.col("start_ns")).sum().cast(pl.Float64).alias("_E"))
-        .pipe(_with_step, g)
+        .pipe(with_step, g)
         .join(L.lazy(), on=["step", "layer", "rank"], how="inner", maintain_order="left")
         .group_by("node")
         .agg(pl.col("_E").sum(), pl.col("_L").sum())
@@ -234,46 +235,13 @@ def _load_explained(g: StepGraph, expert: np.ndarray, rank_load: pl.DataFrame) -
     return out
 
 
-def _with_step(work: pl.LazyFrame, g: StepGraph) -> pl.LazyFrame:
-    """``work`` (rows of ``g.work``, or aggregates per node) with each piece's ``step`` (its node's)
-    after ``rank``, ``node`` as the nodes' Int64."""
-    steps = g.nodes.lazy().select("node", "step")
-    return (
-        work.with_columns(pl.col("node").cast(pl.Int64))
-        .join(steps, on="node", how="left", maintain_order="left")
-        .select("node", "rank", "step", pl.exclude("node", "rank", "step"))
-    )
-
-
 def _balance_delta(g: StepGraph, rank_load: pl.DataFrame) -> tuple[np.ndarray, list[int]]:
     """Gap reduction (negative = lengthening) of expert compute scaled to the mean load."""
-    z = np.zeros(g.nodes.height)
     if rank_load.is_empty():
-        return z, []
+        return np.zeros(g.nodes.height), []
     L = rank_load.group_by(["step", "layer", "rank"]).agg(pl.col("recv_rows").sum().alias("_L"))
-    L = L.with_columns(pl.col("_L").mean().over(["step", "layer"]).alias("_m")).filter(pl.col("_L") > 0)
-    f_layer = L.select(
-        "step", pl.col("layer").cast(pl.Int32), pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_f")
-    )
-    Ls = L.group_by(["step", "rank"]).agg(pl.col("_L").sum(), pl.col("_m").sum())
-    f_step = Ls.select("step", pl.col("rank").cast(pl.Int32), (pl.col("_m") / pl.col("_L")).alias("_fs"))
-    w = (
-        g.work.lazy()
-        .filter((pl.col("cause") == "compute") & (pl.col("stage") == "expert"))
-        .select("node", "rank", "layer", "start_ns", "end_ns")
-        .pipe(_with_step, g)
-        .join(f_layer.lazy(), on=["step", "layer", "rank"], how="left", maintain_order="left")
-        .join(f_step.lazy(), on=["step", "rank"], how="left", maintain_order="left")
-        .with_columns(pl.coalesce("_f", "_fs").alias("_f"))
-        .filter(pl.col("_f").is_not_null())
-        .collect()
-    )
-    if w.is_empty():
-        return z, []
-    dd = w.group_by("node").agg(((pl.col("end_ns") - pl.col("start_ns")) * (1 - pl.col("_f"))).sum().alias("_d"))
-    z[dd["node"].to_numpy()] = dd["_d"].to_numpy()
-    heavy = sorted({int(r) for r in w.filter(pl.col("_f") < 1)["rank"].unique()})
-    return z, heavy
+    L = L.with_columns(pl.col("_L").mean().over(["step", "layer"]).alias("_Ln"))
+    return expert_delta(g, L)
 
 
 def _chunk_pairs(g: StepGraph) -> tuple[np.ndarray, np.ndarray] | None:
@@ -349,6 +317,8 @@ def model(
     gpu_ranks: frozenset[int] = frozenset(),
     launch_floor: dict[int, float] | None = None,
     permute_stalls: dict[int, float] | None = None,
+    extra_edits: Callable[[StepGraph, np.ndarray, np.ndarray], list[tuple[str, np.ndarray, np.ndarray, list[int]]]]
+    | None = None,
 ) -> Model:
     """Replay, critical path and every applicable what-if of ``g``.
 
@@ -366,6 +336,10 @@ def model(
         permute_stalls: Share (0..1) of each CPU rank's permute / unpermute op time that is stalled
             calls (:func:`ep_trace.analysis.op_stalls.stall_share`); ``fused_permute`` halves only the
             rest (fusion moves the data once; it does not remove a page-fault storm or a lost core).
+        extra_edits: Further scenarios, ``(g, gaps, transfers) -> [(scenario, edited gaps, edited
+            transfers, ranks)]`` (the ``placement`` / ``node_local`` what-ifs,
+            :func:`ep_trace.analysis.placement_whatif.placement_edits`); replayed like the others, not
+            part of ``all``.
 
     Returns:
         The :class:`Model`.
@@ -453,6 +427,8 @@ def model(
         rows.append(("chunked_pipeline", best[0], all_ranks, best[1]))
     if rows and edits or len(rows) > 1:
         rows.append(("all", run(np.maximum(gap_all, 0), tr_all, overlap=hide if has_calls else False), all_ranks, None))
+    for name, gap_e, tr_e, rk in extra_edits(g, p.gap, p.transfer) if extra_edits is not None else []:
+        rows.append((name, run(gap_e, tr_e), rk, None))
     wf = pl.DataFrame(
         [(s, int(round(base - v)), int(round(v)), rk, k) for s, v, rk, k in rows],
         schema=WHATIF_SCHEMA,

@@ -17,6 +17,7 @@ from ep_trace.errors import ConfigError
 
 if TYPE_CHECKING:
     from ep_trace.analysis import Analysis
+    from ep_trace.analysis.config import TopologySpec
 
 __all__ = [
     "analyze_cmd",
@@ -162,6 +163,24 @@ def analyze_cmd(
     record: Optional[Path] = typer.Option(
         None, "--record", help="Also write the run record (docs/run_record.md) as YAML here."
     ),
+    topology: Optional[str] = typer.Option(
+        None,
+        "--topology",
+        help="Which ranks share a node when the traces do not say: ranks-per-node=N, or a file with one node per line ('node0: 0-7'; docs/placement.md).",
+    ),
+    propose_placement: Optional[Path] = typer.Option(
+        None,
+        "--propose-placement",
+        help="Also write the proposed expert placement here as JSON (ep-trace demo --placement takes it), with each proposal and an SGLang --init-expert-location file beside it.",
+    ),
+    routing: Optional[list[Path]] = typer.Option(
+        None,
+        "--routing",
+        help="A framework's routing dump (Megatron-Core router_trace_rank*.jsonl, SGLang expert_distribution_recorder_*.pt, a vLLM EPLB state .pt) or a directory of them, for traces without ep-trace sidecars; repeatable.",
+    ),
+    replica_budget: int = typer.Option(
+        1, "--replica-budget", help="Extra expert replicas each rank may hold in the placement proposals."
+    ),
 ) -> None:
     """Analyze EP MoE traces and write a self-contained HTML report.
 
@@ -185,19 +204,31 @@ def analyze_cmd(
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
     from ep_trace.cli.output_guard import Output, check_outputs
-    from ep_trace.cli.outputs import build_report, for_display
+    from ep_trace.cli.outputs import build_report, for_display, placement_paths
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.reports.terminal import summary_renderables
 
     if stages is not None and not stages.is_file():
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
-    config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
+    if replica_budget < 0:
+        raise ConfigError(f"--replica-budget: must be >= 0, got {replica_budget}")
+    config = AnalysisConfig(
+        steps=parse_steps(steps),
+        stage_presets=stages,
+        hta_compatible=hta_compatible,
+        topology=parse_topology(topology),
+        replica_budget=replica_budget,
+    )
     fmt = check_format(fmt)
     check_outputs(
-        [*dirs, *([stages] if stages is not None else [])],
+        [*dirs, *([stages] if stages is not None else []), *(routing or ())],
         Output("-o", out),
         Output("--json", json_out) if json_out is not None else None,
         Output("--record", record) if record is not None else None,
+        *(
+            Output("--propose-placement", p)
+            for p in (placement_paths(propose_placement).values() if propose_placement is not None else ())
+        ),
     )
     with (
         contextlib.ExitStack() as scratch,
@@ -217,6 +248,8 @@ def analyze_cmd(
             jobs=jobs,
             executor=executor,
             cache=events_home(scratch, cache),
+            placement_path=propose_placement,
+            routing=routing or (),
         )
     if not quiet:
         for r in summary_renderables(for_display(analysis, escape_controls=True)):
@@ -224,9 +257,52 @@ def analyze_cmd(
     console.print(f"report: {printable(str(out))}", markup=False, highlight=False, soft_wrap=True)
     if json_out is not None:
         console.print(f"summary: {printable(str(json_out))}", markup=False, highlight=False, soft_wrap=True)
+    if propose_placement is not None:
+        console.print(placement_message(analysis, propose_placement), markup=False, highlight=False, soft_wrap=True)
     if record is not None:
         write_run_record(for_display(analysis), dirs, record)
         console.print(f"run record: {printable(str(record))}", markup=False, highlight=False, soft_wrap=True)
+
+
+def parse_topology(value: str | None) -> TopologySpec | None:
+    """``--topology``: ``ranks-per-node=N`` or a topology file (read here; parsed by the analysis)."""
+    from ep_trace.analysis.config import TopologySpec
+
+    if value is None:
+        return None
+    path = Path(value)
+    text = None
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--topology {value}: cannot read the file ({exc}); pass a UTF-8 text file") from None
+    return TopologySpec.parse(value, text)
+
+
+def placement_message(analysis: Analysis, path: Path) -> str:
+    """What ``--propose-placement`` wrote: the chosen proposal, its simulated effect, and how to run it."""
+    from ep_trace.cli import printable
+    from ep_trace.cli.outputs import placement_paths
+    from ep_trace.reports.placement_files import best_proposal, sglang_redundant
+    from ep_trace.reports.units import fmt_ns
+
+    best = best_proposal(analysis.placement_proposals, analysis.whatif)
+    assert best is not None  # write_placement refused otherwise
+    row = analysis.whatif.filter(analysis.whatif["scenario"] == best.scenario) if analysis.whatif is not None else None
+    effect = ""
+    if row is not None and row.height:
+        sav = int(row["saving_ns"][0])
+        effect = (
+            f", predicted step {fmt_ns(int(row['predicted_step_ns'][0]))} ({fmt_ns(sav)} saved per step)"
+            if sav > 0
+            else ", predicted not to shorten the step"
+        )
+    sg = placement_paths(path)["sglang"]
+    return (
+        f"placement: {printable(str(path))} ({best.scenario}{effect}); run it with ep-trace demo --placement, or SGLang "
+        f"--init-expert-location {printable(str(sg))} --ep-num-redundant-experts {sglang_redundant(best)}"
+    )
 
 
 def write_run_record(analysis: Analysis, dirs: list[Path], path: Path) -> None:

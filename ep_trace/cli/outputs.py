@@ -32,8 +32,10 @@ __all__ = [
     "build_report",
     "check_name_lengths",
     "check_writable",
+    "placement_paths",
     "write_atomic",
     "write_json",
+    "write_placement",
     "write_report",
     "write_yaml",
 ]
@@ -216,6 +218,52 @@ def write_report(
     return out
 
 
+def _outputs(out_html: str | Path, json_path: str | Path | None, placement_path: str | Path | None) -> list[Output]:
+    """The files :func:`build_report` writes, as :func:`~ep_trace.cli.output_guard.check_outputs` takes them."""
+    outs = [Output("-o", Path(out_html))]
+    if json_path is not None:
+        outs.append(Output("--json", Path(json_path)))
+    if placement_path is not None:
+        outs += [Output("--propose-placement", p) for p in placement_paths(placement_path).values()]
+    return outs
+
+
+def placement_paths(path: str | Path) -> dict[str, Path]:
+    """The files ``--propose-placement FILE`` writes: ``best`` = FILE (the proposal with the largest
+    simulated saving), and beside it ``<stem>.placement.json``, ``<stem>.node_local.json`` (each
+    proposal) and ``<stem>.sglang.json`` (the best one as SGLang's ``--init-expert-location``)."""
+    p = Path(path)
+    stem = p.with_suffix("") if p.suffix == ".json" else p
+    return {
+        "best": p,
+        **{sc: stem.with_name(f"{stem.name}.{sc}.json") for sc in ("placement", "node_local", "sglang")},
+    }
+
+
+def write_placement(analysis: Analysis, path: str | Path) -> tuple[str, list[Path]]:
+    """Write the proposals of ``analysis`` (:func:`placement_paths`); returns the best one's scenario
+    and the files written.
+
+    Raises:
+        NothingToAnalyzeError: the analysis has no proposal (no routing counts).
+    """
+    from ep_trace.errors import NothingToAnalyzeError
+    from ep_trace.reports.placement_files import best_proposal, ep_trace_placement, sglang_expert_location
+
+    best = best_proposal(analysis.placement_proposals, analysis.whatif)
+    if best is None:
+        raise NothingToAnalyzeError(
+            f"--propose-placement {path}: the traces carry no routing counts (no sidecar routing records, no "
+            "--routing dump), so there is no placement to propose; record them with ep_trace.record_routing"
+        )
+    paths = placement_paths(path)
+    written = [write_json(ep_trace_placement(best), paths["best"])]
+    for p in analysis.placement_proposals:
+        written.append(write_json(ep_trace_placement(p), paths[p.scenario]))
+    written.append(write_json(sglang_expert_location(best), paths["sglang"]))
+    return best.scenario, written
+
+
 def build_report(
     trace_dirs: Sequence[str | Path] | str | Path,
     out_html: str | Path,
@@ -229,17 +277,18 @@ def build_report(
     jobs: int = 1,
     executor: Executor | None = None,
     cache: bool | Path = False,
+    placement_path: str | Path | None = None,
+    routing: Sequence[str | Path] = (),
 ) -> Analysis:
     """:func:`ep_trace.load` then :func:`write_report`: what ``ep-trace analyze`` does; returns the analysis.
 
     ``cache``: reuse / write the Parquet cache of each trace directory (``ep_trace.load(cache=...)``:
-    True the default root, a path that root)."""
+    True the default root, a path that root). ``placement_path``: also write the placement proposals
+    (:func:`write_placement`), every one of its files checked before any work like ``-o``."""
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
-    check_outputs(
-        dirs, Output("-o", Path(out_html)), Output("--json", Path(json_path)) if json_path is not None else None
-    )
+    check_outputs([*dirs, *routing], *_outputs(out_html, json_path, placement_path))
     analysis = load(
         dirs,
         config,
@@ -250,6 +299,9 @@ def build_report(
         jobs=jobs,
         executor=executor,
         cache=cache,
+        routing=routing,
     )
     write_report(analysis, out_html, json_path, sources=dirs, progress=progress, with_hta=with_hta)
+    if placement_path is not None:
+        write_placement(analysis, placement_path)
     return analysis

@@ -74,6 +74,8 @@ def test_round_trip_two_row_groups(golden: pl.DataFrame, tmp_path: Path) -> None
         "top_k": None,
         "torch_version": "2.13.0",
         "ep_trace_version": "0.1.0",
+        "node_rank": None,
+        "local_world_size": None,
     }
     assert t.collectives.height == 0
     footer = json.loads(pq.ParquetFile(path).metadata.metadata[b"ep_trace.cupti"])

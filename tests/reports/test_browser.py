@@ -188,7 +188,7 @@ def test_layout_fits_phone_and_desktop(browser, demo_report, width):
 
 #: Every kind of input: (path under ../shared/external or sample_traces, figures the report draws).
 INPUTS = {
-    "demo_gloo_ep": ("@samples/skewed_straggler", 9),
+    "demo_gloo_ep": ("@samples/skewed_straggler", 10),  # 10th: the placement section's per-rank load
     "kineto_nccl_dlrm_8rank": ("kineto/param_dlrm_8rank", 8),
     "kineto_torchrec_pair_no_flows": ("kineto/hta_torchrec_pair", 6),
     # no stage figure: the old kernel-family fallback read 'permute' inside a cuDNN convolution's mangled

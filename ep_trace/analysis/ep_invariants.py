@@ -1,0 +1,176 @@
+"""The EP invariants the routing counts make checkable, reported before any performance figure.
+
+A silent mis-routing is worse than a slow layer, so the report and the summary state these first:
+
+* ``assignment_conservation`` — every routing decision assigns tokens x top-k slots: per (rank,
+  step, layer, micro-batch) Σ_e count = tokens x top_k (``routing_counts.tokens`` / ``top_k``, where
+  recorded); and every assignment is dispatched once: per (step, layer, source rank) the rows it sends
+  in the forward dispatch (``count_matrix``) = Σ_e count - dropped + padded (drops and padding named
+  with their totals when recorded; the ingest refuses a sidecar whose records contradict themselves,
+  this checks records against the all-to-alls).
+* ``ownership`` — every expert's tokens land on a rank that holds it under the recorded placement:
+  per (step, layer, source, destination) the rows sent lie between the assignments to experts only
+  the destination holds and the assignments to experts it holds at all (equal without replicas).
+* ``split_consistency`` — rank i's send split to j equals rank j's receive split from i
+  (:func:`~ep_trace.analysis.imbalance.split_violations`).
+
+Each check is ``ok``, ``violated`` or ``not_checked`` (with why).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from ep_trace.analysis.placement import Placement
+
+__all__ = ["INVARIANT_SCHEMA", "ep_invariants"]
+
+INVARIANT_SCHEMA = {
+    "check": pl.Utf8,
+    "status": pl.Utf8,
+    "checked": pl.Int64,
+    "violations": pl.Int64,
+    "detail": pl.Utf8,
+}
+
+
+def _row(check: str, status: str, checked: int, violations: int, detail: str) -> tuple[str, str, int, int, str]:
+    return (check, status, checked, violations, detail)
+
+
+def _router_sums(rc: pl.DataFrame) -> pl.DataFrame:
+    """Per (rank, step, layer, microbatch): Σ count, tokens x top_k, dropped, padded."""
+    cols = rc.columns
+    opt = [c for c in ("tokens", "top_k", "dropped", "padded") if c in cols]
+    return rc.group_by("rank", "step", "layer", "microbatch").agg(
+        pl.col("count").sum().alias("_sum"), *[pl.col(c).first() for c in opt]
+    )
+
+
+def _conservation(rc: pl.DataFrame, cm: pl.DataFrame) -> tuple[str, str, int, int, str]:
+    name = "assignment_conservation"
+    if rc.is_empty():
+        return _row(name, "not_checked", 0, 0, "no routing counts (no sidecar routing records or routing dump)")
+    d = _router_sums(rc)
+    parts, checked, bad = [], 0, 0
+    if "tokens" in d.columns and "top_k" in d.columns:
+        known = d.filter(pl.col("tokens").is_not_null() & pl.col("top_k").is_not_null())
+        off = known.filter(pl.col("_sum") != pl.col("tokens") * pl.col("top_k"))
+        checked += known.height
+        bad += off.height
+        if known.height:
+            parts.append(f"{known.height} routing decisions: Σ counts = tokens × top_k in {known.height - off.height}")
+        if off.height:
+            r = off.sort("rank", "step", "layer", "microbatch").row(0, named=True)
+            parts.append(
+                f"first off: rank {r['rank']} step {r['step']} layer {r['layer']}: {r['_sum']} assignments for "
+                f"{r['tokens']} tokens × top-{r['top_k']}"
+            )
+    disp = cm.filter((pl.col("direction") == "dispatch") & pl.col("layer").is_not_null())
+    if not disp.is_empty():
+        sent = disp.group_by("step", "layer", pl.col("src").alias("rank")).agg(pl.col("rows").sum().alias("_sent"))
+        cnt = d.group_by("rank", "step", "layer").agg(
+            pl.col("_sum").sum(),
+            (pl.col("dropped").fill_null(0).sum() if "dropped" in d.columns else pl.lit(0)).alias("_drop"),
+            (pl.col("padded").fill_null(0).sum() if "padded" in d.columns else pl.lit(0)).alias("_pad"),
+        )
+        j = cnt.join(sent.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "step", "layer"], how="inner")
+        expect = pl.col("_sum") - pl.col("_drop") + pl.col("_pad")
+        off = j.filter(pl.col("_sent") != expect)
+        checked += j.height
+        bad += off.height
+        drops, pads = int(j["_drop"].sum()), int(j["_pad"].sum())
+        extra = (f", {drops} dropped" if drops else "") + (f", {pads} padding rows" if pads else "")
+        parts.append(
+            f"{j.height} (step, layer, rank) dispatches: rows sent = assignments{extra} in {j.height - off.height}"
+        )
+        if off.height:
+            r = off.sort("step", "layer", "rank").row(0, named=True)
+            parts.append(
+                f"first off: rank {r['rank']} step {r['step']} layer {r['layer']} sent {r['_sent']} rows for "
+                f"{int(r['_sum'] - r['_drop'] + r['_pad'])} assignments"
+            )
+    if checked == 0:
+        return _row(
+            name, "not_checked", 0, 0, "routing counts without tokens / top-k and no dispatch count matrix per layer"
+        )
+    return _row(name, "violated" if bad else "ok", checked, bad, "; ".join(parts))
+
+
+def _ownership(
+    rc: pl.DataFrame, cm: pl.DataFrame, placement: Placement | None, recorded: bool
+) -> tuple[str, str, int, int, str]:
+    name = "ownership"
+    if rc.is_empty():
+        return _row(name, "not_checked", 0, 0, "no routing counts")
+    if placement is None or not recorded:
+        return _row(
+            name, "not_checked", 0, 0, "no expert placement recorded (sidecar meta.placement or a routing dump's map)"
+        )
+    disp = cm.filter((pl.col("direction") == "dispatch") & pl.col("layer").is_not_null())
+    if disp.is_empty():
+        return _row(name, "not_checked", 0, 0, "no dispatch count matrix per layer")
+    own = placement.frame()
+    ncopies = own.group_by("expert").agg(pl.len().alias("_n"))
+    per = rc.group_by("step", "layer", pl.col("rank").alias("src"), "expert").agg(pl.col("count").sum())
+    per = per.join(own.rename({"rank": "dst"}), on="expert").join(ncopies, on="expert")
+    bounds = per.group_by("step", "layer", "src", "dst").agg(
+        pl.col("count").sum().alias("_hi"), pl.col("count").filter(pl.col("_n") == 1).sum().alias("_lo")
+    )
+    sent = disp.group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum().alias("_rows"))
+    steps = rc.select("step", "layer").unique()
+    j = (
+        sent.with_columns(pl.col("src").cast(pl.Int32), pl.col("dst").cast(pl.Int32))
+        .join(steps, on=["step", "layer"], how="semi")
+        .join(bounds, on=["step", "layer", "src", "dst"], how="full", coalesce=True)
+        .with_columns(pl.col("_rows").fill_null(0), pl.col("_hi").fill_null(0), pl.col("_lo").fill_null(0))
+        .join(sent.select("step", "layer").unique(), on=["step", "layer"], how="semi")
+    )
+    off = j.filter((pl.col("_rows") < pl.col("_lo")) | (pl.col("_rows") > pl.col("_hi")))
+    detail = f"{j.height} (step, layer, source, destination) pairs: rows within the placement's bounds in {j.height - off.height}"
+    if off.height:
+        r = off.sort("step", "layer", "src", "dst").row(0, named=True)
+        detail += (
+            f"; first off: step {r['step']} layer {r['layer']}: rank {r['src']} sent {r['_rows']} rows to rank "
+            f"{r['dst']}, whose experts were assigned {r['_lo']}..{r['_hi']}"
+        )
+    return _row(name, "violated" if off.height else "ok", j.height, off.height, detail)
+
+
+def ep_invariants(
+    routing_counts: pl.DataFrame,
+    count_matrix: pl.DataFrame,
+    split_violations: pl.DataFrame,
+    placement: Placement | None,
+    placement_recorded: bool,
+    n_split_pairs: int,
+) -> pl.DataFrame:
+    """The three checks (module doc), one row each (:data:`INVARIANT_SCHEMA`).
+
+    Args:
+        routing_counts: Canonical ``routing_counts``.
+        count_matrix: ``Analysis.count_matrix``.
+        split_violations: ``Analysis.split_violations``.
+        placement: The placement the counts are checked against.
+        placement_recorded: The placement was recorded (not the contiguous default).
+        n_split_pairs: (call, pair) split pairs compared (for the ``checked`` column).
+    """
+    rc = routing_counts
+    cm = count_matrix.filter(pl.col("source") == "sidecar") if "source" in count_matrix.columns else count_matrix
+    cm = cm if not cm.is_empty() else count_matrix
+    v = split_violations.height
+    split = (
+        _row(
+            "split_consistency",
+            "violated" if v else "ok",
+            n_split_pairs,
+            v,
+            f"{n_split_pairs} send / receive split pairs compared, {v} disagree",
+        )
+        if n_split_pairs
+        else _row(
+            "split_consistency", "not_checked", 0, 0, "no call recorded both its send and its peer's receive splits"
+        )
+    )
+    rows = [_conservation(rc, cm), _ownership(rc, cm, placement, placement_recorded), split]
+    return pl.DataFrame(rows, schema=INVARIANT_SCHEMA, orient="row")
