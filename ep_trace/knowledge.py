@@ -59,7 +59,7 @@ PLACEHOLDERS = ("notify", "route_aux", "gather", "gemm", "ep_collective", "ep_al
 #: Roles of the CPU-op and module vocabularies (:mod:`ep_trace.analysis.stage_tiers`).
 _ROLES = {
     "cpu_op": ("route", "route_aux", "permute", "unpermute", "expert"),
-    "module": ("block", "router", "experts", "shared"),
+    "module": ("block", "router", "experts", "shared", "linear"),
     "token": ("route", "permute", "expert", "unpermute"),
 }
 _STAGE_LIKE = (*STAGES, "all_to_all", "moe")
@@ -231,7 +231,10 @@ def _code(rx: str) -> str:
 def render_markdown() -> str:
     """The generated part of docs/frameworks.md: every row of every section, with its source and examples."""
     lines = [DOC_BEGIN, "", "### Kernel rows (first match wins)", ""]
-    lines += ["| # | framework | comm (collective) | stage | regex | source | example |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| # | framework | comm (collective) | stage | regex | source | example |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(kernel_rows()):
         comm = f"{r.comm} ({r.collective or 'from its op'})" if r.comm else "no"
         lines.append(

@@ -41,7 +41,9 @@ def test_the_polars_path_gives_the_same_rows_as_python_re():
     cases = _cases("kernel")
     df = pl.DataFrame({"name": [ex for _, ex in cases]})
     got = df.select(
-        knowledge.first_match_expr(pl.col("name"), tuple((str(i), r.pattern) for i, r in enumerate(knowledge.kernel_rows())))
+        knowledge.first_match_expr(
+            pl.col("name"), tuple((str(i), r.pattern) for i, r in enumerate(knowledge.kernel_rows()))
+        )
     ).to_series()
     assert got.to_list() == [str(i) for i, _ in cases]
 
@@ -62,9 +64,7 @@ def test_comm_and_stage_come_from_the_same_row():
         for ex in r.examples:
             assert comm_family(ex) == r.comm, ex
     names = pl.DataFrame({"name": [ex for r in knowledge.kernel_rows() for ex in r.examples]})
-    out = names.select(
-        comm_family_expr(pl.col("name")).alias("comm"), family_label_expr(pl.col("name")).alias("stage")
-    )
+    out = names.select(comm_family_expr(pl.col("name")).alias("comm"), family_label_expr(pl.col("name")).alias("stage"))
     want = [(r.comm, r.stage) for r in knowledge.kernel_rows() for _ in r.examples]
     assert list(zip(out["comm"], out["stage"], strict=True)) == want
     deepep = [r for r in knowledge.kernel_rows() if r.framework == "DeepEP"]
@@ -111,7 +111,7 @@ def test_a_user_kernel_row_comes_first(tmp_path):
     extra = load_user_kernels(f)
     df = pl.DataFrame({"name": ["my_router_kernel_v2", "fused_moe_kernel"]})
     assert df.select(family_label_expr(pl.col("name"), extra)).to_series().to_list() == ["route", "expert"]
-    f.write_text("[[kernel]]\npattern = '^x'\nstage = \"route\"\ncomm = \"nccl\"\n")
+    f.write_text('[[kernel]]\npattern = \'^x\'\nstage = "route"\ncomm = "nccl"\n')
     with pytest.raises(ConfigError, match=r"kernel\[0\] needs 'pattern' and 'stage' \(and no 'comm'\)"):
         load_user_kernels(f)
     f.write_text("[[kernel]]\npattern = '^x'\nstage = \"routing\"\n")

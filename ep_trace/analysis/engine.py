@@ -87,6 +87,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     del first
     graph_act = rank_pass.drain_blocks(second.activity, blocks)
     detection, top_ops, top_kernels = second.detection, second.top_ops, second.top_kernels
+    coverage, unassigned = second.coverage, second.unassigned
     del second
     say("model", 7, total)
     md = model_pass(tables, blocks, config, facts, windows, m, graph_act, stage_df, tl.host_stalls, ld.rank_load)
@@ -126,6 +127,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         top_kernels=top_kernels,
         top_ops=top_ops,
         op_stalls=md.op_stalls,
+        stage_coverage=coverage,
+        unassigned_kernels=unassigned,
     )
     out = findings.with_findings(partial)
     log.debug(

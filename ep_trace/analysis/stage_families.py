@@ -95,8 +95,6 @@ def _with_container(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
     return k.join(j.unique("aid"), on="aid", how="left")
 
 
-
-
 def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     """``_edge``: the role of an ``ep_collective`` kernel outside any MoE range, from its neighbours.
 

@@ -44,6 +44,7 @@ __all__ = [
     "detect_ranges",
     "detect_containers",
     "attribute",
+    "attach",
     "measure",
     "USER_TIER",
 ]
@@ -273,6 +274,13 @@ def attribute(
         exposed_comm_ns``; and the attributed activity rows (``sid`` = stage row id).
     """
     ranges = assign_step(ranges, windows, "cpu_start_ns").with_row_index("sid")
+    att = attach(ranges, act, mode)
+    return measure(ranges, att, exposed), att
+
+
+def attach(ranges: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
+    """The activity rows each range of ``ranges`` (with ``sid``) holds: a device interval by its launch
+    (innermost range), a CPU compute piece clipped to every range it overlaps (the module doc)."""
     cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
     if "aid" not in act.columns:
         act = act.with_row_index("aid")
@@ -328,8 +336,7 @@ def attribute(
         )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
-    att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
-    return measure(ranges, att, exposed), att
+    return pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
 
 
 def measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:
