@@ -3,8 +3,8 @@
 MoE time of a (rank, step): |union of the device intervals that got an MoE stage (any tier), and of
 the unclaimed ones inside an MoE window| (:mod:`ep_trace.analysis.stage_tiers`: a framework MoE op or
 range, an ``nn.Module`` MoE block, an op window, a layer's span of stage ranges, or the device span of
-a CUDA-graph-replayed layer's family kernels). On CPU ranks the intervals are the compute pieces,
-clipped to the windows. Covered = |union of the attributed ones|; per tier, the time the tier added
+a CUDA-graph-replayed layer's family kernels). Copies (memcpy / memset) are no MoE time. On CPU ranks
+the intervals are the compute pieces, clipped to the windows. Covered = |union of the attributed ones|; per tier, the time the tier added
 over the better tiers (|U_<=t| - |U_<t|: the tiers' figures add up to the covered time even where
 streams overlap); unassigned = MoE time - covered.
 
@@ -29,6 +29,7 @@ _META = set("\\.^$|?*+()[]{}")
 def _moe(pieces: pl.DataFrame) -> pl.DataFrame:
     return pieces.filter(
         pl.col("step").is_not_null()
+        & (pl.col("cls").cast(pl.Utf8) != "memory")
         & (pl.col("stage").is_in(MOE_STAGES) | (pl.col("stage").is_null() & pl.col("mw").is_not_null()))
     )
 

@@ -65,16 +65,12 @@ class StageDetection:
 
     Attributes:
         rows: Stage rows (the stages table plus ``comm_ns, overlapped_ns, exposed_comm_ns, sid, tier``).
-        attributed: Every attributed interval: ``rank, step, stage, tier, cls, name, start_ns, end_ns``.
-        host_windows: MoE windows of host time: ``rank, cpu_start_ns, cpu_end_ns, layer, kind``.
-        device_windows: MoE layers found without a host window (a CUDA-graph replay): ``rank, step,
-            layer, start_ns, end_ns`` of their family rows' device work.
+        attributed: Every attributed interval and every unclaimed one inside an MoE window (``mw``):
+            ``rank, step, mw, layer, stage, tier, cls, name, start_ns, end_ns`` (``stage`` null = unclaimed).
     """
 
     rows: pl.DataFrame
     attributed: pl.DataFrame
-    host_windows: pl.DataFrame
-    device_windows: pl.DataFrame
 
 
 def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -222,12 +218,16 @@ def _segment_rows(
     return r, att.drop("_st", "_cst", "_nsid", strict=False)
 
 
-def _token_rows(act: pl.DataFrame, expert_start: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Tier ``token``: unclaimed kernels inside an MoE window whose name says their stage.
+def _token_rows(
+    act: pl.DataFrame, expert_start: pl.DataFrame, kernels: tuple[Row, ...] = ()
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Tier ``token``: unclaimed kernels inside an MoE window whose name says their stage; only names no
+    kernel row knows (a dense GEMM of ``dpsk::grouped_gemm`` is a known ``gemm``, never a token's expert).
 
     Args:
         act: Unclaimed activity with ``mw`` (MoE window id) and ``layer`` (null = outside every window).
         expert_start: ``mw, _x0``: device start of each window's first expert work.
+        kernels: User ``[[kernel]]`` rows (known names too).
 
     Returns:
         ``(ranges, attributed)`` as :func:`_segment_rows`.
@@ -235,8 +235,13 @@ def _token_rows(act: pl.DataFrame, expert_start: pl.DataFrame) -> tuple[pl.DataF
     k = act.filter(pl.col("mw").is_not_null() & (pl.col("cls") != "memory") & (pl.col("name") != "cpu compute"))
     if k.is_empty():
         return pl.DataFrame(), k
-    names = k.select(pl.col("name").unique()).with_columns(
-        first_match_expr(pl.col("name"), _TOKENS).alias("_tok"), first_match_expr(pl.col("name"), _AFTER).alias("_aft")
+    names = (
+        k.select(pl.col("name").unique())
+        .filter(stage_families.family_label_expr(pl.col("name"), kernels).is_null())
+        .with_columns(
+            first_match_expr(pl.col("name"), _TOKENS).alias("_tok"),
+            first_match_expr(pl.col("name"), _AFTER).alias("_aft"),
+        )
     )
     k = k.join(names, on="name").join(expert_start, on="mw", how="left")
     after = pl.col("_x0").is_not_null() & (pl.col("start_ns") > pl.col("_x0"))
@@ -301,54 +306,15 @@ def _host_windows(cont: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([c, r.cast({"layer": pl.Int32})], how="vertical_relaxed")
 
 
-def _device_windows(fam: pl.DataFrame) -> pl.DataFrame:
-    """MoE layers of family kernels outside every host window (a CUDA-graph replay): the device span
-    from the layer's first to its last stage kernel, ``mw, rank, step, layer, start_ns, end_ns``."""
-    if fam.is_empty() or "layer" not in fam.columns:
-        return pl.DataFrame(
-            schema={
-                "mw": pl.Utf8,
-                "rank": pl.Int32,
-                "step": pl.Int64,
-                "layer": pl.Int32,
-                "start_ns": pl.Int64,
-                "end_ns": pl.Int64,
-            }
-        )
-    d = (
-        fam.filter(pl.col("cid").is_null() & pl.col("layer").is_not_null())
-        .group_by("rank", "step", "layer")
-        .agg(pl.col("start_ns").min(), pl.col("end_ns").max())
-        .sort("rank", "start_ns")
-        .with_row_index("_i")
-    )
-    return d.select(
-        ("d" + pl.col("_i").cast(pl.Utf8)).alias("mw"),
-        "rank",
-        "step",
-        pl.col("layer").cast(pl.Int32),
-        "start_ns",
-        "end_ns",
-    )
-
-
-def _assign_windows(x: pl.DataFrame, host: pl.DataFrame, dev: pl.DataFrame, cpu: list[int]) -> pl.DataFrame:
-    """``x`` (activity rows) with the MoE window ``mw`` and ``layer`` each lies in (null = none): device
-    work by its launch inside a host window or by its interval inside a device window; CPU compute
-    pieces clipped to the host windows they overlap."""
+def _assign_windows(x: pl.DataFrame, host: pl.DataFrame, cpu: list[int]) -> pl.DataFrame:
+    """``x`` (activity rows) with the MoE host window ``mw`` and ``layer`` each lies in (null = none):
+    device work by its launch inside the window, CPU compute pieces clipped to the windows they overlap."""
     x = x.with_row_index("_x")
     on_cpu = pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute")
     g, c = x.filter(~on_cpu), x.filter(on_cpu)
     hs = host.select("mw", "rank", "layer", pl.col("cpu_start_ns").alias("_hs"), pl.col("cpu_end_ns").alias("_he"))
     by_host = range_join(g.select("_x", "rank", "anchor_ns"), hs, ("anchor_ns", "anchor_ns"), ("_hs", "_he"))
-    ds = dev.select("mw", "rank", "layer", pl.col("start_ns").alias("_ds"), pl.col("end_ns").alias("_de"))
-    by_dev = range_join(
-        g.select("_x", "rank", "start_ns", "end_ns"), ds, ("start_ns", "end_ns"), ("_ds", "_de")
-    ).filter((pl.col("start_ns") >= pl.col("_ds")) & (pl.col("end_ns") <= pl.col("_de")))
-    hit = pl.concat([by_host.select("_x", "mw", "layer"), by_dev.select("_x", "mw", "layer")]).unique(
-        "_x", keep="first"
-    )
-    g = g.join(hit, on="_x", how="left")
+    g = g.join(by_host.select("_x", "mw", "layer").unique("_x", keep="first"), on="_x", how="left")
     if c.height:
         cj = (
             range_join(c, hs, ("start_ns", "end_ns"), ("_hs", "_he"))
@@ -360,6 +326,51 @@ def _assign_windows(x: pl.DataFrame, host: pl.DataFrame, dev: pl.DataFrame, cpu:
         )
         c = pl.concat([cj.drop("_hs", "_he"), c.join(cj.select("_x"), on="_x", how="anti")], how="diagonal_relaxed")
     return pl.concat([g, c], how="diagonal_relaxed").drop("_x")
+
+
+def _device_mw(rank: pl.Expr, step: pl.Expr, layer: pl.Expr) -> pl.Expr:
+    return pl.concat_str([pl.lit("d"), rank, step, layer], separator=":")
+
+
+def _sandwiched(rest: pl.DataFrame, fam: pl.DataFrame) -> pl.DataFrame:
+    """MoE windows on the device, for layers found by their family kernels alone (a CUDA-graph replay
+    runs no host op): a kernel outside every host window whose previous and next family kernels on its
+    stream (within the step) belong to one MoE layer lies in that layer's window.
+
+    Args:
+        rest: Unclaimed activity with ``mw`` / ``layer`` from the host windows.
+        fam: The family kernels with ``layer``, ``cid`` (their container) and ``stream``.
+    """
+    if fam.is_empty() or rest.is_empty():
+        return rest
+    lab = fam.filter(pl.col("cid").is_null() & pl.col("layer").is_not_null() & pl.col("step").is_not_null())
+    free = rest.with_row_index("_x").filter(pl.col("mw").is_null() & pl.col("stream").is_not_null())
+    k = pl.concat(
+        [
+            lab.select(
+                "rank",
+                "step",
+                "stream",
+                "start_ns",
+                pl.col("layer").cast(pl.Int32),
+                pl.lit(None, pl.UInt32).alias("_x"),
+            ),
+            free.select("rank", "step", "stream", "start_ns", pl.lit(None, pl.Int32).alias("layer"), "_x"),
+        ]
+    ).sort("rank", "stream", "start_ns")
+    by = ["rank", "stream", "step"]
+    prev, nxt = pl.col("layer").forward_fill().over(by), pl.col("layer").backward_fill().over(by)
+    hit = (
+        k.with_columns(prev.alias("_p"), nxt.alias("_n"))
+        .filter(pl.col("_x").is_not_null() & (pl.col("_p") == pl.col("_n")))
+        .select("_x", pl.col("_p").alias("_l"))
+    )
+    out = rest.with_row_index("_x").join(hit, on="_x", how="left")
+    mw = _device_mw(pl.col("rank"), pl.col("step"), pl.col("_l"))
+    return out.with_columns(
+        pl.when(pl.col("_l").is_not_null()).then(mw).otherwise(pl.col("mw")).alias("mw"),
+        pl.coalesce("layer", "_l").alias("layer"),
+    ).drop("_x", "_l")
 
 
 def _finish(parts: list[pl.DataFrame], done: pl.DataFrame, rest: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -427,7 +438,9 @@ def detect(
         how="diagonal_relaxed",
     )
     rest = _unclaimed(act, done, mode, steps)
-    sr, satt = _segment_rows(items, win, rest, mode, steps)
+    # copies (memcpy / memset) stay out of the name-independent tiers, as out of the families: a segment
+    # says which call launched a kernel, not what a copy around it moved
+    sr, satt = _segment_rows(items, win, rest.filter(pl.col("cls") != "memory"), mode, steps)
     if satt.height:
         # a segment that launched nothing is no stage row (the route segment of an op that ran on the host)
         sr = sr.filter(pl.col("sid").is_in(satt["sid"].unique().implode()))
@@ -438,11 +451,24 @@ def detect(
         rest = _unclaimed(rest, satt, mode, steps)
     cpu = [r for r, m in mode.items() if m == "cpu"]
     host = _host_windows(cont, st)
-    devw = _device_windows(fam_dev)
-    rest = _assign_windows(rest, host, devw, cpu)
-    done = _assign_windows(done, host, devw, cpu)
+    rest = _sandwiched(_assign_windows(rest, host, cpu), fam_dev)
+    done = _assign_windows(done, host, cpu)
+    # family layers outside every host window: their own device window
+    fam_mw = _device_mw(pl.col("rank"), pl.col("step"), pl.col("_fl"))
+    if fam_dev.height:
+        done = (
+            done.join(fam_dev.select("aid", pl.col("layer").alias("_fl")), on="aid", how="left")
+            .with_columns(
+                pl.when(pl.col("mw").is_null() & pl.col("_fl").is_not_null())
+                .then(fam_mw)
+                .otherwise(pl.col("mw"))
+                .alias("mw"),
+                pl.coalesce("layer", "_fl").alias("layer"),
+            )
+            .drop("_fl")
+        )
     x0 = done.filter(pl.col("stage") == "expert").group_by("mw").agg(pl.col("start_ns").min().alias("_x0"))
-    tr, tatt = _token_rows(rest, x0)
+    tr, tatt = _token_rows(rest, x0, kernels)
     if tatt.height:
         tr = tr.with_columns(pl.col("sid").cast(pl.Int64) + (3 << 40))
         tatt = tatt.with_columns(pl.col("sid").cast(pl.Int64) + (3 << 40))
@@ -450,4 +476,4 @@ def detect(
         done = pl.concat([done, tatt], how="diagonal_relaxed")
         rest = rest.join(tatt.select("aid"), on="aid", how="anti")
     rows_, pieces = _finish(parts, done, rest)
-    return StageDetection(rows_, pieces, host, devw)
+    return StageDetection(rows_, pieces)
