@@ -14,12 +14,15 @@ the window suggest and a ``[[kernel]]`` snippet for ``--stages`` that would clai
 
 from __future__ import annotations
 
+import re
+from typing import Any, cast
+
 import polars as pl
 
 from ep_trace.analysis.intervals import union_length
 from ep_trace.analysis.stage_tiers import MOE_STAGES, TIERS
 
-__all__ = ["coverage", "unassigned", "snippet", "pattern_of", "combine_unassigned", "WARN_SHARE"]
+__all__ = ["coverage", "unassigned", "snippet", "pattern_of", "combine_unassigned", "summarize", "WARN_SHARE"]
 
 #: Below this share of the MoE time covered, the terminal and the report warn.
 WARN_SHARE = 0.9
@@ -94,14 +97,19 @@ def combine_unassigned(parts: pl.DataFrame) -> pl.DataFrame:
 
 
 def pattern_of(name: str) -> str:
-    """A regex for a kernel name and its template / argument variants: the name up to its first ``<``
-    or ``(``, escaped, anchored at the start after an optional ``void`` return type."""
-    base = name.removeprefix("void ").strip()
-    for stop in ("<", "("):
-        base = base.split(stop, 1)[0]
-    base = base.strip() or name
-    escaped = "".join("\\" + c if c in _META else c for c in base)
-    return rf"^(?:void\s+)?{escaped}"
+    """A regex for a kernel name and its template / argument variants: the kernel's qualified name,
+    escaped, anchored at the start (after an optional ``void``); for a short wrapper whose first
+    template argument names the kernel (``cutlass::device_kernel<flash::FlashAttnBwd<...>>``,
+    ``cutlass::Kernel<cutlass_80_tensorop_...>``) that argument instead, unanchored."""
+    head = name.removeprefix("void ").strip().split("(", 1)[0]
+    m = re.match(r"([A-Za-z_]\w*(?:::[A-Za-z_]\w*)*)\s*(?:<\s*([A-Za-z_]\w*(?:::[A-Za-z_]\w*)*))?", head)
+    if m is None:
+        return "^" + "".join("\\" + c if c in _META else c for c in name) + "$"
+    fn, arg = m.group(1), m.group(2)
+    wrapper = fn.count("::") <= 1 and arg is not None and ("::" in arg or len(arg) > len(fn.split("::")[-1]))
+    if wrapper and arg is not None:
+        return rf"{arg}\b"
+    return rf"^(?:void\s+)?{fn}\b"
 
 
 def snippet(rows: pl.DataFrame, limit: int = 5) -> str:
@@ -115,3 +123,52 @@ def snippet(rows: pl.DataFrame, limit: int = 5) -> str:
             f'examples = ["{example}"]\nsource = "seen in my trace"\n'
         )
     return "\n".join(out)
+
+
+def summarize(cov: pl.DataFrame | None, un: pl.DataFrame | None, top: int = 10) -> dict[str, Any] | None:
+    """The coverage as plain data (the JSON summary's ``stage_coverage``, the terminal and the report).
+
+    Returns:
+        None without MoE time; else ``share`` (covered / MoE time over every rank and step), ``warn``
+        (share < :data:`WARN_SHARE`), ``moe_ns`` / ``covered_ns`` / ``unassigned_ns`` (means per rank and
+        step), ``by_tier`` (each tier's share of the MoE time), ``min_share`` (the worst rank and step),
+        ``per_rank`` and ``unassigned_top`` (per-step time, guessed stage, ``pattern``) and ``snippet``.
+    """
+    if cov is None or cov.is_empty() or int(cov["moe_ns"].sum()) <= 0:
+        return None
+    n = cov.height
+    moe = int(cov["moe_ns"].sum())
+    per_rank = (
+        cov.group_by("rank")
+        .agg(pl.col("moe_ns").sum(), pl.col("covered_ns").sum(), pl.col("unassigned_ns").sum(), pl.len().alias("_n"))
+        .sort("rank")
+        .select(
+            "rank",
+            (pl.col("covered_ns") / pl.col("moe_ns")).alias("share"),
+            (pl.col("moe_ns") / pl.col("_n")).round(0).cast(pl.Int64).alias("moe_ns"),
+            (pl.col("unassigned_ns") / pl.col("_n")).round(0).cast(pl.Int64).alias("unassigned_ns"),
+        )
+    )
+    rows = un.head(top) if un is not None else pl.DataFrame()
+    share = float(cov["covered_ns"].sum()) / moe
+    return {
+        "share": share,
+        "warn": share < WARN_SHARE,
+        "moe_ns": round(moe / n),
+        "covered_ns": round(int(cov["covered_ns"].sum()) / n),
+        "unassigned_ns": round(int(cov["unassigned_ns"].sum()) / n),
+        "by_tier": {t: float(cov[f"{t}_ns"].sum()) / moe for t in TIERS},
+        "min_share": float(cast(float, cov["share"].min())),
+        "per_rank": per_rank.to_dicts(),
+        "unassigned_top": [
+            {
+                "name": r["name"],
+                "per_step_ns": round(r["total_ns"] / n),
+                "count": r["count"],
+                "guess": r["guess"],
+                "pattern": pattern_of(r["name"]),
+            }
+            for r in rows.iter_rows(named=True)
+        ],
+        "snippet": snippet(rows) if rows.height else "",
+    }
