@@ -14,9 +14,9 @@ from datetime import datetime, timezone
 
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import breakdown_figures, comm_figures, digest, routing_figures, stage_figures, timeline
+from ep_trace.reports.coverage_section import coverage_html
 from ep_trace.reports.figure_style import n_ranks
 from ep_trace.reports.html_page import Section, esc, figure_html, page
-from ep_trace.reports.coverage_section import coverage_html
 from ep_trace.reports.html_sections import (
     alpha_beta_table,
     definitions_html,
