@@ -78,7 +78,8 @@ def items_in(items: pl.DataFrame, windows: pl.DataFrame, exclude: pl.DataFrame |
             ("_xs", "_xe"),
             by=("rank", "tid"),
         )
-        drop = inside.filter(pl.col("_xw") == pl.col("wid"))["_k"]
+        # half-open spans: an op starting where a child frame ends is the block's own
+        drop = inside.filter((pl.col("_xw") == pl.col("wid")) & (pl.col("start_ns") < pl.col("_xe")))["_k"]
         j = keys.filter(~pl.col("_k").is_in(drop.implode())).drop("_k")
     return top_level(j.drop("_ws", "_we"), ["wid"])
 
