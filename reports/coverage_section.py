@@ -17,6 +17,8 @@ from ep_trace.reports.units import fmt_ns, fmt_pct
 __all__ = ["coverage_of", "coverage_sentence", "coverage_lines", "coverage_html", "unattributed_clause"]
 
 _SHORT = 90
+#: Unattributed MoE time (without a named kernel) from which the verdict says so: 1 % of the MoE time.
+_MATERIAL = 0.01
 
 
 def coverage_of(analysis: Analysis) -> dict[str, Any] | None:
@@ -103,7 +105,9 @@ def coverage_html(analysis: Analysis) -> str:
 def unattributed_clause(analysis: Analysis) -> str | None:
     """What the verdict says instead of 'no bottleneck' while MoE time has no stage, or None."""
     c = coverage_of(analysis)
-    if c is None or c["unassigned_ns"] <= 0:
+    # named kernels without a stage, or at least 1 % of the MoE time (the host glue between the stage
+    # ranges of an instrumented CPU layer is unattributed too, but no candidate)
+    if c is None or c["unassigned_ns"] <= 0 or (not c["unassigned_top"] and c["share"] > 1 - _MATERIAL):
         return None
     return (
         f"{fmt_ns(c['unassigned_ns'])} per step of MoE work ({fmt_pct(1 - c['share'])} of the MoE time) could not "

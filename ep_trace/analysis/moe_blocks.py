@@ -63,7 +63,6 @@ def module_frames(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("fid").alias("pfid"),
             pl.col("start_ns").alias("_ps"),
             pl.col("end_ns").alias("_pe"),
-            pl.col("role").alias("_prole"),
         ),
         ("start_ns", "start_ns"),
         ("_ps", "_pe"),

@@ -13,8 +13,9 @@ window are its items: an ``aten::linear`` is one item, not also its ``aten::matm
 Windows from ops alone (no module frame, no framework range: CPU-only traces of plain PyTorch MoE,
 eager GPU traces without ``with_stack``): on each thread, every top-level ``topk`` opens one, with the
 softmax / sigmoid and the linear (the gate) right before it; it runs to the last ``unpermute`` op
-before the next ``topk`` (none: to the last expert GEMM), and counts only when an expert GEMM runs
-after the ``topk`` in it. A ``topk`` that samples tokens has no GEMM after it: no window.
+before the next ``topk`` (none: to the last expert GEMM), and counts only when an expert GEMM and an
+op that moves tokens (a permute or unpermute op) run after the ``topk`` in it: a ``topk`` that samples
+tokens, or one followed by a GEMM and nothing that routes tokens, opens no window.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def op_windows(ops: pl.DataFrame, taken: pl.DataFrame) -> tuple[pl.DataFrame, pl
         )
         top = top.filter(~pl.col("oid").is_in(inside["oid"].implode()))
     top = top.sort("rank", "tid", "start_ns").with_columns(pl.int_range(pl.len()).over("rank", "tid").alias("_i"))
-    role = pl.col("role")
+    role = pl.col("role").fill_null("")  # an op without a role is "other": never null in the window logic
     g = ["rank", "tid"]
     # the gate and the score function right before each topk belong to its window
     lead = (
@@ -124,10 +125,16 @@ def op_windows(ops: pl.DataFrame, taken: pl.DataFrame) -> tuple[pl.DataFrame, pl
         pl.when(role == "unpermute").then(pl.col("_i")).max().over(k).alias("_u"),
         pl.when(role == "expert").then(pl.col("_i")).max().over(k).alias("_x"),
     )
-    # an expert GEMM after the topk, and the window ends at its last unpermute op (else its last GEMM)
-    has_expert = (pl.when((role == "expert") & (pl.col("_i") > pl.col("_t"))).then(1).otherwise(0).sum().over(k)) > 0
+    # an expert GEMM and a token move (permute / unpermute op) after the topk; the window ends at its
+    # last unpermute op (else its last GEMM)
+    after = pl.col("_i") > pl.col("_t")
+
+    def seen(cond: pl.Expr) -> pl.Expr:
+        return pl.when(cond & after).then(1).otherwise(0).sum().over(k) > 0
+
+    moved = seen(role.is_in(["permute", "unpermute"]))
     last = pl.coalesce(pl.col("_u"), pl.col("_x"))
-    items = top.filter(has_expert & (pl.col("_i") <= last))
+    items = top.filter(seen(role == "expert") & moved & (pl.col("_i") <= last))
     windows = (
         items.group_by(k)
         .agg(pl.col("start_ns").min(), pl.col("end_ns").max())

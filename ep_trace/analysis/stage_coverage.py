@@ -20,7 +20,8 @@ from typing import Any, cast
 import polars as pl
 
 from ep_trace.analysis.intervals import union_length
-from ep_trace.analysis.stage_tiers import MOE_STAGES, TIERS
+from ep_trace.analysis.moe_windows import MOE_STAGES
+from ep_trace.analysis.stage_tiers import TIERS
 
 __all__ = ["coverage", "unassigned", "snippet", "pattern_of", "combine_unassigned", "summarize", "WARN_SHARE"]
 

@@ -25,19 +25,15 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ep_trace.analysis import moe_blocks, moe_ops, moe_segments, stage_families, stages
+from ep_trace.analysis import moe_blocks, moe_ops, moe_segments, moe_windows, name_tokens, stage_families, stages
 from ep_trace.analysis.intervals import range_join, subtract
 from ep_trace.analysis.steps import assign_step
-from ep_trace.knowledge import Row, first_match_expr, rows
+from ep_trace.knowledge import Row
 
 __all__ = ["TIERS", "StageDetection", "detect", "tier_of_method"]
 
 #: Detection tiers, best first.
 TIERS = ("range", "family", "module", "cpu_op", "token")
-#: Stages that make up an MoE layer (attention is not one).
-MOE_STAGES = ("route", "permute", "dispatch", "expert", "combine", "unpermute", "shared_expert", "all_to_all")
-_TOKENS = tuple((r.stage, r.pattern) for r in rows("token"))
-_AFTER = tuple((r.stage, r.pattern) for r in rows("token") if r.after_expert)
 _CAT = {"route": "route", "route_aux": "route_aux", "permute": "permute", "unpermute": "unpermute", "expert": "expert"}
 _RANGE_CAT = {"route": "route", "permute": "permute", "dispatch": "permute", "expert": "expert"}
 _RANGE_CAT |= {"combine": "unpermute", "unpermute": "unpermute", "shared_expert": "shared"}
@@ -130,8 +126,9 @@ def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[
         pl.col("stage").replace_strict(_RANGE_CAT, default=None), pl.col("role").replace_strict(_CAT, default="other")
     )
     items.append(c_items.select("wid", "start_ns", cat.alias("cat")))
-    # windows from ops alone, outside the blocks and containers
-    ow, o_items = moe_ops.op_windows(ops, pl.concat([mod, cw], how="diagonal_relaxed"))
+    # windows from ops alone, outside the blocks, the containers and every stage range (a layer the
+    # ranges describe is theirs: the glue between them stays unattributed, not guessed)
+    ow, o_items = moe_ops.op_windows(ops, pl.concat([mod, cw, rng], how="diagonal_relaxed"))
     ow = ow.with_columns(pl.col("wid") + 2 * off, pl.lit("cpu_op").alias("method"), pl.lit("op_window").alias("kind"))
     o_items = o_items.with_columns(
         pl.col("wid") + 2 * off, pl.col("role").replace_strict(_CAT, default="other").alias("cat")
@@ -218,159 +215,11 @@ def _segment_rows(
     return r, att.drop("_st", "_cst", "_nsid", strict=False)
 
 
-def _token_rows(
-    act: pl.DataFrame, expert_start: pl.DataFrame, kernels: tuple[Row, ...] = ()
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Tier ``token``: unclaimed kernels inside an MoE window whose name says their stage; only names no
-    kernel row knows (a dense GEMM of ``dpsk::grouped_gemm`` is a known ``gemm``, never a token's expert).
-
-    Args:
-        act: Unclaimed activity with ``mw`` (MoE window id) and ``layer`` (null = outside every window).
-        expert_start: ``mw, _x0``: device start of each window's first expert work.
-        kernels: User ``[[kernel]]`` rows (known names too).
-
-    Returns:
-        ``(ranges, attributed)`` as :func:`_segment_rows`.
-    """
-    k = act.filter(pl.col("mw").is_not_null() & (pl.col("cls") != "memory") & (pl.col("name") != "cpu compute"))
-    if k.is_empty():
-        return pl.DataFrame(), k
-    names = (
-        k.select(pl.col("name").unique())
-        .filter(stage_families.family_label_expr(pl.col("name"), kernels).is_null())
-        .with_columns(
-            first_match_expr(pl.col("name"), _TOKENS).alias("_tok"),
-            first_match_expr(pl.col("name"), _AFTER).alias("_aft"),
-        )
-    )
-    k = k.join(names, on="name").join(expert_start, on="mw", how="left")
-    after = pl.col("_x0").is_not_null() & (pl.col("start_ns") > pl.col("_x0"))
-    k = k.with_columns(
-        pl.when(pl.col("_aft").is_not_null() & after)
-        .then(pl.col("_aft"))
-        .when(pl.col("_aft").is_null())
-        .then(pl.col("_tok"))
-        .alias("stage")
-    ).filter(pl.col("stage").is_not_null())
-    if k.is_empty():
-        return pl.DataFrame(), k
-    k = k.sort("rank", "start_ns")
-    run = ((pl.col("stage") != pl.col("stage").shift(1).over("mw")).fill_null(True)).cum_sum().over("mw")
-    k = k.with_columns(run.alias("_run"))
-    r = (
-        k.group_by("mw", "_run")
-        .agg(
-            pl.col("rank").first(),
-            pl.col("step").first(),
-            pl.col("stage").first(),
-            pl.col("layer").first(),
-            pl.col("anchor_ns").min().alias("cpu_start_ns"),
-            pl.col("anchor_ns").max().alias("cpu_end_ns"),
-        )
-        .sort("rank", "cpu_start_ns")
-        .with_row_index("sid")
-    )
-    att = k.join(r.select("mw", "_run", "sid"), on=["mw", "_run"]).drop("_run", "_tok", "_aft", "_x0")
-    r = r.drop("mw", "_run").with_columns(
-        pl.lit(None, pl.Int32).alias("microbatch"), pl.lit("fwd").alias("phase"), pl.lit("name_token").alias("method")
-    )
-    return r, att
-
-
 def _outermost(c: pl.DataFrame) -> pl.DataFrame:
     """The windows not inside an earlier-starting one of the same rank (``cpu_start_ns`` / ``cpu_end_ns``)."""
     c = c.sort(["rank", "cpu_start_ns", "cpu_end_ns"], descending=[False, False, True])
     prev = pl.col("cpu_end_ns").cum_max().shift(1).over("rank")
     return c.filter(prev.is_null() | (pl.col("cpu_start_ns") >= prev))
-
-
-def _host_windows(cont: pl.DataFrame, ranges: pl.DataFrame) -> pl.DataFrame:
-    """MoE host windows: the containers (framework MoE ops, module blocks, op windows) and, for layers
-    found by stage ranges, the span from a layer's first MoE range to its last one:
-    ``mw, rank, layer, cpu_start_ns, cpu_end_ns``."""
-    c = cont.select(
-        ("c" + pl.col("cid").cast(pl.Utf8)).alias("mw"),
-        "rank",
-        pl.col("c_layer").alias("layer"),
-        "cpu_start_ns",
-        "cpu_end_ns",
-    )
-    r = (
-        ranges.filter(pl.col("stage").is_in(MOE_STAGES) & pl.col("layer").is_not_null())
-        .group_by("rank", "step", "layer")
-        .agg(pl.col("cpu_start_ns").min(), pl.col("cpu_end_ns").max())
-        .sort("rank", "cpu_start_ns")
-        .with_row_index("_i")
-        .select(("r" + pl.col("_i").cast(pl.Utf8)).alias("mw"), "rank", "layer", "cpu_start_ns", "cpu_end_ns")
-    )
-    return pl.concat([c, r.cast({"layer": pl.Int32})], how="vertical_relaxed")
-
-
-def _assign_windows(x: pl.DataFrame, host: pl.DataFrame, cpu: list[int]) -> pl.DataFrame:
-    """``x`` (activity rows) with the MoE host window ``mw`` and ``layer`` each lies in (null = none):
-    device work by its launch inside the window, CPU compute pieces clipped to the windows they overlap."""
-    x = x.with_row_index("_x")
-    on_cpu = pl.col("rank").is_in(cpu) & (pl.col("cls") == "compute")
-    g, c = x.filter(~on_cpu), x.filter(on_cpu)
-    hs = host.select("mw", "rank", "layer", pl.col("cpu_start_ns").alias("_hs"), pl.col("cpu_end_ns").alias("_he"))
-    by_host = range_join(g.select("_x", "rank", "anchor_ns"), hs, ("anchor_ns", "anchor_ns"), ("_hs", "_he"))
-    g = g.join(by_host.select("_x", "mw", "layer").unique("_x", keep="first"), on="_x", how="left")
-    if c.height:
-        cj = (
-            range_join(c, hs, ("start_ns", "end_ns"), ("_hs", "_he"))
-            .with_columns(
-                pl.max_horizontal("start_ns", "_hs").alias("start_ns"),
-                pl.min_horizontal("end_ns", "_he").alias("end_ns"),
-            )
-            .filter(pl.col("end_ns") > pl.col("start_ns"))
-        )
-        c = pl.concat([cj.drop("_hs", "_he"), c.join(cj.select("_x"), on="_x", how="anti")], how="diagonal_relaxed")
-    return pl.concat([g, c], how="diagonal_relaxed").drop("_x")
-
-
-def _device_mw(rank: pl.Expr, step: pl.Expr, layer: pl.Expr) -> pl.Expr:
-    return pl.concat_str([pl.lit("d"), rank, step, layer], separator=":")
-
-
-def _sandwiched(rest: pl.DataFrame, fam: pl.DataFrame) -> pl.DataFrame:
-    """MoE windows on the device, for layers found by their family kernels alone (a CUDA-graph replay
-    runs no host op): a kernel outside every host window whose previous and next family kernels on its
-    stream (within the step) belong to one MoE layer lies in that layer's window.
-
-    Args:
-        rest: Unclaimed activity with ``mw`` / ``layer`` from the host windows.
-        fam: The family kernels with ``layer``, ``cid`` (their container) and ``stream``.
-    """
-    if fam.is_empty() or rest.is_empty():
-        return rest
-    lab = fam.filter(pl.col("cid").is_null() & pl.col("layer").is_not_null() & pl.col("step").is_not_null())
-    free = rest.with_row_index("_x").filter(pl.col("mw").is_null() & pl.col("stream").is_not_null())
-    k = pl.concat(
-        [
-            lab.select(
-                "rank",
-                "step",
-                "stream",
-                "start_ns",
-                pl.col("layer").cast(pl.Int32),
-                pl.lit(None, pl.UInt32).alias("_x"),
-            ),
-            free.select("rank", "step", "stream", "start_ns", pl.lit(None, pl.Int32).alias("layer"), "_x"),
-        ]
-    ).sort("rank", "stream", "start_ns")
-    by = ["rank", "stream", "step"]
-    prev, nxt = pl.col("layer").forward_fill().over(by), pl.col("layer").backward_fill().over(by)
-    hit = (
-        k.with_columns(prev.alias("_p"), nxt.alias("_n"))
-        .filter(pl.col("_x").is_not_null() & (pl.col("_p") == pl.col("_n")))
-        .select("_x", pl.col("_p").alias("_l"))
-    )
-    out = rest.with_row_index("_x").join(hit, on="_x", how="left")
-    mw = _device_mw(pl.col("rank"), pl.col("step"), pl.col("_l"))
-    return out.with_columns(
-        pl.when(pl.col("_l").is_not_null()).then(mw).otherwise(pl.col("mw")).alias("mw"),
-        pl.coalesce("layer", "_l").alias("layer"),
-    ).drop("_x", "_l")
 
 
 def _finish(parts: list[pl.DataFrame], done: pl.DataFrame, rest: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -450,11 +299,11 @@ def detect(
         done = pl.concat([done, satt.join(sr.select("sid", "stage"), on="sid")], how="diagonal_relaxed")
         rest = _unclaimed(rest, satt, mode, steps)
     cpu = [r for r, m in mode.items() if m == "cpu"]
-    host = _host_windows(cont, st)
-    rest = _sandwiched(_assign_windows(rest, host, cpu), fam_dev)
-    done = _assign_windows(done, host, cpu)
+    host = moe_windows.host_windows(cont, st)
+    rest = moe_windows.sandwiched(moe_windows.assign_windows(rest, host, cpu), fam_dev)
+    done = moe_windows.assign_windows(done, host, cpu)
     # family layers outside every host window: their own device window
-    fam_mw = _device_mw(pl.col("rank"), pl.col("step"), pl.col("_fl"))
+    fam_mw = moe_windows.device_mw(pl.col("rank"), pl.col("step"), pl.col("_fl"))
     if fam_dev.height:
         done = (
             done.join(fam_dev.select("aid", pl.col("layer").alias("_fl")), on="aid", how="left")
@@ -468,7 +317,7 @@ def detect(
             .drop("_fl")
         )
     x0 = done.filter(pl.col("stage") == "expert").group_by("mw").agg(pl.col("start_ns").min().alias("_x0"))
-    tr, tatt = _token_rows(rest, x0, kernels)
+    tr, tatt = name_tokens.token_rows(rest, x0, kernels)
     if tatt.height:
         tr = tr.with_columns(pl.col("sid").cast(pl.Int64) + (3 << 40))
         tatt = tatt.with_columns(pl.col("sid").cast(pl.Int64) + (3 << 40))
