@@ -12,8 +12,8 @@
    (:mod:`ep_trace.analysis.moe_ops`), the same way; CPU-only traces are attributed here;
 5. ``token``: name tokens (the ``[[token]]`` rows: ``topk`` / ``router`` -> route, ``sort`` / ``align`` /
    ``histogram`` -> permute, ``grouped ... gemm`` -> expert, ``finalize`` / ``reduce`` after the experts ->
-   unpermute) for the kernels still unclaimed *inside an MoE window* found by a higher tier, never
-   over a whole step.
+   unpermute) for the kernels still unclaimed *inside an MoE window* found by a higher tier
+   (:mod:`ep_trace.analysis.moe_windows`), never over a whole step (:mod:`ep_trace.analysis.name_tokens`).
 
 Each tier only sees what the earlier ones left. The MoE windows found on the way, and every
 attributed interval with its tier, go to the coverage (:mod:`ep_trace.analysis.stage_coverage`).
