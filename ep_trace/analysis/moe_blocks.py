@@ -17,7 +17,9 @@ or when its children are a router and experts:
   before the first expert (vLLM's gpt-oss ``MLPBlock``: ``Linear`` router, ``FusedMoE`` experts), for
   experts found by repetition only when a ``topk`` op runs in the block too.
 
-The outermost block of nested ones is the layer. Its children then become items of the layer's
+The outermost block of nested ones is the layer. An experts module outside every block (its class
+says ``Experts`` / ``FusedMoE`` / ``GroupedMLP`` ..., its parent was not recognised) is a layer of its
+own whose work is all expert work (:func:`lone_experts`). Its children then become items of the layer's
 segments (:mod:`ep_trace.analysis.moe_segments`): router -> ``route``, experts -> ``expert``, shared
 expert -> ``shared``; other children and the block's own top-level ops fill the gaps by position.
 """
@@ -29,7 +31,7 @@ import polars as pl
 from ep_trace.analysis.intervals import range_join
 from ep_trace.knowledge import first_match_expr, rows
 
-__all__ = ["module_frames", "moe_blocks", "block_children"]
+__all__ = ["module_frames", "moe_blocks", "block_children", "lone_experts"]
 
 _MOD = r"^nn\.Module: (.+?)(?:_\d+)?$"
 _ROLES = tuple((r.stage, r.pattern) for r in rows("module"))
@@ -157,3 +159,28 @@ def moe_blocks(frames: pl.DataFrame, children: pl.DataFrame) -> pl.DataFrame:
         & ((pl.col("_os") < pl.col("start_ns")) | (pl.col("_oe") > pl.col("end_ns")) | (pl.col("_ob") < pl.col("bid")))
     )["bid"]
     return b.filter(~pl.col("bid").is_in(inner.implode())).select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
+
+
+def lone_experts(frames: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
+    """The outermost experts-role frames outside every block: ``rank, tid, bid, cls, start_ns, end_ns``."""
+    e = frames.filter(pl.col("role") == "experts").rename({"fid": "bid"})
+    if e.is_empty():
+        return e.select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
+    outer = pl.concat(
+        [
+            blocks.select("rank", "tid", "bid", "start_ns", "end_ns"),
+            e.select(blocks.columns[:3] + ["start_ns", "end_ns"]),
+        ]
+    )
+    inside = range_join(
+        e.select("rank", "tid", "bid", "start_ns", "end_ns"),
+        outer.select(
+            "rank", "tid", pl.col("bid").alias("_ob"), pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")
+        ),
+        ("start_ns", "end_ns"),
+        ("_os", "_oe"),
+        by=("rank", "tid"),
+    ).filter(
+        (pl.col("_ob") != pl.col("bid")) & (pl.col("_os") <= pl.col("start_ns")) & (pl.col("_oe") >= pl.col("end_ns"))
+    )["bid"]
+    return e.filter(~pl.col("bid").is_in(inside.implode())).select("rank", "tid", "bid", "cls", "start_ns", "end_ns")

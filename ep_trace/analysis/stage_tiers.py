@@ -96,6 +96,12 @@ def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[
         .alias("cat")
     )
     items = [ch.select("wid", "start_ns", "cat"), body.select("wid", "start_ns", "cat")]
+    # an experts module outside every block: a layer whose work is all expert work (one item)
+    lone = moe_blocks.lone_experts(frames, blocks).select(
+        pl.col("bid").alias("wid"), "rank", "tid", "start_ns", "end_ns", ("module:" + pl.col("cls")).alias("method")
+    )
+    items.append(lone.select("wid", "start_ns", pl.lit("expert").alias("cat")))
+    mod = pl.concat([mod, lone.with_columns(pl.lit("module").alias("kind"))])
     # framework MoE ops / ranges (containers) outside every block: their top-level ops and stage ranges
     cont = stages.detect_containers(ev, presets)
     off = int(ev.select(pl.col("event_id").max().fill_null(0)).item()) + 1

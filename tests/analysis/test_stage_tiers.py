@@ -257,3 +257,20 @@ def test_module_frames_on_the_gpu(tmp_path):
     ]
     assert a.stage_coverage.row(0, named=True)["share"] == 1.0
     assert a.stages["method"].unique().sort().to_list() == ["kernel_family", "module:SwitchMoE"]
+
+
+def test_an_experts_module_alone_is_expert_work(tmp_path):
+    """An experts module whose parent is not recognised (torchtitan's GroupedExperts called from a user
+    block without a router module): everything it launched is expert work, tier module."""
+    silu = "void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel<float> >(int)"
+    mm = "void at::native::_grouped_mm_kernel<float>(X)"  # no knowledge-table row
+    prog = [
+        (
+            "op",
+            "nn.Module: Block_0",
+            [("op", "nn.Module: GroupedExperts_0", [("k", mm, 40), ("k", silu, 4), ("k", mm, 30)])],
+        )
+    ]
+    a = ep_trace.load([_trace(tmp_path / "rank0.json", prog)])
+    assert _rows(a) == [(0, "expert", "module", 74_000)]
+    assert a.stages["method"].to_list() == ["module:GroupedExperts"]
