@@ -131,6 +131,22 @@ def block_children(frames: pl.DataFrame, topk_blocks: pl.Series) -> pl.DataFrame
     )
 
 
+def _outermost(f: pl.DataFrame, outer: pl.DataFrame) -> pl.DataFrame:
+    """The frames of ``f`` (``rank, tid, bid, ...``) not inside another frame of ``outer`` on their thread
+    (of two frames with the same span, the one with the smaller id is the outer one)."""
+    cols = ["rank", "tid", "bid", "start_ns", "end_ns"]
+    o = outer.select(
+        "rank", "tid", pl.col("bid").alias("_ob"), pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")
+    )
+    inner = range_join(f.select(cols), o, ("start_ns", "end_ns"), ("_os", "_oe"), by=("rank", "tid")).filter(
+        (pl.col("_ob") != pl.col("bid"))
+        & (pl.col("_os") <= pl.col("start_ns"))
+        & (pl.col("_oe") >= pl.col("end_ns"))
+        & ((pl.col("_os") < pl.col("start_ns")) | (pl.col("_oe") > pl.col("end_ns")) | (pl.col("_ob") < pl.col("bid")))
+    )["bid"]
+    return f.filter(~pl.col("bid").is_in(inner.implode())).select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
+
+
 def moe_blocks(frames: pl.DataFrame, children: pl.DataFrame) -> pl.DataFrame:
     """The outermost MoE blocks: ``rank, tid, bid, cls, start_ns, end_ns``.
 
@@ -142,45 +158,11 @@ def moe_blocks(frames: pl.DataFrame, children: pl.DataFrame) -> pl.DataFrame:
     by_name = frames.filter(pl.col("role") == "block").select(pl.col("fid").alias("bid"))
     ids = pl.concat([by_children, by_name]).unique()
     b = frames.join(ids.rename({"bid": "fid"}), on="fid", how="semi").rename({"fid": "bid"})
-    if b.is_empty():
-        return b.select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
-    inner = range_join(
-        b.select("rank", "tid", "bid", "start_ns", "end_ns"),
-        b.select(
-            "rank", "tid", pl.col("bid").alias("_ob"), pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")
-        ),
-        ("start_ns", "end_ns"),
-        ("_os", "_oe"),
-        by=("rank", "tid"),
-    ).filter(
-        (pl.col("_ob") != pl.col("bid"))
-        & (pl.col("_os") <= pl.col("start_ns"))
-        & (pl.col("_oe") >= pl.col("end_ns"))
-        & ((pl.col("_os") < pl.col("start_ns")) | (pl.col("_oe") > pl.col("end_ns")) | (pl.col("_ob") < pl.col("bid")))
-    )["bid"]
-    return b.filter(~pl.col("bid").is_in(inner.implode())).select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
+    return _outermost(b, b)
 
 
 def lone_experts(frames: pl.DataFrame, blocks: pl.DataFrame) -> pl.DataFrame:
     """The outermost experts-role frames outside every block: ``rank, tid, bid, cls, start_ns, end_ns``."""
     e = frames.filter(pl.col("role") == "experts").rename({"fid": "bid"})
-    if e.is_empty():
-        return e.select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
-    outer = pl.concat(
-        [
-            blocks.select("rank", "tid", "bid", "start_ns", "end_ns"),
-            e.select(blocks.columns[:3] + ["start_ns", "end_ns"]),
-        ]
-    )
-    inside = range_join(
-        e.select("rank", "tid", "bid", "start_ns", "end_ns"),
-        outer.select(
-            "rank", "tid", pl.col("bid").alias("_ob"), pl.col("start_ns").alias("_os"), pl.col("end_ns").alias("_oe")
-        ),
-        ("start_ns", "end_ns"),
-        ("_os", "_oe"),
-        by=("rank", "tid"),
-    ).filter(
-        (pl.col("_ob") != pl.col("bid")) & (pl.col("_os") <= pl.col("start_ns")) & (pl.col("_oe") >= pl.col("end_ns"))
-    )["bid"]
-    return e.filter(~pl.col("bid").is_in(inside.implode())).select("rank", "tid", "bid", "cls", "start_ns", "end_ns")
+    cols = ["rank", "tid", "bid", "start_ns", "end_ns"]
+    return _outermost(e, pl.concat([blocks.select(cols), e.select(cols)]))
