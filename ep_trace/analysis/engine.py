@@ -95,6 +95,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     del first
     graph_act = rank_pass.drain_blocks(second.activity, blocks)
     detection, top_ops, top_kernels = second.detection, second.top_ops, second.top_kernels
+    coverage, unassigned = second.coverage, second.unassigned
     del second
     say("model", 7, total)
     md = model_pass(
@@ -143,6 +144,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         ep_invariants=pp.ep_invariants,
         placement=pp.plan.per_rank if pp.plan is not None else pl.DataFrame(schema=PER_RANK_SCHEMA),
         placement_proposals=proposals(pp.plan, config.replica_budget),
+        stage_coverage=coverage,
+        unassigned_kernels=unassigned,
     )
     out = invariants.enforce(findings.with_findings(partial))
     log.debug(

@@ -56,7 +56,7 @@ def _steps(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
 def _stages(rows: list[tuple[int, int, str, int]]) -> pl.DataFrame:
     return pl.DataFrame(
         [
-            {"rank": r, "step": s, "stage": st, "busy_ns": b, "window_ns": b, "exposed_comm_ns": 0}
+            {"rank": r, "step": s, "stage": st, "busy_ns": b, "window_ns": b, "exposed_comm_ns": 0, "tier": "range"}
             for r, s, st, b in rows
         ],
         schema_overrides={"rank": pl.Int32},
