@@ -34,6 +34,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.json_guard import check_json_line
 from ep_trace.trace_files import SIDECAR_VERSION
 
 __all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar", "read_workload"]
@@ -100,6 +101,7 @@ def read_sidecar(path: str | Path) -> Sidecar:
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        check_json_line(path, line, i + 1)
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -158,7 +160,8 @@ def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
     files = sorted(d.glob("rank*.ep.jsonl"), key=lambda p: (len(p.name), p.name))
     for f in files:
         with open(f, "rb") as fh:
-            for line in fh:
+            for i, line in enumerate(fh):
+                check_json_line(f, line, i + 1)
                 try:
                     rec = orjson.loads(line)
                 except orjson.JSONDecodeError:
