@@ -36,6 +36,7 @@ from ep_trace.errors import EpTraceError, TraceFormatError
 from ep_trace.parsers.input_guard import NOT_A_TRACE, guarded, rank_for
 from ep_trace.parsers.kineto_files import read_kineto_files
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
+from ep_trace.parsers.sidecar_checks import check_sidecar
 
 __all__ = [
     "BATCH_BYTES",
@@ -208,6 +209,7 @@ def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTa
     from ep_trace.parsers import validate
 
     validate.check_sidecar_identity(t, sc)
+    check_sidecar(t, sc)  # consistency with itself and its trace, before any table is built from it
     try:
         out = merge_sidecar(t, sc)
     except EpTraceError:

@@ -68,6 +68,8 @@ class Sidecar:
         routing: ``routing`` records in file order.
         a2a: ``a2a`` records in file order.
         issues: Warnings (e.g. a cut-short last line).
+        routing_lines, a2a_lines: The 1-based line of each ``routing`` / ``a2a`` record (named in
+            errors; empty for a Sidecar built in memory).
     """
 
     path: str
@@ -75,6 +77,8 @@ class Sidecar:
     routing: list[dict[str, Any]] = field(default_factory=list)
     a2a: list[dict[str, Any]] = field(default_factory=list)
     issues: tuple[schema.LoadIssue, ...] = ()
+    routing_lines: tuple[int, ...] = ()
+    a2a_lines: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int | None:
@@ -98,6 +102,8 @@ def read_sidecar(path: str | Path) -> Sidecar:
     routing: list[dict[str, Any]] = []
     a2a: list[dict[str, Any]] = []
     issues: list[schema.LoadIssue] = []
+    routing_lines: list[int] = []
+    a2a_lines: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -141,11 +147,13 @@ def read_sidecar(path: str | Path) -> Sidecar:
             meta.update({k: val for k, val in rec.items() if k not in ("type", "v")})
         elif kind == "routing":
             routing.append(rec)
+            routing_lines.append(i + 1)
         elif kind == "a2a":
             a2a.append(rec)
+            a2a_lines.append(i + 1)
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
-    return Sidecar(str(path), meta, routing, a2a, tuple(issues))
+    return Sidecar(str(path), meta, routing, a2a, tuple(issues), tuple(routing_lines), tuple(a2a_lines))
 
 
 def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
