@@ -101,6 +101,9 @@ def _check_pgs(path: Path, pgs: object, ws: int, rank: int | None) -> None:
         size = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
         parsed = parse_int_list(pg.get("ranks"))
         known = [v for v in parsed.values if v is not None] if parsed is not None else []
+        default = pg.get("pg_desc") == "default_pg" or name == "0"
+        if default and size is not None and size != ws:
+            _fail(path, f"the default process group has {size} ranks but 'world_size' is {ws}", _PG_FIX)
         bad = next((v for v in known if v < 0 or v >= ws), None)
         if bad is not None:
             _fail(path, f"process group {name!r} of 'pg_config' lists rank {bad}, outside world size {ws}", _PG_FIX)
@@ -111,12 +114,5 @@ def _check_pgs(path: Path, pgs: object, ws: int, rank: int | None) -> None:
             _fail(
                 path, f"process group {name!r} of 'pg_config' lists {len(known)} ranks but pg_size is {size}", _PG_FIX
             )
-        if pg.get("pg_desc") == "default_pg" or name == "0":
-            if size is not None and size != ws:
-                _fail(path, f"the default process group has {size} ranks but 'world_size' is {ws}", _PG_FIX)
-            if whole and rank is not None and rank not in known:
-                _fail(
-                    path,
-                    f"the default process group ({len(known)} ranks) does not hold the file's rank {rank}",
-                    _PG_FIX,
-                )
+        if default and whole and rank is not None and rank not in known:
+            _fail(path, f"the default process group ({len(known)} ranks) does not hold the file's rank {rank}", _PG_FIX)

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from ep_trace.analysis import findings, rank_pass
+from ep_trace.analysis import coverage, findings, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
@@ -117,7 +117,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         detection_method=detection,
         hta_overlap=hta,
         load_report=tables.load_report,
-        notes=step_notes + m.notes + md.notes,
+        notes=step_notes + m.notes + md.notes + coverage.coverage_notes(tables),
         misaligned=m.misaligned,
         replay=md.replay,
         critical_path=md.critical_path,

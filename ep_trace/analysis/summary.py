@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
+from ep_trace.analysis import coverage
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.whatif_checks import rerun_error_pct
@@ -148,6 +149,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
+        "missing_ranks": coverage.missing_ranks(a.tables.ranks),
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
         "overall": overall,
         "ranks": _rows(
@@ -183,6 +185,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
             "per_layer": per_layer,
             "count_matrix": count_matrix,
             "split_violations": a.split_violations.height,
+            "routing_missing_ranks": coverage.routing_missing_ranks(a.tables),
         },
         "alpha_beta": ab,
         "clock": a.clock.to_dicts(),
