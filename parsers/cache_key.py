@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,9 +52,12 @@ def input_files(path: Path) -> list[Path]:
 
 
 def _digest(f: Path) -> str | None:
-    """SHA-256 of a file's bytes, read 1 MiB at a time (None when it cannot be read)."""
+    """SHA-256 of a regular file's bytes, read 1 MiB at a time (None when it cannot be read, or is
+    no regular file: a FIFO would block the open, a device never end; the reader refuses both)."""
     h = hashlib.sha256()
     try:
+        if not stat.S_ISREG(os.stat(f).st_mode):
+            return None
         with open(f, "rb") as fh:
             while chunk := fh.read(1 << 20):
                 h.update(chunk)
@@ -79,7 +83,7 @@ def _entry(f: Path, root: Path, now_ns: int) -> dict[str, Any]:
         "ctime_ns": st.st_ctime_ns,
         "ino": st.st_ino,
     }
-    if st.st_ctime_ns > now_ns - RACY_NS:
+    if st.st_ctime_ns > now_ns - RACY_NS and stat.S_ISREG(st.st_mode):
         entry["sha256"] = _digest(f)
     return entry
 

@@ -249,7 +249,8 @@ def _check_job(parts: list[tuple[pl.DataFrame, object | None]], ranks: pl.DataFr
     if bad.height:
         r = bad.row(0, named=True)
         raise RankConflictError(
-            f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong"
+            f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job "
+            "or its rank is wrong: pass --rank-map R=PATH to set its rank, or remove it"
         )
     pgs: dict[tuple[Any, ...], str] = {}
     for _, info in parts:

@@ -7,7 +7,8 @@ with no world size at all) and a rank's self-contradictions were analysed as if 
 Refused, naming the file, ``distributedInfo`` and the fix (``--keep-going`` leaves the file out):
 
 * ``distributedInfo`` that is not an object; ``rank`` / ``world_size`` that are not integers
-  (a bool or a string included), a negative rank, a world size below 1;
+  (a bool or a string included), a world size below 1 (a negative rank is named by
+  :func:`ep_trace.parsers.validate.check_tables`);
 * ``rank >= world_size`` (unless ``--rank-map`` gives the file a rank inside the world);
 * ``ep_trace.rank`` / ``ep_trace.world_size`` (written by ep-trace's Tracer, docs/sidecar.md)
   disagreeing with ``distributedInfo`` (unless ``--rank-map`` settles the rank);
@@ -40,13 +41,13 @@ def _fail(path: Path, problem: str, fix: str, record: str = "distributedInfo") -
     raise TraceFormatError(path, problem, fix, record=record)
 
 
-def _typed(path: Path, info: dict[str, Any], key: str, lo: int) -> int | None:
+def _typed(path: Path, info: dict[str, Any], key: str, lo: int | None) -> int | None:
     v = info.get(key)
     if v is None:
         return None
     if not _is_int(v):
         _fail(path, f"'{key}' is {str(v)[:40]!r} ({type(v).__name__}), not an integer", _DAMAGED)
-    if v < lo:
+    if lo is not None and v < lo:
         _fail(path, f"'{key}' is {v}; it must be at least {lo}", _DAMAGED)
     return int(v)
 
@@ -67,7 +68,7 @@ def check_distributed_info(path: Path, header: dict[str, Any], mapped_rank: int 
         return
     if not isinstance(info, dict):
         _fail(path, f"'distributedInfo' is a {type(info).__name__}, not an object", _DAMAGED, record="header")
-    rank = _typed(path, info, "rank", 0)
+    rank = _typed(path, info, "rank", None)  # (a negative rank: validate.check_tables names it)
     ws = _typed(path, info, "world_size", 1)
     if ws is not None and rank is not None and rank >= ws and (mapped_rank is None or mapped_rank >= ws):
         _fail(path, f"'rank' {rank} is not below 'world_size' {ws}", _RANK_FIX)

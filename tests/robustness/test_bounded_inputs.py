@@ -350,7 +350,11 @@ def test_edit_keeping_size_and_mtime_is_seen(
             if f != sc:
                 return st
             return SimpleNamespace(
-                st_size=st.st_size, st_mtime_ns=st.st_mtime_ns, st_ctime_ns=st0.st_ctime_ns, st_ino=st0.st_ino
+                st_mode=st.st_mode,
+                st_size=st.st_size,
+                st_mtime_ns=st.st_mtime_ns,
+                st_ctime_ns=st0.st_ctime_ns,
+                st_ino=st0.st_ino,
             )
 
         monkeypatch.setattr(cache_key, "_stat", stat)
