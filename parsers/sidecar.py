@@ -169,10 +169,10 @@ def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
     for f in files:
         with open(f, "rb") as fh:
             for i, line in enumerate(fh):
-                check_json_line(f, line, i + 1)
                 try:
+                    check_json_line(f, line, i + 1)  # (a line nested too deep: no workload from this file)
                     rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
+                except (orjson.JSONDecodeError, TraceFormatError):
                     break
                 if not isinstance(rec, dict) or rec.get("type") != "meta":
                     break
