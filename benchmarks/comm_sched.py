@@ -46,9 +46,8 @@ def _rank(rank: int, port: int, q: Any, args: argparse.Namespace, out: str) -> N
     import torch.distributed as dist
 
     from ep_trace.workloads.comm_priority import prioritize_comm_threads
-    from ep_trace.workloads.demo import DemoConfig, model_step
+    from ep_trace.workloads.demo import DemoConfig, build_rank_model, model_step
     from ep_trace.workloads.launcher import init_rank, pin_to_core
-    from ep_trace.workloads.moe import local_experts, make_layer_weights
 
     if args.pin:
         pin_to_core(rank)
@@ -68,11 +67,7 @@ def _rank(rank: int, port: int, q: Any, args: argparse.Namespace, out: str) -> N
 
         moe._a2a = sync  # type: ignore[assignment]
     cfg = DemoConfig(ranks=2, tokens=args.tokens, chunks=1, alt_chunks=args.k, steps=args.steps)
-    L = cfg.experts_per_rank
-    weights = [
-        local_experts(make_layer_weights(cfg.hidden, 2 * cfg.hidden, cfg.experts, seed=cfg.seed, layer=ly), rank * L, L)
-        for ly in range(cfg.layers)
-    ]
+    weights = build_rank_model(cfg, rank)
     main = threading.get_native_id()
     for s in (-1, -2):  # gloo connects on first use; both paths once
         model_step(cfg, weights, rank, s, 0.0)

@@ -23,6 +23,23 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   predicts a *slower* step (balanced routing moves tokens onto the late rank) checked against reality.
 * readme: the README example, 4 ranks ``--skew zipf:1.2 --straggler 2:30`` vs ``--skew zipf:1.2`` (512 tokens);
   predicted = A's ``no_straggler`` saving (4 ranks on 2 cores: outside the 2-rank target).
+* placement_ab (and _hotset, _zipf, _uniform): re-placing / replicating experts inside one run. A
+  calibration run of the A workload (2 ranks, contiguous placement, e.g. ``--skew hot:1:0.45``) is
+  analysed with ``ep-trace analyze --propose-placement FILE``; the pair then runs ``--alt-placement
+  FILE.placement.json``: even steps A (the contiguous placement), odd steps B (the proposal);
+  predicted = the ``placement`` what-if of each A step analysed alone. ``_uniform`` is the control: a
+  placement that cannot help must be predicted as not helping.
+* node_local_ab (and _latency, _uniform): 4 ranks on 2 emulated nodes (``--nodes 2``) with a
+  cross-node link and source-dependent routing (``--skew affinity:2:0.9``: each node's tokens mostly
+  use the other node's experts); B runs the ``node_local`` proposal (``FILE.node_local.json``),
+  predicted = the ``node_local`` what-if. ``node_local_ab``: a bandwidth-bound link (``--cross-node-
+  latency-ms 1 --cross-node-gbps 1``); ``_latency``: a fixed 4 ms per call that moves anything across
+  and every token on the other node (``affinity:2:1``); ``_uniform``: the control. The row gives the
+  cross-node delay the demo injected per step on each side (from the sidecars), the known part of the
+  measured saving.
+  Each row says how many of the analysed A steps proposed exactly the placement B ran. Without the
+  analysis side of issue 41 (no ``--propose-placement``), the pair runs the fixed placement of
+  :data:`FALLBACK_PROPOSALS` and prints the prediction as n/a.
 
 measured saving = stat(A) - stat(B), stat = median over steps of the mean over ranks of the step
 length (the warm-up rule drops an outlier first step). The prediction pairs each A step with its
@@ -43,18 +60,21 @@ glibc'`` runs them on glibc malloc (on huge pages unless ``--no-huge-pages``), `
 '--pin-cores'`` gives each rank its own core (its gloo threads share it).
 
 Run: ``python benchmarks/whatif_validate.py [--repeats 5] [--steps 8] [--pairs straggler,skew,chunks]``
-(each demo run takes 5-15 s). Prints one Markdown table row per pair.
+(each demo run takes 5-15 s). Prints one Markdown table row per pair. The placement pairs:
+``--pairs placement_ab,placement_ab_hotset,placement_ab_zipf,placement_ab_uniform,node_local_ab,node_local_ab_latency,node_local_ab_uniform``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +182,128 @@ AB_PAIRS = {
 }
 
 
+#: name -> (A demo args, what-if (the proposal's scenario), tokens, ranks): in-run A/B pairs whose B side
+#: runs the placement the analysis proposes from a calibration run of A (``--alt-placement``).
+PLACEMENT_PAIRS = {
+    "placement_ab": (["--skew", "hot:1:0.45"], "placement", 2048, 2),
+    "placement_ab_hotset": (["--skew", "hotset:0,1:0.6"], "placement", 2048, 2),  # two hot experts, both on rank 0
+    "placement_ab_zipf": (["--skew", "zipf:1.2"], "placement", 2048, 2),
+    "placement_ab_uniform": ([], "placement", 2048, 2),  # control: nothing to gain
+    # bandwidth-bound link: a node-local B still sends the uniform 10 % across (A's latency stays), but
+    # ~1/8 of A's cross-node bytes
+    "node_local_ab": (
+        ["--nodes", "2", "--cross-node-latency-ms", "1", "--cross-node-gbps", "1", "--skew", "affinity:2:0.9"],
+        "node_local",
+        512,
+        4,
+    ),
+    # latency-bound link (the seed scenario of issue 41): every token uses the other node's experts, so a
+    # node-local B's dispatch and combine move nothing across and skip the latency (the count exchange keeps it)
+    "node_local_ab_latency": (
+        ["--nodes", "2", "--cross-node-latency-ms", "4", "--skew", "affinity:2:1"],
+        "node_local",
+        512,
+        4,
+    ),
+    "node_local_ab_uniform": (  # control: without affinity no placement keeps tokens on their node
+        ["--nodes", "2", "--cross-node-latency-ms", "1", "--cross-node-gbps", "1"],
+        "node_local",
+        512,
+        4,
+    ),
+}
+
+#: The B placement of a pair when the analysis cannot propose one (before issue 41's analysis side):
+#: the hot experts' rank gives one expert a replica on the other rank; node_local swaps the nodes' blocks.
+FALLBACK_PROPOSALS = {
+    "placement_ab": {"num_experts": 8, "ranks": [[0, 1, 2, 3], [4, 5, 6, 7, 1]]},
+    "placement_ab_hotset": {"num_experts": 8, "ranks": [[0, 2, 3], [4, 5, 6, 7, 1]]},
+    "placement_ab_zipf": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
+    "placement_ab_uniform": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
+    "node_local_ab": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
+    "node_local_ab_latency": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
+    "node_local_ab_uniform": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
+}
+
+
+def _propose(name: str, steps: int, work: Path, demo_extra: tuple[str, ...], tokens: int) -> tuple[Path, str]:
+    """A calibration run of the pair's A side, analysed with ``--propose-placement``: ``(B's placement file, source)``."""
+    a_args, scenario, _, ranks = PLACEMENT_PAIRS[name]
+    d = work / f"{name}_calibration"
+    _demo(d, [*a_args, *demo_extra], steps, tokens, ranks)
+    prop = work / f"{name}_proposal.json"
+    cmd = [sys.executable, "-c", "import sys; from ep_trace.cli import main; sys.exit(main())", "analyze", str(d)]
+    cmd += ["-o", str(d / "report.html"), "--json", str(d / "summary.json"), "--propose-placement", str(prop)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    chosen = prop.with_name(f"{prop.stem}.{scenario}.json")  # ep_trace.cli.outputs.placement_paths
+    if p.returncode == 0 and chosen.exists():
+        rows = json.loads((d / "summary.json").read_text()).get("whatif") or []
+        saving = next((r["saving_ns"] for r in rows if r.get("scenario") == scenario), None)
+        said = "n/a" if saving is None else f"{saving / 1e6:.1f} ms"
+        return chosen, f"proposed (the calibration run predicts {said})"
+    if "--propose-placement" not in p.stderr or "No such option" not in p.stderr:
+        raise RuntimeError(f"{name}: ep-trace analyze --propose-placement failed: {p.stderr.strip()}")
+    fallback = work / f"{name}_fallback.json"
+    fallback.write_text(json.dumps(FALLBACK_PROPOSALS[name]))
+    return fallback, "fallback (no --propose-placement)"
+
+
+def _proposal_of(a: ep_trace.Analysis, scenario: str) -> list[list[int]] | None:
+    """The experts per rank the analysis proposes for ``scenario``, or None (no proposal / no placement model)."""
+    for p in getattr(a, "placement_proposals", ()):  # ep_trace.analysis.placement_plan.PlacementProposal
+        if getattr(p, "scenario", None) == scenario:
+            return [sorted(int(e) for e in r) for r in p.experts]
+    return None
+
+
+def run_placement_ab(
+    name: str,
+    repeats: int,
+    steps: int,
+    work: Path,
+    keep: bool = False,
+    demo_extra: tuple[str, ...] = (),
+    tokens: int = 0,
+) -> dict[str, object]:
+    """Calibrate (:func:`_propose`), then the in-run A/B of :func:`run_ab_pair` with B on the proposal."""
+    a_args, scenario, n_tokens, ranks = PLACEMENT_PAIRS[name]
+    n_tokens = tokens or n_tokens
+    file, source = _propose(name, steps, work, demo_extra, n_tokens)
+    proposed = [sorted(r) for r in json.loads(file.read_text())["ranks"]]
+    agree: list[bool] = []
+    delays: list[tuple[float, float]] = []
+    spec = ([*a_args, "--alt-placement", str(file)], scenario, None, n_tokens, ranks)
+    r = run_ab_pair(
+        name, repeats, steps, work, keep=keep, demo_extra=demo_extra, spec=spec,
+        on_a_step=lambda a1: agree.append(_proposal_of(a1, scenario) == proposed),
+        on_run=lambda d: delays.extend(_injected_cross_node(d)),
+    )  # fmt: skip
+    r["pair"] = f"{r['pair']}; B = {source} {file.name}, proposed again by {sum(agree)}/{len(agree)} A steps"
+    if delays:  # the known part of the answer: what the emulated link charged each side
+        a_ms, b_ms = (statistics.median(x[i] for x in delays) / 1e6 for i in (0, 1))
+        r["pair"] = f"{r['pair']}; injected cross-node delay per step A {a_ms:.1f} ms, B {b_ms:.1f} ms"
+    return r
+
+
+def _injected_cross_node(d: Path) -> list[tuple[float, float]]:
+    """``(A, B)`` per neighbouring step pair: the cross-node delay the demo injected per step, ns.
+
+    Per all-to-all call the largest ``cross_node_delay_ns`` over the ranks (the call ends after its
+    latest rank), summed over the step's calls; steps 0 and 1 left out as in :func:`run_ab_pair`.
+    """
+    per_call: dict[tuple[int, int], float] = {}
+    for f in d.glob("rank*.ep.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
+                key = (rec["step"], rec["call"])
+                per_call[key] = max(per_call.get(key, 0.0), float(rec["cross_node_delay_ns"]))
+    step: dict[int, float] = {}
+    for (s, _), v in per_call.items():
+        step[s] = step.get(s, 0.0) + v
+    return [(v, step[t + 1]) for t, v in sorted(step.items()) if t % 2 == 0 and t >= 2 and t + 1 in step]
+
+
 def _paired_median_ci(d: list[float], n: int = 2000) -> tuple[float, float]:
     """95 % bootstrap interval of the median of paired differences ``d`` (pairs resampled)."""
     rng = np.random.default_rng(0)
@@ -184,6 +326,9 @@ def run_ab_pair(
     predict_steps: int = 10,
     keep: bool = False,
     demo_extra: tuple[str, ...] = (),
+    spec: tuple[list[str], str, int | None, int, int] | None = None,
+    on_a_step: Callable[[ep_trace.Analysis], None] | None = None,
+    on_run: Callable[[Path], None] | None = None,
 ) -> dict[str, object]:
     """``repeats`` runs of ``2 * steps + 2`` steps, A on even and B on odd steps, steps pooled over runs.
 
@@ -191,9 +336,11 @@ def run_ab_pair(
     cores) is larger than the effect at stake, so the measured saving is the median of the
     differences A(s) - B(s + 1) over every pair of neighbouring steps, with a bootstrap interval
     (the difference of the two sides' medians is printed beside it); the prediction is the median of
-    the pair's what-if over ``predict_steps`` A steps per run, each analysed alone.
+    the pair's what-if over ``predict_steps`` A steps per run, each analysed alone. ``spec`` replaces
+    ``AB_PAIRS[name]`` (the placement pairs); ``on_a_step`` sees each analysed A step, ``on_run`` each
+    run's trace directory before it is removed.
     """
-    demo_args, scenario, k, tokens, ranks = AB_PAIRS[name]
+    demo_args, scenario, k, tokens, ranks = spec or AB_PAIRS[name]
     cfg = AnalysisConfig(whatif_chunks=(k,)) if k else AnalysisConfig()
     a_all: list[float] = []
     b_all: list[float] = []
@@ -215,6 +362,10 @@ def run_ab_pair(
             p = _predicted(a1, scenario)
             if p is not None:
                 pred.append(p)
+            if on_a_step is not None:
+                on_a_step(a1)
+        if on_run is not None:
+            on_run(d)
         if not keep:
             shutil.rmtree(d, ignore_errors=True)
     ma, mb = statistics.median(a_all), statistics.median(b_all)
@@ -248,6 +399,7 @@ def main() -> None:
     ap.add_argument("--pairs", default="straggler,skew,chunks")
     ap.add_argument("--work", type=Path, default=None, help="work here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the in-run pairs' traces under --work")
+    ap.add_argument("--tokens", type=int, default=0, help="tokens per rank of the placement pairs (0: the pair's own)")
     ap.add_argument(
         "--demo-args",
         default="",
@@ -276,7 +428,9 @@ def main() -> None:
         )
         print("|---|---|---|---|---|---|---|")
         for name in args.pairs.split(","):
-            if name in AB_PAIRS:
+            if name in PLACEMENT_PAIRS:
+                r = run_placement_ab(name, args.repeats, args.steps, work, args.keep, extra, args.tokens)
+            elif name in AB_PAIRS:
                 r = run_ab_pair(name, args.repeats, args.steps, work, keep=args.keep, demo_extra=extra)
             else:
                 r = run_pair(name, args.repeats, args.steps, work, demo_extra=extra)

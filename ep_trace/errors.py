@@ -1,13 +1,16 @@
-"""The one error hierarchy of ep-trace.
+"""The one error hierarchy of ep-trace, and the one place for its exit codes.
 
 Every error a user can cause derives from :class:`EpTraceError` and carries the process exit code
 the CLI maps it to (in one place: ``ep_trace.cli.main``). Messages are one line and name the file,
-the record and the fix; tests pin them word for word.
+the record and the fix; tests pin them word for word. The one non-error exit code, 3, is a result:
+:class:`RegressionFound` (``ep-trace compare --fail-on-regression``, the CI gate).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 __all__ = [
     "EpTraceError",
@@ -19,6 +22,7 @@ __all__ = [
     "NothingToAnalyzeError",
     "OutputError",
     "ResourceLimitError",
+    "RegressionFound",
 ]
 
 
@@ -87,3 +91,21 @@ class ResourceLimitError(TraceFormatError):
 
     The ``fix`` names the setting that raises the cap (e.g. ``EP_TRACE_MAX_INFLATE_BYTES``).
     """
+
+
+@dataclass(frozen=True)
+class RegressionFound:
+    """The CI gate's failing verdict: NEW is worse than BASE on a gated metric. Exit code 3.
+
+    Not an exception: the comparison itself succeeded. ``ep-trace compare --fail-on-regression`` writes
+    its outputs, prints :attr:`verdict` on stderr as ``regression: <verdict>`` (no ``error:`` line, no
+    traceback) and exits with :attr:`exit_code`.
+
+    Attributes:
+        metrics: The failed metrics (``step_time``, ``stage:expert``, ``finding:straggler_wait``, ...).
+        verdict: One sentence naming them, their change, the noise rule and the threshold.
+    """
+
+    metrics: tuple[str, ...]
+    verdict: str
+    exit_code: ClassVar[int] = 3

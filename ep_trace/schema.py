@@ -44,8 +44,9 @@ __all__ = [
 #: Version of the canonical tables' layout; part of the ingest cache key (2: ``events.kind`` an
 #: Enum; 3: ``events.category`` Categorical; 4: ``events.seq`` also on serving engines' iteration
 #: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``; 5: kind
-#: ``python_frame``).
-SCHEMA_VERSION = 5
+#: ``python_frame``; 6: gloo calls' process group read from their worker threads,
+#: ``parsers/kineto_gloo_groups.py``).
+SCHEMA_VERSION = 6
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
 #: that performs a collective's transfer; ``python_frame`` = a Python call frame of the profiler's

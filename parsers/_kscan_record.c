@@ -198,10 +198,13 @@ static int put_row(P *q, Out *o, Ev *ev, int64_t piece, int64_t start, int64_t s
         Buf *s = &o->b[C_SCRATCH];
         s->len = 0;
         if (unescape(cat, s)) BAIL(q, "out of memory");
-        mem = (s->len == 10 && (!memcmp(s->p, "gpu_memcpy", 10) || !memcmp(s->p, "gpu_memset", 10)));
+        mem = (s->len == 10 && (!memcmp(s->p, "gpu_memcpy", 10) || !memcmp(s->p, "gpu_memset", 10))) ||
+              (s->len == 6 && (!memcmp(s->p, "Memcpy", 6) || !memcmp(s->p, "Memset", 6)));
         kern = s->len == 6 && !memcmp(s->p, "kernel", 6);
     } else {
-        mem = tok_is(cat, "gpu_memcpy", 10) || tok_is(cat, "gpu_memset", 10);
+        /* kineto_batch.MEMORY_CATEGORIES: the 2021 spellings Memcpy / Memset too */
+        mem = tok_is(cat, "gpu_memcpy", 10) || tok_is(cat, "gpu_memset", 10) || tok_is(cat, "Memcpy", 6) ||
+              tok_is(cat, "Memset", 6);
         kern = tok_is(cat, "kernel", 6);
     }
     if (put_id(q, o, mem ? &ev->k[K_BYTES] : &none, C_BYTES, C_BYTES_OK)) return -1;

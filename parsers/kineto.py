@@ -19,7 +19,9 @@ Rules (facts in ``shared/reference/kineto.md``):
   relative ts), else ``round(ts * 1000)`` (absolute epoch µs). The integer part is converted
   exactly and only the fraction is rounded, so epoch-µs ints (> 2^53 once scaled) stay exact.
   ``end_ns = start_ns + round(dur * 1000)``. ts 5.1 -> base + 5100.
-* Kinds (schema ``EVENT_KINDS``): ``kernel`` -> gpu_kernel, ``gpu_memcpy``, ``gpu_memset``,
+* Kinds (schema ``EVENT_KINDS``; the 2021-2022 capitalised spellings ``Kernel``, ``Operator``,
+  ``Runtime``, ``Memcpy``, ``Memset``, ``User`` / ``gpu_user_Annotation`` map like their modern
+  names: ``kineto_batch._KIND_OF_CAT``): ``kernel`` -> gpu_kernel, ``gpu_memcpy``, ``gpu_memset``,
   ``gpu_user_annotation`` -> gpu_annotation, ``user_annotation`` -> cpu_annotation except
   ``gloo:*`` ranges on a gloo worker thread -> comm_worker, ``cpu_op`` -> cpu_op,
   ``python_function`` -> python_frame (call context, not work: never compute, never a link target),
@@ -46,7 +48,7 @@ from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import allocator, gc_pause, kineto_columnar, kineto_json, kineto_stream, validate
 from ep_trace.parsers.dist_info import check_distributed_info
-from ep_trace.parsers.kineto_batch import KINETO_CATEGORIES, Decoded, finish_files
+from ep_trace.parsers.kineto_batch import KINETO_CATEGORIES, MEMORY_CATEGORIES, Decoded, finish_files
 
 __all__ = [
     "KinetoFileInfo",
@@ -180,7 +182,7 @@ def _chunk_frame(evs: list[Any], offset: int, path: Path, kept_args: dict[int, d
         a = args[j]
         if a and "Collective name" in a:
             kept_args[ids[j]] = a
-    mem = (cat == "gpu_memcpy") | (cat == "gpu_memset")
+    mem = cat.is_in(MEMORY_CATEGORIES)
     nbytes = [args[j].get("bytes") if args[j] else None for j in mem.fill_null(False).arg_true().to_list()]
     by = pl.Series("bytes", [None] * len(xs), dtype=pl.Int64)
     if nbytes:

@@ -28,7 +28,7 @@ from ep_trace.parsers.kineto_collectives import FILE, FileContext, build_collect
 from ep_trace.parsers.kineto_keys import first_rows, key_packs
 from ep_trace.parsers.kineto_links import link_events
 
-__all__ = ["FILE", "KINETO_CATEGORIES", "Decoded", "finish_files"]
+__all__ = ["FILE", "KINETO_CATEGORIES", "MEMORY_CATEGORIES", "Decoded", "finish_files"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,23 @@ _KIND_OF_CAT = {
     "hpu_op": "runtime",
     "privateuse1_runtime": "runtime",
     "privateuse1_driver": "runtime",
+    # the first Kineto releases (torch 1.8-1.11) wrote capitalised categories of their own:
+    # pytorch/kineto libkineto/src/output_json.cpp wrote "Operator" (CPU ops, until 6f9c0eef,
+    # 2021-06-08), "User" (GPU user annotations on "stream N user", idem), "Runtime" (until bc4eaef5,
+    # 2021-11-18), "Kernel", "Memcpy", "Memset" (until 1679e50e, 2022-04-08); between 6f9c0eef and
+    # 3db5c597 (2022-05-06) libkineto/src/ActivityType.cpp spelt the GPU annotation
+    # "gpu_user_Annotation". Real example: the June-2021 tb_plugin samples of pytorch/kineto
+    # (tests/data/kineto_2021/, ProfilerStep#N as "Operator" rows)
+    "Operator": "cpu_op",
+    "User": "gpu_annotation",
+    "gpu_user_Annotation": "gpu_annotation",
+    "Runtime": "runtime",
+    "Kernel": "gpu_kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
 }
+#: Categories of copy / memset rows, whose ``args.bytes`` the decoders keep (the 2021 spellings too).
+MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset", "Memcpy", "Memset")
 #: Device-name prefix of a rank whose device rows carry one of these categories (else ``cuda``).
 _DEVICE_PREFIX = {"mtia_ccp_events": "mtia"}
 #: Categories kept as kind ``other`` on purpose (trace spans, profiler overhead, syncs, counters):
@@ -76,10 +92,10 @@ _KNOWN_OTHER = frozenset(
     }
 )
 _GPU_KINDS = ("gpu_kernel", "gpu_memcpy", "gpu_memset", "gpu_annotation")
-#: Every event category torch.profiler writes (mapped or kept as ``other`` on purpose), and the
-#: capitalised ones of the first Kineto releases (torch 1.8: ``Operator``, ``Kernel``, ``Runtime``,
-#: ``Memcpy``, ``Memset``): a JSON with none of them and no Kineto key is not a Kineto trace.
-KINETO_CATEGORIES = frozenset(_KIND_OF_CAT) | _KNOWN_OTHER | {"Operator", "Kernel", "Runtime", "Memcpy", "Memset"}
+#: Every event category torch.profiler writes (mapped or kept as ``other`` on purpose), the
+#: capitalised ones of the first Kineto releases included: a JSON with none of them and no Kineto
+#: key is not a Kineto trace.
+KINETO_CATEGORIES = frozenset(_KIND_OF_CAT) | _KNOWN_OTHER
 
 
 @dataclass

@@ -52,6 +52,7 @@ from ep_trace.parsers.kineto_coll_fields import (
     per_call,
     without_per_call,
 )
+from ep_trace.parsers.kineto_gloo_groups import with_gloo_groups
 from ep_trace.parsers.kineto_gloo_workers import pair_workers
 from ep_trace.parsers.kineto_keys import first_rows, key_packs
 
@@ -422,6 +423,7 @@ def _finish(
         .sort(FILE, pl.coalesce("cpu_start_ns", "start_ns"), "_call")
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(FILE).alias("coll_id"))
     )
+    df = with_gloo_groups(df, members, ev, files)  # gloo records no group: its worker threads tell it
     df = df.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over(FILE, "pg_name").alias("ordinal"))
     coll_of_event = (
         members.join(df.select("_call", "coll_id"), on="_call")

@@ -56,6 +56,7 @@ import orjson
 import polars as pl
 
 from ep_trace.parsers import kineto_json, kineto_native, kineto_stream
+from ep_trace.parsers.kineto_batch import MEMORY_CATEGORIES
 
 __all__ = ["decode_columnar"]
 
@@ -290,7 +291,7 @@ def _exprs(keep_prefixes: tuple[str, ...]) -> list[pl.Expr]:
     fields as plain columns (the struct is unnested before the X rows are filtered: filtering the
     struct cost twice its fields)."""
     cat, name = pl.col("cat"), pl.col("name")
-    mem = cat.is_in(["gpu_memcpy", "gpu_memset"]).fill_null(False)
+    mem = cat.is_in(MEMORY_CATEGORIES).fill_null(False)
     nbytes = pl.when(mem).then(pl.col("bytes"))
     # one anchored regex (a literal-prefix set) instead of an OR of starts_with per prefix
     marks = name.str.contains("^(?:" + "|".join(re.escape(p) for p in keep_prefixes) + ")").fill_null(False)

@@ -32,7 +32,7 @@ PART_LABELS: dict[str, str] = {
     "host_stall_ns": "host stall",
     "idle_ns": "idle",
 }
-CRITICAL_CAUSES = ("compute", "copy", "transfer", "barrier_wait", "host_stall", "launch_gap", "unexplained")
+CRITICAL_CAUSES = ("compute", "copy", "transfer", "barrier_wait", "host_stall", "launch_gap", "queued", "unexplained")
 
 
 def _per_rank(analysis: Analysis) -> pl.DataFrame | None:

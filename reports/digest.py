@@ -26,6 +26,7 @@ __all__ = [
     "dominant_stage",
     "verdict",
     "rank_table",
+    "withheld_lines",
 ]
 
 _SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
@@ -157,6 +158,8 @@ def verdict(analysis: Analysis) -> Verdict:
         )
     if any("cannot be measured" in n for n in analysis.notes):
         context += "; ranks are missing from some groups: wait and straggler cannot be measured"
+    if any("which group each belongs to is unknown" in n for n in analysis.notes):  # match_pass._apart_notes
+        context += "; the trace does not name the process group of its calls: wait and straggler cannot be measured"
     if analysis.calls.height == 0 and analysis.tables.collectives.height == 0:
         context += "; no EP communication (no collective) in the trace"
     found = ranked_findings(analysis)
@@ -188,6 +191,15 @@ def verdict(analysis: Analysis) -> Verdict:
         no_comm = analysis.calls.height == 0 and analysis.tables.collectives.height == 0
         lead = "No EP communication in the trace" if no_comm else "No EP bottleneck found"
         where = _where_time_goes(analysis)
+        held = sum(w.what == "finding" for w in analysis.withheld)
+        if held:  # not "below the thresholds": findings were made, and withheld (invariants)
+            return Verdict(
+                f"No finding can be published: {where}." if where else "No finding can be published.",
+                f"{held} finding{'s' if held > 1 else ''} withheld: {'their' if held > 1 else 'its'} figures break a "
+                "physical invariant (the withheld lines say which and why).",
+                context,
+                "low",
+            )
         return Verdict(
             f"{lead}: {where}." if where else f"{lead}.",
             "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
@@ -308,3 +320,13 @@ def rank_table(analysis: Analysis) -> pl.DataFrame:
         if c not in base.columns:
             base = base.with_columns(pl.lit(None, dtype=pl.Utf8 if c == "host" else pl.Float64).alias(c))
     return base.select("rank", "host", *quantiles, *cols[2:], "exposed_p99_ns", "wait_p99_ns").sort("rank")
+
+
+def withheld_lines(analysis: Analysis, limit: int = 8) -> list[str]:
+    """One line per finding or group of figures withheld for breaking an invariant (findings first),
+    at most ``limit`` and a last line counting the rest (``ep_trace.analysis.invariants``)."""
+    w = sorted(analysis.withheld, key=lambda x: x.what != "finding")
+    lines = [x.line() for x in w[:limit]]
+    if len(w) > limit:
+        lines.append(f"... and {len(w) - limit} more withheld (the JSON summary's withheld lists them all)")
+    return lines

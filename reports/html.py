@@ -24,11 +24,13 @@ from ep_trace.reports.html_sections import (
     hta_overlap_html,
     imbalance_table,
     load_report_html,
+    phases_html,
     rank_table_html,
     routing_coverage_html,
     stragglers_html,
     top_html,
     whatif_html,
+    withheld_html,
 )
 from ep_trace.reports.units import fmt_ns
 
@@ -52,7 +54,8 @@ _CAPTIONS = {
     "(L_r = rows rank r receives in dispatch). 1 = perfectly balanced; bars are the P50 over steps, whiskers the max.",
     "wait": "Barrier wait = a − s_r: time from the rank's start of a collective to the last peer's arrival; "
     "transfer = the rest of the collective (wait-free).",
-    "wait_matrix": "M[i][j] = total time rank i waited for rank j inside collectives (j arrived last).",
+    "wait_matrix": "M[i][j] = total time rank i waited for rank j inside collectives (j arrived last), summed over "
+    "the process groups i and j share (the JSON's wait_matrix and groups give each group apart).",
     "alpha_beta": "α–β model: T = α + B/β per call, α = fixed latency per call (µs), β = bandwidth (GB/s), B = bytes. "
     f"The fitted line is drawn only when it explains the scatter (r² ≥ {comm_figures.MIN_FIT_R2}); else the fit is inconclusive.",
 }
@@ -96,7 +99,11 @@ def render_report(
         f'<div class="detail">{esc(v.detail)}</div><div class="context">{esc(v.context)}</div></div>'
     )
     sections.append(
-        ("findings", "Findings and their evidence", findings_html(analysis, ss.mean_ns) + whatif_html(analysis))
+        (
+            "findings",
+            "Findings and their evidence",
+            findings_html(analysis, ss.mean_ns) + withheld_html(analysis) + whatif_html(analysis),
+        )
     )
     tick(1)
     sentence = breakdown_figures.breakdown_sentence(analysis)
@@ -208,7 +215,8 @@ def render_report(
             )
             + stragglers_html(analysis)
             + "<h3>Per-rank step time and communication</h3>"
-            + rank_table_html(analysis),
+            + rank_table_html(analysis)
+            + phases_html(analysis),
         )
     )
     tick(6)

@@ -120,8 +120,9 @@ def figure_html(fig: go.Figure | None, div_id: str, missing: str, caption: str =
         title = layout["title"].pop("text", None) or ""
     layout.setdefault("margin", {})["t"] = 34
     height = layout.get("height") or 400
-    # "</" inside a <script> block would end it early; JSON allows the escaped form "<\/".
-    spec = pio.to_json(spec_dict, validate=False).replace("</", "<\\/")
+    # "</script" inside a <script> block ends it early and "<!--" (script data escape states) can keep the
+    # next "</script>" from ending it: no "<" at all (JSON has "<" only inside strings, as "\u003c" too)
+    spec = pio.to_json(spec_dict, validate=False).replace("<", "\\u003c")
     head = f'<h3 class="figtitle">{esc(title)}</h3>' if title else ""
     cap = f'<p class="caption">{esc(caption)}</p>' if caption else ""
     return (

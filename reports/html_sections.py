@@ -16,6 +16,7 @@ import polars as pl
 
 from ep_trace.analysis.coverage import ranks_phrase, routing_missing_ranks
 from ep_trace.analysis.result import Analysis
+from ep_trace.analysis.steps import phase_table
 from ep_trace.reports import breakdown_figures, comm_figures, digest
 from ep_trace.reports.evidence import Evidence, finding_evidence
 from ep_trace.reports.html_page import LEFT_CLASS, esc, table_html
@@ -27,8 +28,10 @@ __all__ = [
     "findings_html",
     "whatif_html",
     "rank_table_html",
+    "phases_html",
     "imbalance_table",
     "stragglers_html",
+    "withheld_html",
     "host_stalls_html",
     "alpha_beta_table",
     "hta_overlap_html",
@@ -145,6 +148,11 @@ def findings_html(analysis: Analysis, mean_step: float | None) -> str:
     return f'<div class="tbl"><table><thead><tr>{th}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>' + note
 
 
+def withheld_html(analysis: Analysis) -> str:
+    """One line per finding or group of figures withheld for breaking an invariant (empty when none)."""
+    return "".join(f'<p class="note withheld">{esc(line)}</p>' for line in digest.withheld_lines(analysis))
+
+
 def whatif_html(analysis: Analysis) -> str:
     """The simulated what-if table (empty string when the analysis has none)."""
     rows = whatif_rows(analysis)
@@ -205,6 +213,31 @@ def rank_table_html(analysis: Analysis, max_rows: int = 64) -> str:
         ],
         rows,
         left=2,
+    )
+
+
+def phases_html(analysis: Analysis) -> str:
+    """Per serving phase (prefill / decode / mixed / idle) the step figures kept apart; empty without phases."""
+    ph = phase_table(analysis.steps)
+    if ph.is_empty():
+        return ""
+    rows = [
+        [
+            r["phase"],
+            r["n_steps"],
+            fmt_ns(r["step_time_p50_ns"]),
+            fmt_ns(r["step_time_max_ns"]),
+            fmt_ns(r["compute_p50_ns"]),
+            fmt_ns(r["comm_p50_ns"]),
+            fmt_ns(r["exposed_comm_p50_ns"]),
+            fmt_pct(r["busy_share_p50"]),
+        ]
+        for r in ph.iter_rows(named=True)
+    ]
+    head = ["phase", "steps", "step P50", "max", "compute P50", "comm P50", "exposed P50", "busy P50"]
+    return (
+        '<p class="note">Serving iterations by phase (a prefill and a decode are different EP workloads):</p>'
+        + table_html(head, rows, left=1)
     )
 
 

@@ -54,6 +54,7 @@ CAUSE_COLORS: dict[str, str] = {
     "transfer": "#332288",  # indigo
     "host_stall": "#DDCC77",  # sand
     "launch_gap": "#88CCEE",  # cyan
+    "queued": "#000000",  # black: the device waited on something other than its host (the only free hue ΔE ≥ 10)
     "unexplained": "#AA4499",  # purple
     "idle": "#DDDDDD",  # pale grey
 }

@@ -45,11 +45,12 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
         for f in found[:max_findings]:
             t.add_row(
                 Text(f.severity, style=_STYLE.get(f.severity, "")),
-                f.title,
+                Text(f.title),  # a Text, not a str: a trace name holding "[/]" is no rich markup
                 fmt_ns(f.est_saving_ns),
                 fmt_pct(f.est_saving_ns / ss.mean_ns) if ss.mean_ns else "–",
             )
         out.append(t)
+    out += [Text(line, style="yellow") for line in digest.withheld_lines(analysis)]
     wrows = whatif_rows(analysis)
     if wrows:
         t = Table(

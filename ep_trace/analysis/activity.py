@@ -6,7 +6,9 @@ Two regimes, chosen per rank:
   (:mod:`ep_trace.comm_classifier`) recognises or that the parser linked to a collective
   (``coll_id``); compute = every other kernel; ``gpu_memcpy`` / ``gpu_memset`` are ``memory``
   (neither C nor K, as in HTA; copy engines do not occupy SMs). The anchor of a device interval is
-  the start of the runtime call that launched it (``launch_id``), or its own start without one.
+  the start of the runtime call that launched it (``launch_id``), or its own start without one;
+  ``launch_end_ns`` is that call's end (null without one): work that sat queued after it was launched
+  waited for the device, not the host (:mod:`ep_trace.analysis.graph`, cause ``queued``).
 * **CPU ranks** (gloo): the "device" is the compute thread plus the comm workers. comm = the gloo
   worker ranges (``comm_worker``) plus the caller-side collective op range (``c10d::alltoall_base_``
   blocks the caller until the transfer is done, so the caller is communicating, not computing);
@@ -30,7 +32,18 @@ from ep_trace.comm_classifier import is_comm_expr
 
 __all__ = ["device_activity", "ACT_COLS"]
 
-ACT_COLS = ["rank", "cls", "name", "start_ns", "end_ns", "anchor_ns", "anchor_tid", "coll_id", "stream"]
+ACT_COLS = [
+    "rank",
+    "cls",
+    "name",
+    "start_ns",
+    "end_ns",
+    "anchor_ns",
+    "anchor_tid",
+    "coll_id",
+    "stream",
+    "launch_end_ns",
+]
 
 
 def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
@@ -50,6 +63,7 @@ def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
             "rank",
             pl.col("event_id").alias("launch_id"),
             pl.col("start_ns").alias("_launch_ns"),
+            pl.col("end_ns").alias("launch_end_ns"),
             pl.col("tid").alias("anchor_tid"),
         )
         .collect()
@@ -75,6 +89,7 @@ def _gpu(ev: pl.DataFrame, gpu_ranks: pl.Series) -> pl.DataFrame:
         "anchor_tid",
         "coll_id",
         "stream",
+        "launch_end_ns",
     )
 
 
@@ -151,6 +166,7 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
         pl.col("_otid").alias("anchor_tid"),
         "coll_id",
         pl.lit(None, pl.Int64).alias("stream"),
+        pl.lit(None, pl.Int64).alias("launch_end_ns"),
     )
     callers = coll.filter(pl.col("cpu_start_ns").is_not_null() & pl.col("cpu_end_ns").is_not_null()).select(
         "rank",
@@ -162,6 +178,7 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
         pl.col("_otid").alias("anchor_tid"),
         "coll_id",
         pl.lit(None, pl.Int64).alias("stream"),
+        pl.lit(None, pl.Int64).alias("launch_end_ns"),
     )
     tids = compute_threads(ev, windows)
     ops = _without_collective_wrappers(
@@ -178,6 +195,7 @@ def _cpu(ev: pl.DataFrame, coll: pl.DataFrame, cpu_ranks: pl.Series, windows: pl
         pl.col("tid").alias("anchor_tid"),
         pl.lit(None, pl.Int64).alias("coll_id"),
         pl.lit(None, pl.Int64).alias("stream"),
+        pl.lit(None, pl.Int64).alias("launch_end_ns"),
     )
     return pl.concat([w, callers, k], how="vertical_relaxed")
 
@@ -217,6 +235,7 @@ def device_activity(
                 "anchor_tid": pl.Int64,
                 "coll_id": pl.Int64,
                 "stream": pl.Int64,
+                "launch_end_ns": pl.Int64,
             }
         ), mode
     act = pl.concat(parts, how="vertical_relaxed").with_columns(pl.col("rank").cast(pl.Int32))

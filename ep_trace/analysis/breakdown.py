@@ -227,7 +227,9 @@ def top_ops(events: pl.DataFrame, windows: pl.DataFrame, stages: pl.DataFrame, n
         Columns ``rank, name, stage, total_ns, count``.
     """
     ops = events.lazy().filter(pl.col("kind") == "cpu_op").select("rank", "name", "start_ns", "end_ns").collect()
-    w = windows.select("rank", pl.col("start_ns").alias("_ws"), pl.col("end_ns").alias("_we"))
+    # the host ranges: ops are host work (the step windows of an overlap scheduler overlap)
+    lo, hi = ("host_start_ns", "host_end_ns") if "host_start_ns" in windows.columns else ("start_ns", "end_ns")
+    w = windows.select("rank", pl.col(lo).alias("_ws"), pl.col(hi).alias("_we"))
     if _disjoint(w):
         # one as-of join (the last window starting at or before the op's start) instead of an
         # interval join: 3.1 -> ~0.5 CPU-s on 1,024 param DLRM ranks (1.7 M ops)

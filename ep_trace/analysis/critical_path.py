@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["critical_path", "CP_SCHEMA", "CAUSES", "composition"]
 
-CAUSES = ("compute", "copy", "transfer", "barrier_wait", "host_stall", "launch_gap", "unexplained")
+CAUSES = ("compute", "copy", "transfer", "barrier_wait", "host_stall", "launch_gap", "queued", "unexplained")
 CP_SCHEMA: dict[str, PolarsDataType] = {
     "step": pl.Int64,
     "seq": pl.Int32,

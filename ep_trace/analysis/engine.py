@@ -10,7 +10,9 @@
 6. load (:mod:`~ep_trace.analysis.load_pass`): expert / rank load, imbalance, α–β;
 7. timeline (:mod:`~ep_trace.analysis.timeline_pass`): host stalls, timeline, breakdown;
 8. model (:mod:`~ep_trace.analysis.model_pass`): the step graph, its replay and the what-ifs;
-9. findings (:mod:`~ep_trace.analysis.findings`): ranked findings with their savings.
+9. findings (:mod:`~ep_trace.analysis.findings`): ranked findings with their savings;
+10. invariants (:mod:`~ep_trace.analysis.invariants`): a finding or figure that breaks a physical
+    invariant is withheld, with a line saying why.
 
 The per-rank passes read the events a block of ranks at a time (:mod:`~ep_trace.analysis.rank_pass`);
 nothing here holds every rank's events or their intermediates at once, and each pass' large inputs are
@@ -24,7 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-from ep_trace.analysis import coverage, findings, rank_pass
+from ep_trace.analysis import coverage, findings, invariants, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
@@ -103,6 +105,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         call_ranks=m.call_ranks,
         wait_matrix=w.wait_matrix,
         stragglers=w.stragglers,
+        group_stragglers=w.group_stragglers,
         expert_load=ld.expert_load,
         rank_load=ld.rank_load,
         imbalance=ld.imbalance,
@@ -127,7 +130,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         top_ops=top_ops,
         op_stalls=md.op_stalls,
     )
-    out = findings.with_findings(partial)
+    out = invariants.enforce(findings.with_findings(partial))
     log.debug(
         "analysed %d ranks, %d matched calls, %d findings", w.rank_summary.height, m.calls.height, len(out.findings)
     )

@@ -121,7 +121,13 @@ def _straggler(a: Analysis, step_ns: float, n_steps: int) -> list[Finding]:
         if s.height
         else {"times_last": 0, "induced_wait_ns": 0, "lateness_p50_ns": 0, "total_wait_ns": 0}
     )
-    wm = a.wait_matrix.filter(pl.col("waited_for") == rank)
+    # the waits on the rank in every group it belongs to (the wait matrix is per process group)
+    wm = (
+        a.wait_matrix.filter(pl.col("waited_for") == rank)
+        .group_by("waiter")
+        .agg(pl.col("wait_ns").sum())
+        .sort("waiter")
+    )
     ev = {
         "rank": rank,
         "times_last": int(row["times_last"]),

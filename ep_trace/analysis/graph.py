@@ -37,6 +37,7 @@ import numpy as np
 import polars as pl
 
 from ep_trace.analysis.intervals import range_join, union
+from ep_trace.analysis.queued import split_at_launch
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
@@ -79,7 +80,7 @@ class StepGraph:
             ``gap_ns`` (lead gap), ``group`` (nodes joined by one call share it).
         starts: ``rank, step, start_ns, end_ns`` (aligned step windows; ``rs`` = row index).
         work: Decomposition of the lead gaps (:data:`WORK_SCHEMA`): ``node, rank, cause`` (an Enum of
-            :data:`WORK_CAUSES`: 'compute' | 'copy' | 'host_stall' | 'launch_gap'), ``stage``
+            :data:`WORK_CAUSES`: 'compute' | 'copy' | 'host_stall' | 'launch_gap' | 'queued'), ``stage``
             (nullable Categorical), ``layer`` (nullable),
             ``start_ns, end_ns`` (aligned, disjoint within a node; they tile its gap). A piece's
             step is its node's (``nodes["step"][node]``).
@@ -122,7 +123,7 @@ def _call_nodes(calls: pl.DataFrame, call_ranks: pl.DataFrame) -> pl.DataFrame:
 
 
 #: Values of ``StepGraph.work.cause``.
-WORK_CAUSES = ("compute", "copy", "host_stall", "launch_gap")
+WORK_CAUSES = ("compute", "copy", "host_stall", "launch_gap", "queued")
 #: Columns of ``StepGraph.work``: 33 bytes a piece (2.3 M pieces over 4,096 param DLRM ranks: ~76 MB,
 #: the largest table of the analysis). An Enum / a Categorical: 1 / 4 bytes a row where a String
 #: costs 16, compared with literals as strings are; ``node`` fits 32 bits (one node per call and
@@ -360,12 +361,16 @@ def _work(
     # copy is the copy's time, not a stall: nsys pipit_saxpy, 286 ms of copies under 15 cudaMemcpy)
     cp = _within(clip_to_gaps(mem), _holes(spans, c, "node")) if mem.height else c.head(0)
     dev = union(pl.concat([c, cp.select(c.columns)]), ["node", "rank"]) if cp.height else c
+    # device idle whose next work was already launched is the device's own wait (queued), even under a
+    # blocking host call: the call waits for that same queue (an MI300X SGLang decode trace: a 463 ms
+    # hipMemcpyWithStream behind a hipStreamWaitEvent; removing the call would start nothing sooner)
+    free, queued = split_at_launch(_holes(spans, dev, "node"), activity, off)
     if stl.height:
-        # stall = blocking call with no device work under it: the stall intervals within the holes
-        h = _within(clip_to_gaps(stl), _holes(spans, dev, "node"))
+        # stall = blocking call with no device work (or queued work) under it
+        h = _within(clip_to_gaps(stl), free)
     else:
         h = c.head(0)
-    busy = union(pl.concat([dev, h.select(c.columns)]), ["node", "rank"])
+    busy = union(pl.concat([dev, h.select(c.columns), queued.select(c.columns)]), ["node", "rank"])
     idle = _holes(spans, busy, "node")
     pieces = pl.concat(
         [
@@ -373,6 +378,7 @@ def _work(
             cp.select(c.columns).with_columns(pl.lit("copy").alias("cause")),
             h.select(c.columns).with_columns(pl.lit("host_stall").alias("cause")),
             idle.select(c.columns).with_columns(pl.lit("launch_gap").alias("cause")),
+            queued.select(c.columns).with_columns(pl.lit("queued").alias("cause")),
         ]
     ).with_row_index("pid")
     # stage windows: host ranges on CPU ranks, device windows on GPU ranks (where the stage has work)

@@ -17,11 +17,19 @@ from __future__ import annotations
 import polars as pl
 
 from ep_trace.analysis.intervals import range_join, union
+from ep_trace.analysis.queued import queued_spans
 
 __all__ = ["host_stalls", "BLOCKING_RE"]
 
-#: Host calls that block until the device (or a D2H copy) finishes.
-BLOCKING_RE = r"^(?:cuda(?:Stream|Device|Event)Synchronize|cudaMemcpy(?:_v\d+)?$|cudaMemcpy2D|cuStreamSynchronize|cuCtxSynchronize|aten::_local_scalar_dense$|aten::item$)"
+#: Host calls that block until the device (or a D2H copy) finishes. HIP's spell the same calls ``hip*``
+#: (ROCm/HIP include/hip/hip_runtime_api.h); ``hipMemcpyWithStream`` is synchronous and is what PyTorch
+#: on ROCm calls for a blocking copy (pytorch/pytorch c10/cuda/CUDAFunctions.h ``memcpy_and_sync``;
+#: AMD-AGI/TraceLens' MI300X SGLang decode trace: a 463 ms ``aten::copy_`` D2H under it).
+BLOCKING_RE = (
+    r"^(?:cuda(?:Stream|Device|Event)Synchronize|cudaMemcpy(?:_v\d+)?$|cudaMemcpy2D|cuStreamSynchronize"
+    r"|cuCtxSynchronize|hip(?:Stream|Device|Event)Synchronize|hipMemcpy(?:WithStream|DtoH|HtoD)?$|hipMemcpy2D"
+    r"|aten::_local_scalar_dense$|aten::item$)"
+)
 
 
 def host_stalls(
@@ -53,6 +61,10 @@ def host_stalls(
         & pl.col("name").str.contains(BLOCKING_RE)
     ).select("rank", "name", "start_ns", "end_ns")
     busy_gpu = act.filter(pl.col("rank").is_in(gpu))
+    # device idle with its next work already queued is the device's own wait, not the call's
+    # (ep_trace.analysis.queued): counted as covered, like device work
+    if "launch_end_ns" in busy_gpu.columns and busy_gpu.height:
+        busy_gpu = pl.concat([busy_gpu.select("rank", "start_ns", "end_ns"), queued_spans(busy_gpu)])
     # gloo: the caller op returns once the work is queued; the caller then waits for the worker, so
     # the blocking span runs from the op start to the end of the worker's transfer
     cc = coll.filter(

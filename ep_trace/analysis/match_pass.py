@@ -64,9 +64,10 @@ def match_pass(
         # analysed step: they would dominate every wait figure (1.61 s of 2.82 s in a skewed demo)
         notes.append(f"{n_setup} collective rows outside the analysed profiler steps (setup barriers...): left out")
     matched = matched.filter(pl.col("step").is_not_null())
-    rank_off, clock, tol = _aligned_clocks(matched, ranks, config, notes)
+    notes += _apart_notes(matched, world)
+    rank_off, clock, tol, clock_ranks = _aligned_clocks(matched, ranks, config, notes)
     calls, call_ranks = matching.measure_calls(matched, ranks, rank_off, tol_ns=tol)
-    call_ranks = call_ranks.join(_uncertainty(ranks, clock), on="rank", how="left")
+    call_ranks = call_ranks.join(_uncertainty(clock_ranks, clock), on="rank", how="left")
     valid_ids = calls.filter(pl.col("valid"))["match_id"]
     vcr = call_ranks.filter(pl.col("match_id").is_in(valid_ids.implode())).join(
         calls.select("match_id", "last_rank"), on="match_id"
@@ -77,12 +78,15 @@ def match_pass(
 
 def _aligned_clocks(
     matched: pl.DataFrame, ranks: pl.DataFrame, config: AnalysisConfig, notes: list[str]
-) -> tuple[pl.DataFrame, pl.DataFrame, int]:
-    """``(rank_offsets, clock, tolerance_ns)``: host offsets fitted on the complete multi-rank calls."""
+) -> tuple[pl.DataFrame, pl.DataFrame, int, pl.DataFrame]:
+    """``(rank_offsets, clock, tolerance_ns, clock_ranks)``: offsets per clock domain (a host, or a rank
+    off its host's clock) fitted on the complete multi-rank calls; ``clock_ranks`` = ranks by domain."""
     base = ranks.select("rank", pl.col("clock_offset_ns").alias("offset_ns"))
     calls0, cr0 = matching.measure_calls(matched, ranks, base, tol_ns=1 << 62)
-    ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))["match_id"]
-    cr0 = cr0.filter(pl.col("match_id").is_in(ok0.implode()))
+    ok0 = calls0.filter(pl.col("complete") & (pl.col("n_ranks") > 1))
+    cr0 = cr0.join(ok0.select("match_id", "collective"), on="match_id")
+    domains = clocks.clock_domains(cr0, ranks)
+    real, ranks = ranks, domains.ranks
     host_off = clocks.estimate_offsets(cr0, ranks, config.align_clocks, config.min_clock_calls)
     if config.align_clocks and host_off.height > 1:
         for h, n in host_off.filter(~pl.col("aligned")).select("host", "n_calls").iter_rows():
@@ -96,12 +100,13 @@ def _aligned_clocks(
     cr0a = (
         cr0.join(base.rename({"offset_ns": "_b"}), on="rank")
         .join(rank_off.rename({"offset_ns": "_o"}), on="rank")
-        .with_columns(pl.col("end_ns") - pl.col("_b") + pl.col("_o"))
+        .with_columns(pl.col(c) - pl.col("_b") + pl.col("_o") for c in ("start_ns", "end_ns"))
     )
+    notes += clocks.check_domains(domains, host_off, cr0a, real, config.align_clocks, config.min_clock_calls)
     resid = clocks.residuals(cr0a, ranks)
-    tol = _TOL_FLOOR_NS + int(cast(int, resid["residual_ns"].max()) or 0) if resid.height else _TOL_FLOOR_NS
+    tol = _TOL_FLOOR_NS + clocks.uncertainty(cr0a, ranks)
     clock = host_off.join(resid, on="host", how="left").with_columns(pl.col("residual_ns").fill_null(0))
-    return rank_off, clock, tol
+    return rank_off, clock, tol, ranks
 
 
 def _uncertainty(ranks: pl.DataFrame, clock: pl.DataFrame) -> pl.DataFrame:
@@ -111,6 +116,27 @@ def _uncertainty(ranks: pl.DataFrame, clock: pl.DataFrame) -> pl.DataFrame:
         .join(clock.select("host", "residual_ns"), on="host", how="left")
         .select("rank", pl.col("residual_ns").fill_null(0).alias("uncertainty_ns"))
     )
+
+
+def _apart_notes(matched: pl.DataFrame, world: int) -> list[str]:
+    """What was kept apart from matching (:func:`~ep_trace.analysis.matching._apart`), and why."""
+    apart = matched.filter(pl.col("unmatched").is_not_null())
+    if apart.is_empty():
+        return []
+    sub = pl.col("group_size").filter(pl.col("group_size") < world).unique().sort()
+    by = apart.group_by("unmatched").agg(pl.len().alias("n"), sub.alias("sizes"))
+    out = []
+    for why, n, sizes in by.sort("unmatched").iter_rows():
+        if why == "group_of_one":
+            out.append(f"{n} collective calls on groups of one rank: no other rank takes part, so no wait; not matched")
+        else:
+            out.append(
+                f"{n} collective calls name no process group while some run on sub-groups of "
+                f"{'/'.join(map(str, sizes))} ranks (gloo names its groups only through distributedInfo.pg_config, "
+                "torch >= 2.4): which group each belongs to is unknown, so they are not matched across ranks and "
+                "are left out of wait figures"
+            )
+    return out
 
 
 def _call_notes(calls: pl.DataFrame, tol: int) -> list[str]:

@@ -1,5 +1,10 @@
 """Cross-rank collective matching, barrier wait, wait-free transfer and the straggler.
 
+Calls are matched within their process group only (EP groups, expert-data-parallel groups and the
+world each have their own sequence of calls): the group is the trace's process-group name, else
+its ranks, else the world; calls on a group of one rank are not matched, nor, where the trace has
+sub-groups it does not name, any call that names no group (:func:`_apart`).
+
 A collective instance is identified by, in order of preference: ``(pg_name, Seq)`` when the trace
 records ``Seq``; ``(Comms Id, step, ordinal)`` when it records a ``Comms Id``; else
 ``(pg_name, step, ordinal)`` — the ordinal of the call among the rank's calls of that process group
@@ -69,13 +74,15 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
         world: Number of ranks in the trace set.
 
     Returns:
-        ``(coll, misaligned)``: the collectives with ``step, key, match_id`` and ``_gr`` added; and
+        ``(coll, misaligned)``: the collectives with ``step, key, match_id``, ``_gr``, ``_pg`` (the
+        group's key) and ``unmatched`` (``'group_of_one'`` or ``'unknown_group'``: kept apart by
+        :func:`_apart`; else null) added; and
         one row per (pg, step) that could not be matched: ``pg_name, step, calls_per_rank`` (a
         ``rank -> count`` string) and ``reason``.
     """
     c = _with_group(coll, world).with_columns(pl.coalesce("cpu_start_ns", "start_ns").alias("_t"))
     c = assign_step(c, windows, "_t")
-    c = c.with_columns(pl.col("pg_name").fill_null("<default>").alias("_pg"))
+    c, alone = _apart(c, world)
     c = c.sort(["rank", "_pg", "_t"]).with_columns(
         pl.int_range(pl.len()).over(["rank", "_pg", "step"]).alias("_ord"),
         pl.int_range(pl.len()).over(["rank", "comms_id", "step"]).alias("_ord_c"),
@@ -101,12 +108,19 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
     )
     ks = pl.when(pl.col("seq").is_not_null()).then(None).otherwise(pl.col("step"))
     c = c.with_columns(key.alias("key"), kv.alias("_kv"), kg.alias("_kg"), ks.alias("_ks"))
-    # ordinal-style keys: every rank of the (group, step) must have made the same number of calls
+    # ordinal-style keys: every rank of the (group, step) must have made the same number of calls,
+    # and only ranks of the group (when the trace names them) may have made them
     ordk = c.filter(pl.col("key") != "seq")
-    counts = ordk.group_by(["_kg", "_ks", "rank"]).agg(pl.len().alias("n"))
+    counts = ordk.group_by(["_kg", "_ks", "rank"]).agg(
+        pl.len().alias("n"), (~pl.col("_gr").list.contains(pl.col("rank"))).any().fill_null(False).alias("_out")
+    )
     bad = counts.group_by(["_kg", "_ks"]).agg(
-        (pl.col("n").n_unique() > 1).alias("_bad"),
+        ((pl.col("n").n_unique() > 1) | pl.col("_out").any()).alias("_bad"),
         pl.format("{}:{}", "rank", "n").sort_by("rank").str.join(",").alias("calls_per_rank"),
+        pl.when(pl.col("_out").any())
+        .then(pl.lit("ranks outside the group made calls on it"))
+        .otherwise(pl.lit("ranks made different numbers of calls"))
+        .alias("reason"),
     )
     c = c.join(bad.select("_kg", "_ks", "_bad"), on=["_kg", "_ks"], how="left", nulls_equal=True).with_columns(
         pl.col("_bad").fill_null(False)
@@ -133,7 +147,7 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
                 pl.col("_kg").alias("pg_name"),
                 pl.col("_ks").alias("step"),
                 "calls_per_rank",
-                pl.lit("ranks made different numbers of calls").alias("reason"),
+                "reason",
             ),
             c.filter(pl.col("match_id").is_in(mixed_ids.implode()))
             .group_by(["_kg", "_ks"])
@@ -152,7 +166,35 @@ def match_collectives(coll: pl.DataFrame, windows: pl.DataFrame, world: int) -> 
         .otherwise(pl.col("match_id"))
         .alias("match_id")
     )
+    c = pl.concat([c, alone.with_columns(pl.lit(None, pl.Int64).alias("match_id"))], how="diagonal_relaxed")
     return c.drop(["_ord", "_ord_c", "_kv", "_ks", "_bad", "_t"]), misaligned
+
+
+def _apart(c: pl.DataFrame, world: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(calls to match, calls kept apart)``, each with ``_pg`` (the group's key) and ``unmatched``.
+
+    Matching is within a process group: ``_pg`` is its name, else its ranks (``ranks:0,1``; the
+    sidecar's lists), else ``<default>`` (one group: the world). Kept apart, never matched:
+
+    * a call on a group of one rank (an expert-parallel size of 1): nothing crosses ranks, no wait;
+    * where some call's group is smaller than the trace set and the trace does not name it (a gloo
+      all-to-all with split lists of 2 in a 4-rank world and no ``pg_config`` to tell its worker
+      thread's group), every call whose group the trace does not name: the job has sub-groups, so an
+      unnamed all-reduce may be an expert-data-parallel one as well as the world's, and pairing them
+      by order across every rank pairs calls of different groups (the EP-2 gloo test trace without
+      ``pg_config``: rank 0 charged 61.7 ms of waiting for rank 3, with which it shares no group but
+      the world, where it waits 0.51 ms).
+    """
+    lists = [pl.when(~pl.col("splits_truncated")).then(pl.col(c).list.len()) for c in ("in_splits", "out_splits")]
+    size = pl.coalesce(pl.col("group_size"), pl.col("_gr").list.len(), *lists).cast(pl.Int64)
+    named = pl.col("pg_name").is_not_null() | pl.col("group_ranks").is_not_null()
+    unnamed_sub = (~named & (size < world)).any()
+    why = pl.when(size == 1).then(pl.lit("group_of_one")).when(~named & unnamed_sub).then(pl.lit("unknown_group"))
+    key = pl.coalesce(
+        "pg_name", pl.lit("ranks:") + pl.col("group_ranks").cast(pl.List(pl.Utf8)).list.join(","), pl.lit("<default>")
+    )
+    c = c.with_columns(key.alias("_pg"), why.alias("unmatched"), size.cast(pl.Int32).alias("group_size"))
+    return c.filter(pl.col("unmatched").is_null()), c.filter(pl.col("unmatched").is_not_null())
 
 
 def _peer_arrival(m: pl.DataFrame) -> pl.DataFrame:
@@ -252,7 +294,9 @@ def measure_calls(
         "bytes_recv",
         "cross_rank_bytes_sent",
     ).sort(["match_id", "rank"])
-    expected = pl.coalesce(pl.col("group_size").max(), pl.col("world_size").max(), pl.len()).cast(pl.Int64)
+    expected = pl.coalesce(
+        pl.col("group_size").max(), pl.col("_gr").list.len().max(), pl.col("world_size").max(), pl.len()
+    ).cast(pl.Int64)
     calls = (
         m.sort(["match_id", "s", "rank"])
         .group_by("match_id", maintain_order=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import polars as pl
 
 from ep_trace.analysis import graph, rank_pass, whatif
 from ep_trace.analysis.config import AnalysisConfig
-from ep_trace.analysis.finding_common import rank_list
+from ep_trace.analysis.finding_common import fmt_ns, rank_list
 from ep_trace.analysis.match_pass import MatchPass
 from ep_trace.analysis.op_stalls import stall_share
 from ep_trace.analysis.resources import UNKNOWN_CORES_NOTE, transfer_hiding
@@ -86,13 +87,32 @@ def model_pass(
         config.whatif_chunks,
         hiding,
         lambda: rank_pass.chunk_cost(tables, blocks, stage_df, mode),
-        # a whole-trace window holds start-up and tear-down, whose device idle is no step's host overhead
-        frozenset(gpu_ranks).intersection(windows.filter(pl.col("method") != "whole_trace")["rank"].to_list()),
+        # every GPU rank, whatever its step source: a whole-trace step runs from the first device work to
+        # the end of the last (its start-up and tear-down are cut: ep_trace.analysis.warmup)
+        frozenset(gpu_ranks),
         facts.gap_floor if gpu_ranks else None,
         stall_share(stall_df),
     )
-    notes = _overlap_notes(model.whatif, hiding, unknown_cores)
+    notes = _overlap_notes(model.whatif, hiding, unknown_cores) + _queued_note(model.critical_path, windows)
     return ModelPass(model.replay, model.critical_path, model.whatif, stall_df, tuple(notes))
+
+
+def _queued_note(cp: pl.DataFrame, windows: pl.DataFrame) -> list[str]:
+    """A note when the critical path holds device idle whose next work was already queued
+    (:mod:`ep_trace.analysis.queued`) for at least a tenth of the step: it is neither host-bound nor
+    a host stall, and the trace cannot say what the device waited for."""
+    if cp is None or cp.is_empty():
+        return []
+    q = int(cp.filter(pl.col("cause") == "queued").select((pl.col("end_ns") - pl.col("start_ns")).sum()).item() or 0)
+    n = max(int(cp["step"].n_unique()), 1)
+    step = float(cast(float, (windows["end_ns"] - windows["start_ns"]).median()) or 0.0)
+    if step <= 0 or q / n < 0.1 * step:
+        return []
+    return [
+        f"the device is idle {fmt_ns(q / n)} per step on the critical path ({q / n / step:.0%} of the step) with its "
+        "next work already launched: it waited on a dependency, another stream or work outside the trace, not on "
+        "its host (neither host-bound nor a host stall; cause 'queued' of the critical path)"
+    ]
 
 
 def _overlap_notes(whatif_rows: pl.DataFrame, hiding: dict[int, float], unknown_cores: list[int]) -> list[str]:

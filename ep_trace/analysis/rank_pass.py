@@ -33,7 +33,10 @@ from ep_trace.analysis.intervals import overlay, segment_lengths, subtract, unio
 from ep_trace.analysis.launch_floor import device_gap_floor
 from ep_trace.analysis.name_filter import name_filter
 from ep_trace.analysis.op_stalls import STALL_SCHEMA, stage_calls, stalls_of_calls
-from ep_trace.analysis.steps import assign_step, step_windows
+from ep_trace.analysis.step_work import assign_activity, device_windows
+from ep_trace.analysis.steps import step_windows
+from ep_trace.analysis.user_steps import user_range_steps
+from ep_trace.analysis.warmup import trim_warmup
 from ep_trace.schema import TraceTables
 
 __all__ = [
@@ -132,7 +135,8 @@ class FirstPass:
     """What the first pass keeps of every rank.
 
     Attributes:
-        all_windows: Step windows of every step (``step_windows(events, None)``).
+        all_windows: Step windows of every step (``step_windows(events, None)`` widened to the work
+            each step launched: :func:`~ep_trace.analysis.step_work.device_windows`).
         active_steps: The steps holding device activity on some rank (what
             :func:`~ep_trace.analysis.steps.select_steps` needs of the activity; the activity
             itself is rebuilt block by block in the second pass, never held for every rank).
@@ -162,11 +166,19 @@ def first_pass(tables: TraceTables, blocks: Blocks, steps: tuple[int, int] | Non
     mode: dict[int, str] = {}
     floor: dict[int, float] = {}
     for b, ev in _events(tables, blocks, _UNREAD):
+        coll = _of(tables.collectives, b, single)
         w = step_windows(ev, None)
-        wf = _steps(w, steps)
-        act, m = device_activity(ev, _of(tables.collectives, b, single), wf)
+        act, m = device_activity(ev, coll, _steps(w, steps))
+        if steps is None or steps[0] > 0:  # --steps 0 keeps a marker-less rank's whole trace
+            u = user_range_steps(w, ev, act)
+            if not u.equals(w):  # a user range is the step: its thread is the compute thread
+                w = u
+                act, m = device_activity(ev, coll, _steps(w, steps))
+        w = device_windows(w, act)  # a step is the work it launched (step_work)
+        assigned = assign_activity(act, w)
+        w = trim_warmup(w, assigned, ev)  # never past a step's first work: the assignment stands
         wins.append(w)
-        active.append(assign_step(act, wf, "anchor_ns")["step"].drop_nulls().unique())
+        active.append(_steps(assigned.filter(pl.col("step").is_not_null()), steps)["step"].unique())
         mode |= m
         floor |= device_gap_floor(ev)  # per rank: queued kernel pairs of one stream
         host = ev.select("rank", "kind", "name", "start_ns", "end_ns").filter(
@@ -187,7 +199,7 @@ class SecondPass:
     Attributes:
         activity: Device activity of every rank with ``step`` (analysed steps), only the columns the
             cross-rank passes read: ``rank, cls`` (an Enum: 1 byte a row where a String costs 16)
-            ``, start_ns, end_ns, step``.
+            ``, start_ns, end_ns, step, launch_end_ns`` (the step graph's ``queued`` pieces).
         overlap: ``segment_lengths`` of the comm / compute overlay per ``(rank, step)``.
         exposed_union: The union of the comm-only segments per ``(rank, step)`` (own clock).
         exposed_iv: Comm minus compute per rank, all steps (own clock).
@@ -232,8 +244,8 @@ def second_pass(
         wf = _steps(_of(first.all_windows, b, single), config.steps)
         a, _ = device_activity(ev, _of(tables.collectives, b, single), wf)
         w = _of(windows, b, single)
-        a = assign_step(a, w, "anchor_ns")
-        out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step"))
+        a = assign_activity(a, w)
+        out["act"].append(a.select("rank", pl.col("cls").cast(_CLS), "start_ns", "end_ns", "step", "launch_end_ns"))
         ins = a.filter(pl.col("step").is_not_null())
         comm, comp = ins.filter(pl.col("cls") == "comm"), ins.filter(pl.col("cls") == "compute")
         seg = overlay(comm, comp, ["rank", "step"])  # once: step overlap lengths and exposed intervals

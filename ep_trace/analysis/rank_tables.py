@@ -1,11 +1,12 @@
-"""Per-rank tables of the analysis: the straggler table and the rank summary (step-time percentiles,
-mean comm / compute / exposed comm / wait per step, overlap efficiency, wait uncertainty)."""
+"""Per-rank tables of the analysis: the straggler table (over all groups and per process group) and
+the rank summary (step-time percentiles, mean comm / compute / exposed comm / wait per step, overlap
+efficiency, wait uncertainty)."""
 
 from __future__ import annotations
 
 import polars as pl
 
-__all__ = ["stragglers", "rank_summary", "with_uncertainty"]
+__all__ = ["stragglers", "group_stragglers", "rank_summary", "with_uncertainty"]
 
 
 def stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, steps: pl.Series) -> pl.DataFrame:
@@ -42,6 +43,47 @@ def stragglers(ranks: pl.DataFrame, vcalls: pl.DataFrame, vcr: pl.DataFrame, ste
             pl.col("lateness_p50_ns").fill_null(0),
         )
         .sort(["lateness_p50_ns", "lateness_ns", "rank"], descending=[True, True, False])
+    )
+
+
+def group_stragglers(vcalls: pl.DataFrame, vcr: pl.DataFrame) -> pl.DataFrame:
+    """Per process group: its ranks in the matched calls, the calls, the wait inside it, and its straggler.
+
+    The straggler of a group is the member the others waited for most in the group's calls (an EP
+    group's straggler need not be the world's: in the EP-2 gloo trace rank 3 holds up its EP group
+    {2, 3} and, through rank 2, the expert-data-parallel group {0, 2}). Null when nobody waited.
+
+    Args:
+        vcalls: The valid matched calls (``pg_name``, ``last_rank``).
+        vcr: Their (call, rank) rows with ``pg_name``.
+
+    Returns:
+        ``pg_name, ranks, matched_calls, wait_ns, straggler, times_last, induced_wait_ns``.
+    """
+    members = vcr.group_by("pg_name").agg(
+        pl.col("rank").unique().sort().alias("ranks"),
+        pl.col("wait_ns").sum(),
+        pl.col("match_id").n_unique().cast(pl.Int64).alias("matched_calls"),
+    )
+    induced = (
+        vcr.filter(pl.col("rank") != pl.col("waited_for"))
+        .group_by(["pg_name", "waited_for"])
+        .agg(pl.col("wait_ns").sum().alias("induced_wait_ns"))
+        .filter(pl.col("induced_wait_ns") > 0)
+        .sort(["pg_name", "induced_wait_ns", "waited_for"], descending=[False, True, False])
+        .group_by("pg_name", maintain_order=True)
+        .first()
+        .rename({"waited_for": "straggler"})
+    )
+    last = vcalls.group_by(["pg_name", pl.col("last_rank").alias("straggler")]).agg(
+        pl.len().cast(pl.Int64).alias("times_last")
+    )
+    return (
+        members.join(induced, on="pg_name", how="left")
+        .join(last, on=["pg_name", "straggler"], how="left")
+        .with_columns(pl.when(pl.col("straggler").is_not_null()).then(pl.col("times_last").fill_null(0)))
+        .select("pg_name", "ranks", "matched_calls", "wait_ns", "straggler", "times_last", "induced_wait_ns")
+        .sort("pg_name")
     )
 
 

@@ -15,7 +15,7 @@ import polars as pl
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.schema import LoadIssue, TraceTables
 
-__all__ = ["Finding", "Analysis", "FRAME_DOCS"]
+__all__ = ["Finding", "Withheld", "Analysis", "FRAME_DOCS"]
 
 FindingKind = Literal[
     "exposed_comm",
@@ -48,22 +48,25 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "n_steps": "steps analysed",
         "mode": "'gpu' (kernels) or 'cpu' (compute thread + gloo workers)",
         "overlap_efficiency": "|C ∩ K| / |C| over all analysed steps (NaN when no comm)",
-        "barrier_wait_ns": "mean per step sum of wait_r over matched calls",
+        "barrier_wait_ns": "mean per step of |union of the wait spans [s_r, s_r + wait_r)| over matched calls",
         "transfer_ns": "mean per step sum of transfer_r over matched calls",
         "wait_uncertainty_ns": "clock uncertainty of the rank's wait figures (host residual)",
     },
     "steps": {
         "rank": "",
         "step": "",
-        "start_ns": "",
+        "start_ns": "step window: the host range widened to the end of the device work it launched",
         "end_ns": "",
-        "step_time_ns": "",
+        "step_time_ns": "end_ns - start_ns",
         "comm_ns": "|C|",
         "compute_ns": "|K|",
         "overlapped_ns": "|C ∩ K|",
         "exposed_comm_ns": "|C \\ K|",
-        "barrier_wait_ns": "",
+        "barrier_wait_ns": "|union of the wait spans of the step's valid calls| (time spent waiting)",
         "transfer_ns": "",
+        "host_start_ns": "host range of the step's marker (ProfilerStep, iteration, user range)",
+        "host_end_ns": "",
+        "phase": "serving iteration phase: prefill / decode / mixed / idle (null where the trace does not say)",
     },
     "stages": {
         "(canonical stages table)": "see ep_trace.schema STAGES, plus comm_ns, overlapped_ns, exposed_comm_ns",
@@ -71,7 +74,6 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
     "calls": {
         "match_id": "id of a matched collective instance",
         "collective": "",
-        "pg_name": "",
         "key": "'seq' | 'comms_id' | 'ordinal' (how it was matched)",
         "step": "",
         "layer": "",
@@ -88,6 +90,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "cross_rank_bytes": "sum over ranks of bytes sent to other ranks",
         "lateness_ns": "a - second-latest arrival",
         "expected_ranks": "group size (else world size)",
+        "pg_name": "process group: the trace's name, else 'ranks:0,1' (its ranks), else '<default>' (the world)",
         "complete": "all ranks of the group are in the trace set",
         "causal": "no rank ends before a - clock tolerance",
         "valid": "complete and causal and n_ranks > 1: used in every wait figure",
@@ -108,7 +111,21 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "step": "",
         "uncertainty_ns": "clock residual of the rank's host: the uncertainty of wait_ns",
     },
-    "wait_matrix": {"waiter": "rank i", "waited_for": "rank j (the last arriver)", "wait_ns": "total over calls"},
+    "wait_matrix": {
+        "pg_name": "process group of the calls (waits are charged only between ranks of one group)",
+        "waiter": "rank i",
+        "waited_for": "rank j (the last arriver), a member of the group",
+        "wait_ns": "total over the group's calls",
+    },
+    "group_stragglers": {
+        "pg_name": "process group",
+        "ranks": "its ranks in the matched calls",
+        "matched_calls": "valid matched calls of the group",
+        "wait_ns": "total wait of its ranks in its calls",
+        "straggler": "the member the others waited for most (null: nobody waited)",
+        "times_last": "the group's calls where the straggler arrived last",
+        "induced_wait_ns": "the others' wait on it in the group's calls",
+    },
     "stragglers": {
         "rank": "",
         "times_last": "calls where the rank arrived last",
@@ -210,7 +227,7 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "rank": "rank whose work or wait the segment is",
         "start_ns": "aligned clock",
         "end_ns": "aligned clock (segments tile the critical rank's step window)",
-        "cause": "'compute' | 'copy' (device memcpy / memset) | 'transfer' | 'barrier_wait' | 'host_stall' | 'launch_gap' | 'unexplained'",
+        "cause": "'compute' | 'copy' (device memcpy / memset) | 'transfer' | 'barrier_wait' | 'host_stall' | 'launch_gap' | 'queued' (device idle with its next work already launched) | 'unexplained'",
         "stage": "stage of the segment (null when outside every stage range)",
         "name": "collective / stage / reason",
     },
@@ -220,6 +237,8 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "predicted_step_ns": "replayed baseline step length (median over steps of the mean over ranks) - saving_ns",
         "saving_ns": "median over steps of (replayed baseline step - re-simulated step), each the mean over ranks",
         "ranks": "ranks whose work the edit changes",
+        "kept_work_ns": "the device work the edit keeps (min over steps of the mean over ranks of |K| less the "
+        "stages it edits, the edited ranks' left out): predicted_step_ns may not be shorter (invariants)",
     },
     "breakdown": {
         "rank": "",
@@ -284,6 +303,31 @@ class Finding:
 
 
 @dataclass(frozen=True)
+class Withheld:
+    """A finding or a figure the analysis withheld because it breaks a physical invariant
+    (:mod:`ep_trace.analysis.invariants`): never published, replaced by :meth:`line`.
+
+    Attributes:
+        what: ``'finding' | 'whatif' | 'rank_figures' | 'breakdown' | 'stage' | 'replay'``.
+        name: The finding's kind, the what-if's scenario, the withheld columns or the stage.
+        ranks: Ranks concerned (empty: the run as a whole).
+        invariant: Name of the broken invariant (``invariants.INVARIANTS``).
+        reason: Why, with the figures: ``'rank 0, step 1: compute 124 ms > step 112 ms'``.
+    """
+
+    what: str
+    name: str
+    ranks: tuple[int, ...]
+    invariant: str
+    reason: str
+
+    def line(self) -> str:
+        """One line for the terminal and the report."""
+        on = f" (rank{'s' if len(self.ranks) > 1 else ''} {', '.join(map(str, self.ranks))})" if self.ranks else ""
+        return f"withheld {self.what.replace('_', ' ')} {self.name}{on}: breaks {self.invariant}: {self.reason}"
+
+
+@dataclass(frozen=True)
 class Analysis:
     """Everything the analysis computed. Frames follow :data:`FRAME_DOCS`."""
 
@@ -328,6 +372,10 @@ class Analysis:
     top_ops: pl.DataFrame | None = None
     #: Stalled op calls of CPU ranks' permute / unpermute stages (:mod:`ep_trace.analysis.op_stalls`).
     op_stalls: pl.DataFrame | None = None
+    #: Per process group: its ranks, calls, wait and straggler (:func:`ep_trace.analysis.rank_tables.group_stragglers`).
+    group_stragglers: pl.DataFrame | None = None
+    #: Findings and figures withheld for breaking an invariant (:mod:`ep_trace.analysis.invariants`).
+    withheld: tuple[Withheld, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

@@ -13,6 +13,7 @@ import polars as pl
 
 from ep_trace.analysis import rank_pass
 from ep_trace.analysis.config import AnalysisConfig
+from ep_trace.analysis.finding_common import fmt_ns, rank_list
 from ep_trace.analysis.steps import select_steps
 from ep_trace.errors import NothingToAnalyzeError
 from ep_trace.schema import TraceTables
@@ -61,14 +62,70 @@ def step_pass(tables: TraceTables, blocks: rank_pass.Blocks, config: AnalysisCon
 def _window_notes(windows: pl.DataFrame, all_windows: pl.DataFrame) -> list[str]:
     notes: list[str] = []
     if (windows["method"] == "whole_trace").any():
-        notes.append("some ranks have no ProfilerStep rows: the whole trace is analysed as step 0 there")
+        notes.append(
+            "some ranks have no ProfilerStep rows and no user range holding most of their device work: the whole "
+            "trace (from the first device work to the end of the last) is analysed as step 0 there"
+        )
+    if (windows["method"] == "user_range").any():
+        notes += _user_range_notes(windows)
     if (windows["method"] == "iteration").any():
         notes.append(
-            "steps are the serving engine's iterations (vLLM execute_context_* ranges, SGLang Scheduler.run_batch "
-            "frames, TensorRT-LLM _forward_step ranges; no ProfilerStep rows)"
+            "steps are the serving engine's iterations (vLLM execute_context_* ranges, SGLang step[...] ranges or "
+            "Scheduler.run_batch frames, TensorRT-LLM _forward_step ranges; no ProfilerStep rows)"
         )
         notes += _iteration_count_note(all_windows)
+    notes += _warmup_notes(windows)
+    notes += _past_host_note(windows)
     return notes
+
+
+def _user_range_notes(windows: pl.DataFrame) -> list[str]:
+    per = (
+        windows.filter(pl.col("method") == "user_range")
+        .group_by("marker")
+        .agg(pl.col("rank").unique().sort(), pl.len().alias("n"))
+        .sort("marker")
+    )
+    return [
+        f"ranks {rank_list(r['rank'])} have no ProfilerStep rows: their steps are the {r['n']} ranges "
+        f"{r['marker']!r}, which hold most of their device work (docs/metrics.md, Steps; --steps 0 analyses the "
+        "whole trace instead)"
+        for r in per.iter_rows(named=True)
+    ]
+
+
+def _warmup_notes(windows: pl.DataFrame) -> list[str]:
+    if "warmup_ns" not in windows.columns:
+        return []
+    w = windows.filter((pl.col("warmup_ns") > 0) | (pl.col("teardown_ns") > 0)).sort("rank", "step")
+    out = []
+    for r in w.iter_rows(named=True):
+        parts = []
+        if r["warmup_ns"] > 0:
+            parts.append(
+                f"{fmt_ns(r['warmup_ns'])} before its first device work is warm-up (one-time start-up: lazy CUDA / "
+                "HIP init, first-call compilation, profiler start-up)"
+            )
+        if r["teardown_ns"] > 0:
+            parts.append(f"{fmt_ns(r['teardown_ns'])} after its last is tear-down")
+        what = " and ".join(parts)
+        out.append(f"rank {r['rank']}, step {r['step']}: {what}; left out of the steady-state step")
+    return out if len(out) <= 8 else [*out[:7], f"... warm-up cut on {len(out) - 7} more ranks"]
+
+
+def _past_host_note(windows: pl.DataFrame) -> list[str]:
+    """How far device work launched in a step ran past its host range (the step window's end)."""
+    past = windows.select((pl.col("end_ns") - pl.col("host_end_ns")).clip(0).alias("_p"), "rank", "step")
+    worst = past.sort("_p", descending=True).head(1)
+    if worst.is_empty() or int(worst["_p"][0]) <= 0:
+        return []
+    n = int((past["_p"] > 0).sum())
+    r = worst.row(0, named=True)
+    return [
+        f"device work launched in {n} of {windows.height} (rank, step) host ranges ran past their end (at most "
+        f"{fmt_ns(r['_p'])}, rank {r['rank']} step {r['step']}): each step's window runs to the end of the work it "
+        "launched, and work launched while the previous step's still ran starts when that ends (docs/metrics.md, Steps)"
+    ]
 
 
 def _iteration_count_note(windows: pl.DataFrame) -> list[str]:

@@ -10,6 +10,8 @@ import polars as pl
 from ep_trace.analysis import coverage
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
+from ep_trace.analysis.step_spread import slowest_step, step_spread
+from ep_trace.analysis.steps import phase_table
 from ep_trace.analysis.whatif_checks import rerun_error_pct
 
 if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import back at run time
@@ -18,7 +20,7 @@ if TYPE_CHECKING:  # result.Analysis.summary() calls build_summary: no import ba
 __all__ = ["SUMMARY_SCHEMA_VERSION", "build_summary"]
 
 #: Version of the summary layout (docs/summary.md); bumped on any incompatible change.
-SUMMARY_SCHEMA_VERSION = 2
+SUMMARY_SCHEMA_VERSION = 3
 
 
 def _clean(x: Any) -> Any:
@@ -40,15 +42,6 @@ def _rows(df: pl.DataFrame, cols: list[str]) -> list[dict[str, Any]]:
 
 def _max(df: pl.DataFrame, col: str) -> Any:
     return df[col].max() if df.height and col in df.columns else None
-
-
-def _spread(steps: pl.DataFrame) -> float | None:
-    """Std over steps of the slowest rank's step time (the run's own noise; ``ep-trace compare``)."""
-    if steps.is_empty():
-        return None
-    # sorted: group_by's row order varies run to run, and the float sum of std with it (last bits)
-    per = steps.group_by("step").agg(pl.col("step_time_ns").max()).sort("step")
-    return float(per["step_time_ns"].cast(pl.Float64).std() or 0.0) if per.height > 1 else None
 
 
 def build_summary(a: Analysis) -> dict[str, Any]:
@@ -141,7 +134,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         if rs.height and rs["overlap_efficiency"].fill_nan(None).drop_nulls().len()
         else None,
         "wait_uncertainty_ns": _max(rs, "wait_uncertainty_ns"),
-        "step_time_spread_ns": _spread(a.steps),
+        "step_time_spread_ns": slowest_step(a.steps)[1],
         "matched_calls": valid.height,
         "unmatched_groups": a.misaligned.height if a.misaligned is not None else 0,
     }
@@ -178,6 +171,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         else [],
         "straggler": straggler,
         "wait_matrix": a.wait_matrix.to_dicts(),
+        "groups": a.group_stragglers.to_dicts() if a.group_stragglers is not None else [],
         "imbalance": {
             "I_e": agg["I_e"],
             "I_r": agg["I_r"],
@@ -192,9 +186,15 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "findings": findings,
         "load_report": load_report,
         "notes": list(a.notes),
+        "withheld": [
+            {"what": w.what, "name": w.name, "ranks": list(w.ranks), "invariant": w.invariant, "reason": w.reason}
+            for w in a.withheld
+        ],
     }
     out.update(_model_sections(a))
     out["breakdown"] = _breakdown(a)
+    out["step_spread"] = step_spread(a)
+    out["phases"] = phase_table(a.steps).to_dicts() if a.steps.height else []
     if a.hta_overlap is not None:
         out["hta_overlap"] = a.hta_overlap.to_dicts()
     return _clean(out)
@@ -241,6 +241,7 @@ def _model_sections(a: Analysis) -> dict[str, Any]:
                 "saving_ns": int(r["saving_ns"]),
                 "ranks": [int(x) for x in r["ranks"]],
                 "chunks": r.get("chunks"),
+                "kept_work_ns": r.get("kept_work_ns"),
                 "rerun_error_pct": rerun_error_pct(r["scenario"]),
             }
             for r in wf.iter_rows(named=True)

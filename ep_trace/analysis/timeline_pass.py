@@ -16,8 +16,9 @@ from ep_trace.analysis import rank_pass
 from ep_trace.analysis.breakdown import step_breakdown
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.host_stalls import host_stalls
-from ep_trace.analysis.intervals import range_join, union
+from ep_trace.analysis.intervals import range_join, subtract, union
 from ep_trace.analysis.match_pass import MatchPass
+from ep_trace.analysis.queued import queued_spans
 from ep_trace.analysis.steps import assign_step
 from ep_trace.analysis.wait_pass import WaitPass
 
@@ -55,7 +56,9 @@ def timeline_pass(
     stalls = rank_pass.by_block(
         blocks, lambda b, mt, a, r: host_stalls(b, mt, a, first.mode, r), first.blocking, m.matched, act, arrivals
     )
-    stalls = _locate(assign_step(stalls, windows, "start_ns"), stage_df)
+    # a stall is device idle time: in the step window holding it (an overlap scheduler's host ranges
+    # run ahead of their windows)
+    stalls = _locate(assign_step(stalls, windows, "start_ns", span="step"), stage_df)
     intervals = _intervals(
         w.steps, act, second.exposed_iv, stage_df, m.call_ranks, m.calls, rank_off, config, w.stragglers
     )
@@ -77,8 +80,19 @@ def timeline_pass(
         (pl.col("start_ns") - pl.col("offset_ns").fill_null(0)).alias("start_ns"),
         (pl.min_horizontal("arrival_ns", "end_ns") - pl.col("offset_ns").fill_null(0)).alias("end_ns"),
     )
-    breakdown = rank_pass.by_block(blocks, step_breakdown, windows, act, wait_spans, stalls)
+    breakdown = rank_pass.by_block(blocks, step_breakdown, windows, act, wait_spans, _unqueued(stalls, act, windows))
     return TimelinePass(stalls, intervals, exposed_comm, breakdown)
+
+
+def _unqueued(stalls: pl.DataFrame, act: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
+    """The blocking calls' spans less the device's queued idle (:mod:`ep_trace.analysis.queued`): the
+    breakdown's host-stall part is device idle that ending the call would have ended."""
+    q = queued_spans(act.filter(pl.col("launch_end_ns").is_not_null())) if "launch_end_ns" in act.columns else None
+    s = stalls.filter(pl.col("step").is_not_null()).select(pl.col("rank").cast(pl.Int32), "step", "start_ns", "end_ns")
+    if q is None or q.is_empty() or s.is_empty():
+        return s
+    q = assign_step(q.with_columns(pl.col("rank").cast(pl.Int32)), windows, "start_ns", span="step")
+    return subtract(s, q.filter(pl.col("step").is_not_null()).select(s.columns), ["rank", "step"])
 
 
 def _locate(stalls: pl.DataFrame, stage_df: pl.DataFrame) -> pl.DataFrame:

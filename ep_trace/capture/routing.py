@@ -65,7 +65,10 @@ def record_routing(
         layer: MoE layer index.
         topk_ids: ``[tokens, top_k]`` integer tensor of chosen global expert ids.
         num_experts: Number of routed experts E.
-        placement: Expert -> rank map: ``placement[e]`` is a rank or a list of ranks (replicas).
+        placement: Expert -> rank map: ``placement[e]`` is a rank or a list of ranks (replicas). The
+            first one goes to the meta with ``redundant_experts`` (the copies beyond one per expert);
+            when a layer's placement differs from the one in force for it, a ``placement`` record
+            (step, layer, placement, redundant_experts) marks the change (docs/sidecar.md).
         microbatch: Micro-batch index (0 when not micro-batched).
         expert_counts: Optional precomputed assignments per expert (length E) to avoid a bincount.
         hidden_size: Hidden size of the dispatched rows (meta).
@@ -87,14 +90,29 @@ def record_routing(
     counts = _as_int_list(expert_counts, "expert_counts")
     if len(counts) != num_experts:
         raise ConfigError(f"expert_counts: length {len(counts)} != num_experts {num_experts}")
+    where = _normalise_placement(placement, num_experts)
+    first = where is not None and w.meta.get("placement") is None
     w.update_meta(
         num_experts=int(num_experts),
         top_k=int(top_k),
-        placement=_normalise_placement(placement, num_experts),
+        placement=where if first else None,
+        # copies beyond one per expert, declared beside the placement (docs/sidecar.md)
+        redundant_experts=_redundant(where, num_experts) if first else None,
         hidden_size=None if hidden_size is None else int(hidden_size),
         dtype=None if dtype is None else str(dtype).removeprefix("torch."),
         ep_group_ranks=None if group_ranks is None else [int(r) for r in group_ranks],
     )
+    if where is not None and where != w.placements.get(int(layer), w.meta.get("placement")):
+        # a layer's placement changed (an EPLB rearrangement, ep-trace demo --alt-placement): meta keeps
+        # the first placement, this record the new one of this layer from this step on
+        w.placements[int(layer)] = where
+        w.write(
+            "placement",
+            step=w.step,
+            layer=int(layer),
+            placement=where,
+            redundant_experts=_redundant(where, num_experts),
+        )
     w.write(
         "routing",
         step=w.step,
@@ -104,6 +122,11 @@ def record_routing(
         tokens=int(tokens),
         top_k=int(top_k),
     )
+
+
+def _redundant(placement: list[list[int]] | None, num_experts: int) -> int | None:
+    """Copies beyond one per expert of ``placement[e]`` lists (None without a placement)."""
+    return None if placement is None else sum(len(r) for r in placement) - int(num_experts)
 
 
 def reserve_a2a_call() -> int | None:
@@ -131,6 +154,7 @@ def record_a2a(
     call: int | None = None,
     phase: str = "fwd",
     link_delay_ns: int | None = None,
+    cross_node_delay_ns: int | None = None,
 ) -> None:
     """Record one all-to-all(v) call of this rank with its full split lists.
 
@@ -148,7 +172,11 @@ def record_a2a(
             the next ordinal now (right for synchronous calls recorded right after they return).
         phase: ``"fwd"``, or ``"bwd"`` for the transposed all-to-all of the backward pass.
         link_delay_ns: The injected link delay this call really waited (``ep-trace demo
-            --link-latency-ms``), when there is one: the known answer a sweep's α is checked against.
+            --link-latency-ms``, ``--cross-node-*``), when there is one: the known answer a sweep's α is
+            checked against.
+        cross_node_delay_ns: The delay the demo's emulated cross-node link asked for this call
+            (``ep-trace demo --nodes``; 0 when the call moved nothing across nodes): the known answer
+            of a link-class fit.
 
     Raises:
         ConfigError: unknown direction, or split lists whose length differs from the group size.
@@ -183,4 +211,5 @@ def record_a2a(
         start_ns=int(start_ns),
         end_ns=int(end_ns),
         **({} if link_delay_ns is None else {"link_delay_ns": int(link_delay_ns)}),
+        **({} if cross_node_delay_ns is None else {"cross_node_delay_ns": int(cross_node_delay_ns)}),
     )

@@ -37,6 +37,8 @@ class SidecarWriter:
         self.step: int = first_step
         self._open = False
         self._a2a_call = 0
+        #: Placement in force per layer after a change (``record_routing``'s ``placement`` records).
+        self.placements: dict[int, list[list[int]]] = {}
         self._lock = threading.Lock()  # record_* may be called from a helper thread
         self._fh = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         self.write("meta", **self.meta)

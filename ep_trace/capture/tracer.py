@@ -46,7 +46,8 @@ def require_torch() -> Any:
         import torch
     except ImportError:
         raise MissingDependencyError(
-            "torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'"
+            "torch is needed to capture traces (analysis works without it); install it: pip install 'torch>=2.4' "
+            "(or the [capture] extra: pip install '.[capture]' in a checkout)"
         ) from None
     return torch
 
@@ -133,7 +134,9 @@ class Tracer:
         record_shapes: Passed to ``torch.profiler.profile``.
         with_stack: Passed to ``torch.profiler.profile``.
         meta: Extra ``meta`` keys of docs/sidecar.md known up front (``num_experts``, ``top_k``,
-            ``placement``, ``hidden_size``, ``dtype``, ``ep_group_ranks``, ``device``).
+            ``placement``, ``redundant_experts``, ``hidden_size``, ``dtype``, ``ep_group_ranks``,
+            ``device``). A ``host`` given here also names the host in the Kineto trace's header
+            (``host_name``): an emulated node.
         concrete_inputs: Let torch record every op's ``Concrete Inputs`` (its default). False
             records them only inside :func:`ep_trace.capture.concrete.collective_inputs` blocks: on
             torch 2.13.0+cpu, with the recording on, 4 MB CPU ops ran ~40x slower and memory was not
@@ -245,6 +248,11 @@ class Tracer:
             "ep_trace",
             json.dumps({"job_id": meta["job_id"], "rank": rank, "world_size": world, "version": ep_trace.__version__}),
         )
+        if "host" in self._extra_meta:
+            # A host the caller names (an emulated node: ep-trace demo --nodes) replaces the machine's
+            # name in the trace header too; torch 2.13 writes its own ``host_name`` there, and a key
+            # added after start wins (the header keeps one).
+            prof.add_metadata_json("host_name", json.dumps(str(meta["host"])))
         _push(self._writer)
         return self
 

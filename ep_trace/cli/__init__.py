@@ -1,17 +1,20 @@
 """The ``ep-trace`` command line: thin typer wrappers over library functions.
 
 Errors are mapped to exit codes in exactly one place, :func:`main`: 0 ok, 1 nothing to analyze,
-2 bad input (any :class:`~ep_trace.errors.EpTraceError` carries its code). Each command lives in its
+2 bad input (any :class:`~ep_trace.errors.EpTraceError` carries its code); 3 is a result, not an error
+(:class:`~ep_trace.errors.RegressionFound`: ``compare --fail-on-regression`` exits with it). Each command lives in its
 own module and registers itself on :data:`app`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 from ep_trace.cli.app import app, err_console
+from ep_trace.cli.safe_text import printable
 
 __all__ = ["app", "main", "printable"]
 
@@ -29,19 +32,6 @@ def _register() -> None:
 
 
 _register()
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F)}
-_CONTROL.update({0x9B: "\\x9b"})  # the one-byte CSI of 8-bit terminals
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped (``\\x1b``), so a file name cannot drive the terminal.
-
-    File names and trace strings reach error and warning lines verbatim; an escape sequence in one
-    (``\\x1b]0;...`` retitles the window, ``\\x1b[2J`` clears it) must print as text.
-    """
-    return text.translate(_CONTROL)
 
 
 class _EscapingFormatter(logging.Formatter):
@@ -70,11 +60,22 @@ def _plain_flags(command: object) -> None:
         _plain_flags(sub)
 
 
+def _usage_line(exc: Any) -> str:
+    """A click / typer usage error as one printable line: ``ep-trace analyze: <message>; see 'ep-trace
+    analyze --help'``."""
+    ctx = getattr(exc, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "ep-trace"
+    message = " ".join(str(exc.format_message()).split()).rstrip(".") or type(exc).__name__
+    return printable(f"{path}: {message}; see '{path} --help'")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns (and exits with) the process exit code.
 
-    0 ok, 1 nothing to analyze, 2 bad input or unwritable output (one line: ``error: ...``),
-    130 interrupted (Ctrl-C; outputs are written atomically, so none is left half-written).
+    0 ok, 1 nothing to analyze, 2 bad input, an unwritable output, an output on an input or a usage
+    error (one line: ``error: ...``, control characters escaped), 3 a regression (``compare
+    --fail-on-regression``; one line: ``regression: ...``), 130 interrupted (Ctrl-C; outputs are written
+    atomically, so none is left half-written).
     """
     import typer.main
 
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     _plain_flags(command)
     try:
-        rv = command.main(args=argv, standalone_mode=False)
+        rv = command.main(args=argv, prog_name="ep-trace", standalone_mode=False)
     except EpTraceError as exc:
         err_console.print(f"error: {printable(str(exc))}", markup=False, highlight=False, soft_wrap=True)
         code = exc.exit_code
@@ -94,14 +95,29 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     except SystemExit as exc:  # typer.Exit / click usage errors raised inside commands
         code = int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    except BrokenPipeError:  # `ep-trace ... | head`: the reader left; nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        code = 1
+    except OSError as exc:  # an OS error no check caught (a path the OS refuses): one line, not a traceback
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        err_console.print(
+            f"error: {printable(f'{where}{exc.strerror or exc}; check the path, its permissions and the free space')}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        code = 2
     except Exception as exc:
         # Usage errors, Exit and Abort come from click, which recent typer versions vendor
         # (typer._click): recognise them by shape, not by import.
         exit_code = getattr(exc, "exit_code", None)
         if type(exc).__name__ == "Abort":
             code = 130
-        elif callable(show := getattr(exc, "show", None)):
-            show()  # prints "Usage: ... Error: ..." to stderr
+        elif type(exc).__name__ == "NoArgsIsHelpError":
+            code = 0  # a bare `ep-trace`: typer printed the help, which is what was asked for
+        elif callable(getattr(exc, "format_message", None)):
+            # one line, like our own errors (click's show() prints "Usage: ...", "Try ...", "Error: ...")
+            err_console.print(f"error: {_usage_line(exc)}", markup=False, highlight=False, soft_wrap=True)
             code = exit_code if isinstance(exit_code, int) else 2
         elif isinstance(exit_code, int):
             code = exit_code

@@ -122,7 +122,9 @@ def analyze_cmd(
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON summary (docs/summary.md) here."),
     fmt: str = typer.Option("auto", "--format", help="Input format: auto, kineto or nsys."),
     steps: Optional[str] = typer.Option(
-        None, "--steps", help="Analyze only profiler steps FIRST:LAST (inclusive), e.g. 2:5."
+        None,
+        "--steps",
+        help="Analyze only steps FIRST:LAST (inclusive), e.g. 2:5; 0 = the whole trace where a user range would be the step.",
     ),
     stages: Optional[Path] = typer.Option(
         None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."
@@ -182,6 +184,7 @@ def analyze_cmd(
     configure_threads(jobs)  # before anything loads polars: --jobs N is N cores (parsers/polars_threads.py)
     from ep_trace.analysis.config import AnalysisConfig
     from ep_trace.cli import printable
+    from ep_trace.cli.output_guard import Output, check_outputs
     from ep_trace.cli.outputs import build_report, for_display
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.reports.terminal import summary_renderables
@@ -190,10 +193,12 @@ def analyze_cmd(
         raise ConfigError(f"--stages: {stages}: no such file; pass a TOML file of stage-name patterns")
     config = AnalysisConfig(steps=parse_steps(steps), stage_presets=stages, hta_compatible=hta_compatible)
     fmt = check_format(fmt)
-    if record is not None:
-        from ep_trace.cli.outputs import check_writable
-
-        check_writable(record, "--record")
+    check_outputs(
+        [*dirs, *([stages] if stages is not None else [])],
+        Output("-o", out),
+        Output("--json", json_out) if json_out is not None else None,
+        Output("--record", record) if record is not None else None,
+    )
     with (
         contextlib.ExitStack() as scratch,
         progress_bar() as progress,

@@ -11,7 +11,6 @@ from typing import Any, Optional
 import typer
 
 from ep_trace.cli.app import app, console
-from ep_trace.errors import ConfigError
 
 __all__ = ["annotate_cmd"]
 
@@ -76,14 +75,12 @@ def annotate_cmd(
     """
     from ep_trace import load
     from ep_trace.cli.analyze import check_format, events_home, progress_bar
+    from ep_trace.cli.output_guard import Output, check_outputs
     from ep_trace.cli.outputs import write_annotated
     from ep_trace.cli.rank_map import parse_rank_map
 
-    src = trace_dir if trace_dir.is_dir() else trace_dir.parent
-    if out.resolve() == src.resolve():
-        raise ConfigError(
-            f"-o: {out} is the input directory; annotated traces there would be read as extra ranks next time, choose another directory"
-        )
+    # rank{r}.ep-annotated.json.gz: named like a trace, refused inside the input directory
+    check_outputs([trace_dir], Output("-o", out, directory=True, writes=("rank0.ep-annotated.json.gz",)))
     with contextlib.ExitStack() as scratch, progress_bar() as progress:
         analysis = load(
             trace_dir,
@@ -95,8 +92,10 @@ def annotate_cmd(
         )
         originals = _Originals(original_files(analysis.tables.ranks))
         paths = write_annotated(analysis, out, progress=progress, originals=originals)
+    from ep_trace.cli import printable
+
     console.print(
-        f"wrote {len(paths)} annotated trace(s) to {out} (open in https://ui.perfetto.dev)",
+        f"wrote {len(paths)} annotated trace(s) to {printable(str(out))} (open in https://ui.perfetto.dev)",
         markup=False,
         highlight=False,
         soft_wrap=True,

@@ -7,10 +7,11 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ep_trace.cli.app import app, console
+from ep_trace.cli.app import app, console, err_console
 
 if TYPE_CHECKING:
-    from ep_trace.reports.compare import RunDigest
+    from ep_trace.analysis.run_compare import Comparison
+    from ep_trace.analysis.run_digest import RunDigest
 
 __all__ = ["compare_cmd", "load_run"]
 
@@ -30,34 +31,88 @@ def compare_cmd(
         "--rank-map",
         help="Rank of a file: R=PATH, pid:PID=R (nsys file with several processes) or a file of such lines; repeatable. Beats every rank found in the files.",
     ),
+    fail_on_regression: bool = typer.Option(
+        False,
+        "--fail-on-regression",
+        help="CI gate: exit 3 when B (NEW) is worse than A (BASE) beyond both the runs' noise and --threshold on a gated metric.",
+    ),
+    threshold: Optional[float] = typer.Option(
+        None,
+        "--threshold",
+        metavar="PCT",
+        help="Gate threshold, percent of each metric's reference (its BASE value; the BASE step for exposed_comm, barrier_wait, finding:*); default 5.",
+    ),
+    gate: Optional[list[str]] = typer.Option(
+        None,
+        "--gate",
+        metavar="METRIC",
+        help="Gated metrics, repeatable or comma-separated: step_time, stages, stage:NAME, exposed_comm, barrier_wait, I_e, I_r, findings, finding:KIND, all (default).",
+    ),
 ) -> None:
     """Compare two runs: what got better or worse per stage, per rank and per finding.
 
     The step-time change is explained by the per-stage deltas (B − A; negative = B is faster).
+    With --fail-on-regression (docs/ci.md) one line per gated metric follows, and the exit code is 3
+    when B is worse than A beyond the runs' own noise and the threshold on any of them, 0 otherwise.
 
     Examples:
 
       ep-trace compare baseline_traces/ chunked_traces/ -o diff.html
 
       ep-trace compare main.json pr.json --json diff.json
+
+      ep-trace compare main.json pr_traces/ --fail-on-regression --threshold 5 --gate step_time,stages
     """
-    from rich.table import Table
-
+    from ep_trace.analysis.regression_gate import DEFAULT_THRESHOLD_PCT, check_threshold, evaluate, parse_gates
     from ep_trace.cli.analyze import check_format
-    from ep_trace.cli.outputs import check_writable, write_atomic, write_json
-    from ep_trace.reports.compare import compare_runs, comparison_to_dict, headline, render_compare_html
-    from ep_trace.reports.units import fmt_ns
+    from ep_trace.cli.output_guard import Output, check_outputs
+    from ep_trace.cli.outputs import write_atomic, write_json
+    from ep_trace.errors import RegressionFound
+    from ep_trace.reports.compare import compare_runs, comparison_to_dict, render_compare_html
+    from ep_trace.reports.gate import gate_lines, gate_verdict
 
+    gates = parse_gates(gate)
+    pct = DEFAULT_THRESHOLD_PCT if threshold is None else check_threshold(threshold)
     check_format(fmt)
-    if out is not None:
-        check_writable(out, "-o")
-    if json_out is not None:
-        check_writable(json_out, "--json")
+    check_outputs(
+        [a, b],
+        Output("-o", out) if out is not None else None,
+        Output("--json", json_out) if json_out is not None else None,
+    )
     on_error = "skip" if keep_going else "raise"
     from ep_trace.cli.rank_map import parse_rank_map
 
     rmap = parse_rank_map(rank_map)
     cmp = compare_runs(load_run(a, fmt, on_error, rmap), load_run(b, fmt, on_error, rmap))
+    verdict = evaluate(cmp, pct, gates)
+    _print_comparison(cmp)
+    shown = fail_on_regression or bool(gate) or threshold is not None
+    if shown:
+        for line in gate_lines(verdict):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if out is not None:
+        write_atomic(out, render_compare_html(cmp, verdict).encode("utf-8"))
+        console.print(f"comparison: {out}", markup=False, highlight=False, soft_wrap=True)
+    if json_out is not None:
+        write_json(comparison_to_dict(cmp, verdict), json_out)
+        console.print(f"json: {json_out}", markup=False, highlight=False, soft_wrap=True)
+    if fail_on_regression and not verdict.passed:
+        found = RegressionFound(verdict.failed, gate_verdict(verdict))
+        err_console.print(f"regression: {found.verdict}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(found.exit_code)
+    if shown:
+        console.print(gate_verdict(verdict), markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_comparison(cmp: Comparison) -> None:
+    """The headline, the per-stage table and the findings that moved."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ep_trace.cli.safe_text import printable
+    from ep_trace.reports.compare import headline
+    from ep_trace.reports.units import fmt_ns
+
     console.print(headline(cmp), markup=False, highlight=False, soft_wrap=True)
     if cmp.stages.height:
         t = Table(title="per stage (window per step, mean over ranks)", title_justify="left", show_edge=False)
@@ -65,7 +120,7 @@ def compare_cmd(
             t.add_column(c, justify="left" if c in ("stage", "change") else "right")
         for r in cmp.stages.iter_rows(named=True):
             t.add_row(
-                r["stage"],
+                Text(printable(r["stage"])),  # a saved summary's text: never rich markup, no control characters
                 fmt_ns(r["a_window_ns"]),
                 fmt_ns(r["b_window_ns"]),
                 fmt_ns(r["delta_ns"], signed=True),
@@ -74,17 +129,11 @@ def compare_cmd(
         console.print(t)
     for r in cmp.findings.filter(cmp.findings["status"] != "same").iter_rows(named=True):
         console.print(
-            f"finding {r['kind']}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
+            f"finding {printable(r['kind'])}: {r['status']} ({fmt_ns(r['a_saving_ns'])} → {fmt_ns(r['b_saving_ns'])} per step)",
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
-    if out is not None:
-        write_atomic(out, render_compare_html(cmp).encode("utf-8"))
-        console.print(f"comparison: {out}", markup=False, highlight=False, soft_wrap=True)
-    if json_out is not None:
-        write_json(comparison_to_dict(cmp), json_out)
-        console.print(f"json: {json_out}", markup=False, highlight=False, soft_wrap=True)
 
 
 def load_run(
@@ -98,8 +147,8 @@ def load_run(
     import orjson
 
     from ep_trace import load
+    from ep_trace.analysis.run_digest import digest_analysis, digest_summary
     from ep_trace.errors import BadInputError
-    from ep_trace.reports.compare import digest_analysis, digest_summary
 
     if path.is_file() and path.suffix == ".json":
         try:

@@ -19,13 +19,25 @@ _LABELS = {"start": "starting ranks", "step": "traced steps", "write": "writing 
 def demo(
     out: Annotated[Path, typer.Option("--out", help="Trace directory to write.")] = Path("demo_traces"),
     ranks: Annotated[int, typer.Option("--ranks", help="EP world size (processes).")] = 4,
-    experts: Annotated[int, typer.Option("--experts", help="Routed experts (a multiple of --ranks).")] = 8,
+    experts: Annotated[
+        int, typer.Option("--experts", help="Routed experts (without --placement a multiple of --ranks).")
+    ] = 8,
     top_k: Annotated[int, typer.Option("--top-k", help="Experts per token.")] = 2,
     hidden: Annotated[int, typer.Option("--hidden", help="Hidden size.")] = 256,
     tokens: Annotated[int, typer.Option("--tokens", help="Tokens per rank per step.")] = 512,
     layers: Annotated[int, typer.Option("--layers", help="MoE layers per step.")] = 2,
     steps: Annotated[int, typer.Option("--steps", help="Traced steps.")] = 8,
-    skew: Annotated[str, typer.Option("--skew", help="uniform | zipf:EXP | hot:EXPERT:SHARE")] = "uniform",
+    skew: Annotated[
+        str,
+        typer.Option(
+            "--skew",
+            help="Routing workload: uniform | zipf:EXP | hot:EXPERT:SHARE | hotset:E1,E2,...:SHARE (those experts "
+            "share SHARE of all assignments) | hotrank:RANK:SHARE (every expert of RANK) | spread:N:SHARE (N hot "
+            "experts spread over the ids) | rotate:N:SHARE (N hot experts moving every step) | cold-rank:RANK "
+            "(RANK's experts get no tokens) | affinity:OFFSET:SHARE (rank r's tokens prefer rank r+OFFSET's experts) "
+            "| burst:EVERY:SPEC (SPEC on every EVERY-th step, uniform between). Docs: docs/capture.md.",
+        ),
+    ] = "uniform",
     straggler: Annotated[
         Optional[str],
         typer.Option("--straggler", help="RANK:MS: that rank is MS ms late in each of its expert stages."),
@@ -41,6 +53,44 @@ def demo(
         Optional[str],
         typer.Option("--alt-skew", help="Odd steps route with this skew instead (an A/B of routing in one run)."),
     ] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    placement: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--placement",
+            help='Placement file {"num_experts": E, "ranks": \\[\\[expert ids of rank 0], ...]} (an id on several '
+            "ranks is a replica; its tokens go to the replica on the source's node, then split evenly), e.g. what "
+            "`ep-trace analyze --propose-placement` writes. Default: contiguous blocks of E/W experts.",
+        ),
+    ] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    alt_placement: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--alt-placement", help="Odd steps run this placement file instead (an A/B of placements in one run)."
+        ),
+    ] = None,  # noqa: UP045 - typer needs Optional on 3.10
+    nodes: Annotated[
+        int,
+        typer.Option(
+            "--nodes",
+            help="Emulated nodes: the ranks in N contiguous blocks (N divides --ranks); each rank's host is "
+            "node<n> in its trace and sidecar.",
+        ),
+    ] = 1,
+    cross_node_latency_ms: Annotated[
+        float,
+        typer.Option(
+            "--cross-node-latency-ms",
+            help="Latency of each all-to-all call that moves bytes between emulated nodes (ms; needs --nodes).",
+        ),
+    ] = 0.0,
+    cross_node_gbps: Annotated[
+        float,
+        typer.Option(
+            "--cross-node-gbps",
+            help="Each rank's emulated NIC for cross-node bytes, Gbit/s: a call waits max(sent, received) "
+            "cross-node bytes / this (0 = unlimited; needs --nodes).",
+        ),
+    ] = 0.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of weights, tokens and routing.")] = 0,
     backend: Annotated[str, typer.Option("--backend", help="gloo (CPU) or nccl (one GPU per rank).")] = "gloo",
     backward: Annotated[
@@ -101,6 +151,8 @@ def demo(
       ep-trace demo --out demo_traces
       ep-trace demo --out skewed --skew zipf:1.2 --straggler 2:30
       ep-trace demo --out sweep --sweep tokens=128,512,2048 --link-latency-ms 20
+      ep-trace demo --out ab --ranks 2 --experts 4 --skew hot:1:0.45 --alt-placement proposal.json
+      ep-trace demo --out nodes --nodes 2 --cross-node-latency-ms 2 --cross-node-gbps 10 --skew affinity:2:0.8
     """
 
     from ep_trace.workloads.demo import DemoConfig
@@ -110,6 +162,9 @@ def demo(
         steps=steps, skew=skew, straggler=straggler, chunks=chunks, alt_chunks=alt_chunks, seed=seed, backend=backend,
         backward=backward, link_latency_ms=link_latency_ms, alt_skew=alt_skew, with_stack=with_stack,
         pin_cores=pin_cores, allocator=allocator, huge_pages=huge_pages, comm_priority=comm_priority,
+        placement_file=None if placement is None else str(placement),
+        alt_placement_file=None if alt_placement is None else str(alt_placement), nodes=nodes,
+        cross_node_latency_ms=cross_node_latency_ms, cross_node_gbps=cross_node_gbps,
     )  # fmt: skip
     if sweep:
         _demo_sweep(cfg, sweep, out)

@@ -16,6 +16,14 @@ from ep_trace.cli.app import app, console
 __all__ = ["ingest_cmd"]
 
 
+def _writes() -> tuple[str, ...]:
+    """What ``ingest -o OUT`` writes or replaces in OUT (parsers/parquet_io.py: ``_clear_tables``, ``_finish``)."""
+    from ep_trace.parsers.parquet_read import TABLE_NAMES
+
+    tables = tuple(n for t in TABLE_NAMES for n in (t, f"{t}.parquet"))
+    return (*tables, "_splits", "load_report.json", "manifest.json")
+
+
 @app.command("ingest")
 def ingest_cmd(
     trace_dir: Path = typer.Argument(
@@ -60,11 +68,13 @@ def ingest_cmd(
     from ep_trace.parsers.polars_threads import configure_threads
 
     configure_threads(jobs)  # before anything loads polars: --jobs N is N cores (parsers/polars_threads.py)
+    from ep_trace.cli.output_guard import Output, check_outputs
     from ep_trace.cli.rank_map import parse_rank_map
     from ep_trace.parsers.dispatch import check_format
     from ep_trace.parsers.parquet_io import ingest_to
 
     check_format(fmt)
+    check_outputs([trace_dir], Output("-o", out, directory=True, writes=_writes()))
     with progress_bar(not quiet) as progress, engine_executor(engine, jobs, address) as executor:
         res = ingest_to(
             trace_dir,

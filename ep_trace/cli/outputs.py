@@ -21,46 +21,26 @@ import orjson
 import polars as pl
 
 from ep_trace.analysis import Analysis, AnalysisConfig
+from ep_trace.cli.output_guard import Output, check_name_lengths, check_outputs, check_writable, tmp_prefix
+from ep_trace.cli.safe_text import CONTROL_PATTERN, printable, printable_expr
 from ep_trace.errors import OutputError
 
 if TYPE_CHECKING:
     from ep_trace.reports.annotate import OriginalTrace
 
-__all__ = ["build_report", "check_writable", "write_atomic", "write_json", "write_report", "write_yaml"]
+__all__ = [
+    "build_report",
+    "check_name_lengths",
+    "check_writable",
+    "write_atomic",
+    "write_json",
+    "write_report",
+    "write_yaml",
+]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
 _JSON_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
-
-
-def check_writable(path: str | Path, option: str) -> Path:
-    """Fail now, naming ``option``, if ``path`` cannot be written as a file later.
-
-    The nearest existing ancestor directory (the write creates missing parents) is probed with a
-    temporary file, which is removed again; nothing is created.
-
-    Raises:
-        OutputError: ``path`` is a directory, its parent is not a directory, or not writable.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"{option} {p}: is a directory; pass a file name, e.g. {p / 'report.html'}")
-    if p.exists() and not p.is_file():
-        raise OutputError(f"{option} {p}: not a regular file; pass a file name in a writable directory")
-    parent = p.parent
-    while not parent.exists() and parent != parent.parent:  # the write creates missing parents
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"{option} {p}: {parent} is not a directory; choose a path in a writable directory")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as exc:
-        raise OutputError(
-            f"{option} {p}: cannot write in {parent} ({exc.strerror or exc}); choose a writable directory"
-        ) from None
-    return p
 
 
 def write_atomic(path: str | Path, data: bytes) -> Path:
@@ -75,7 +55,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     tmp: str | None = None
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(p), suffix=".tmp", dir=p.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -106,20 +86,6 @@ def _shorten(text: str, limit: int = DISPLAY_CHARS) -> str:
     return f"{text[:head]}…{text[len(text) - (limit - head - 1) :]}"
 
 
-def _control_free(text: str) -> str:
-    from ep_trace.cli import printable
-
-    return printable(text)
-
-
-def _escape_expr(col: str) -> pl.Expr:
-    """Vectorised :func:`ep_trace.cli.printable` of one column (one literal replace per control)."""
-    e = pl.col(col)
-    for code in (*range(0x20), 0x7F, 0x9B):
-        e = e.str.replace_all(chr(code), f"\\x{code:02x}", literal=True)
-    return e.alias(col)
-
-
 def _shorten_frame(df: pl.DataFrame, limit: int, escape: bool) -> pl.DataFrame:
     cols = [c for c, t in df.schema.items() if t == pl.Utf8]
     if not cols or df.height == 0:
@@ -143,17 +109,16 @@ def _shorten_frame(df: pl.DataFrame, limit: int, escape: bool) -> pl.DataFrame:
     if fixes:
         df = df.with_columns(fixes)
     if escape:
-        controls = r"[\x00-\x1f\x7f\x9b]"
-        bad = [c for c in cols if df.select(pl.col(c).str.contains(controls).any()).item()]
+        bad = [c for c in cols if df.select(pl.col(c).str.contains(CONTROL_PATTERN).any()).item()]
         if bad:
-            df = df.with_columns(_escape_expr(c) for c in bad)
+            df = df.with_columns(printable_expr(c) for c in bad)
     return df
 
 
 def _shorten_value(v: Any, limit: int, escape: bool = False) -> Any:
     if isinstance(v, str):
         v = _shorten(v, limit)
-        return _control_free(v) if escape else v
+        return printable(v) if escape else v
     if isinstance(v, pl.DataFrame):
         return _shorten_frame(v, limit, escape)
     if isinstance(v, dict):
@@ -175,6 +140,12 @@ def for_display(analysis: Analysis, limit: int = DISPLAY_CHARS, escape_controls:
     trace string must not drive the terminal. HTML and JSON escape them by themselves.
     """
     return _shorten_value(analysis, limit, escape_controls)  # type: ignore[no-any-return]
+
+
+def display_safe(obj: Any) -> Any:
+    """A copy of ``obj`` (an analysis result, a sweep, a dict / list / frame / dataclass of them) whose
+    strings are shortened and control-escaped as for the terminal summary (:func:`for_display`)."""
+    return _shorten_value(obj, DISPLAY_CHARS, True)
 
 
 def write_annotated(
@@ -266,11 +237,9 @@ def build_report(
     from ep_trace import load
 
     dirs = [trace_dirs] if isinstance(trace_dirs, (str, Path)) else list(trace_dirs)
-    check_writable(out_html, "-o")
-    if json_path is not None:
-        check_writable(json_path, "--json")
-        if Path(json_path).resolve() == Path(out_html).resolve():
-            raise OutputError(f"--json {json_path}: same file as -o; pass two different paths")
+    check_outputs(
+        dirs, Output("-o", Path(out_html)), Output("--json", Path(json_path)) if json_path is not None else None
+    )
     analysis = load(
         dirs,
         config,

@@ -112,9 +112,12 @@ def run_sweep(
 def print_sweep(result: SweepResult) -> None:
     """The sweep's verdict and main fits on the terminal."""
     from rich.table import Table
+    from rich.text import Text
 
+    from ep_trace.cli.outputs import display_safe
     from ep_trace.reports.units import fmt_ns
 
+    result = display_safe(result)  # run labels and knob values come from paths and summaries
     v = result.verdict
     if v is None:
         why = next((n for n in result.notes if n.startswith("no verdict")), "no verdict")
@@ -127,8 +130,8 @@ def print_sweep(result: SweepResult) -> None:
         t.add_column(c, justify="left" if c in ("stage", "x") else "right")
     for r in result.fits.filter(result.fits["layer"].is_null()).iter_rows(named=True):
         t.add_row(
-            r["stage"],
-            r["x"],
+            Text(r["stage"]),
+            Text(r["x"]),
             fmt_ns(r["alpha_ns"]),
             fmt_ns(r["alpha_per_a2a_ns"]) if r["alpha_per_a2a_ns"] is not None else "–",
             f"{r['beta_ns_per_unit']:.4g}",
@@ -203,14 +206,17 @@ def sweep_cmd(
       ep-trace sweep a.json b.json --label a.json=tokens:128 --label b.json=tokens:512
     """
     from ep_trace.cli.analyze import check_format, progress_bar
-    from ep_trace.cli.outputs import check_writable
+    from ep_trace.cli.output_guard import Output, check_outputs
 
     check_format(fmt)
-    check_writable(out, "-o")  # before the (long) analysis of every run
-    if json_out is not None:
-        check_writable(json_out, "--json")
     if records is not None and records.exists() and not records.is_dir():
         raise ConfigError(f"--records {records}: not a directory; pass a directory for the run records")
+    check_outputs(  # before the (long) analysis of every run
+        runs,
+        Output("-o", out),
+        Output("--json", json_out) if json_out is not None else None,
+        Output("--records", records, directory=True) if records is not None else None,
+    )
     if by is not None:
         by = by.replace("-", "_")
     with progress_bar() as progress:

@@ -13,7 +13,7 @@ thread in reverse creation order, so the range brackets exactly the region's nod
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,10 @@ from ep_trace.capture.concrete import collective_inputs
 from ep_trace.capture.routing import record_a2a
 from ep_trace.capture.stages import stage
 
-__all__ = ["a2a", "bwd_region", "BwdRange", "link_delay"]
+if TYPE_CHECKING:
+    from ep_trace.workloads.links import LinkDelay
+
+__all__ = ["a2a", "bwd_region", "BwdRange", "delayed_record"]
 
 
 def a2a(
@@ -34,7 +37,7 @@ def a2a(
     ranks: list[int],
     layer: int,
     direction: str,
-    link_latency_ms: float = 0.0,
+    link: LinkDelay | None = None,
 ) -> torch.Tensor:
     """Synchronous ``all_to_all_single`` of rows, differentiable, recorded in both directions.
 
@@ -46,33 +49,28 @@ def a2a(
         ranks: Global ranks of the group, group-local order (sidecar).
         layer: Layer index (sidecar, backward stage range).
         direction: ``dispatch`` or ``combine`` (also the stage name of the backward range).
-        link_latency_ms: Fixed delay before the call, forward and backward (:func:`link_delay`).
+        link: Delays before the call, forward and backward (:class:`ep_trace.workloads.links.LinkDelay`).
     """
     if torch.is_grad_enabled() and inp.requires_grad:
-        return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction, link_latency_ms)
+        return _A2A.apply(inp, out_splits, in_splits, group, ranks, layer, direction, link)
     # No autograd node when no gradient flows: Function.apply records a cpu_op range named after the
     # class around the collective, which trace analysis could mistake for compute.
-    return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction, link_latency_ms)
+    return _A2A.forward(_NoCtx(), inp, out_splits, in_splits, group, ranks, layer, direction, link)
 
 
-def link_delay(ms: float) -> int | None:
-    """A fixed latency added to one all-to-all: the stand-in for a cross-node hop (``--link-latency-ms``).
+def delayed_record(
+    link: LinkDelay | None, send_rows: list[int], recv_rows: list[int], row_bytes: int
+) -> tuple[int, int | None, int | None]:
+    """Sleep ``link``'s delay for one call, then read the clock: ``(start_ns, link_delay_ns, cross_node_delay_ns)``.
 
-    A sleep on the calling thread just before the collective, inside its dispatch / combine range:
-    the stage and the step get exactly ``ms`` longer per call whatever the message size, as they would
-    with a fixed per-message network latency. gloo gives no hook inside the transfer, so the trace
-    shows the delay as host time of the stage range outside any op (not as collective time); sweep
-    fits read stage time, which includes it (docs/sweep.md).
-
-    Returns:
-        The delay really waited, ns (a sleep ends late on a loaded machine: the OS wakes the thread
-        when a core is free), or None without a delay; recorded as ``link_delay_ns`` in the sidecar.
+    A sleep on the calling thread just before the collective, inside its dispatch / combine range
+    (:mod:`ep_trace.workloads.links`): gloo gives no hook inside the transfer, so the trace shows the
+    delay as host time of the stage range outside any op (not as collective time); sweep fits read
+    stage time, which includes it (docs/sweep.md). The two delays are the ``record_a2a`` fields:
+    slept, and the cross-node model's ask (None where there is none).
     """
-    if ms <= 0:
-        return None
-    t0 = time.perf_counter_ns()
-    time.sleep(ms / 1000.0)
-    return time.perf_counter_ns() - t0
+    slept, cross = link.wait(send_rows, recv_rows, row_bytes) if link is not None else (None, None)
+    return time.time_ns(), slept, cross
 
 
 class _NoCtx:
@@ -97,13 +95,12 @@ class _A2A(torch.autograd.Function):
         ranks: list[int],
         layer: int,
         direction: str,
-        link_latency_ms: float = 0.0,
+        link: LinkDelay | None = None,
     ) -> torch.Tensor:  # noqa: E501
         out = inp.new_empty(sum(out_splits), inp.shape[1])
-        waited = link_delay(link_latency_ms)
-        t0 = time.time_ns()
-        _run(out, inp.contiguous(), out_splits, in_splits, group)
         rb = inp.shape[1] * inp.element_size()
+        t0, slept, cross = delayed_record(link, in_splits, out_splits, rb)
+        _run(out, inp.contiguous(), out_splits, in_splits, group)
         record_a2a(
             direction,
             in_splits,
@@ -113,18 +110,18 @@ class _A2A(torch.autograd.Function):
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
-            link_delay_ns=waited,
+            link_delay_ns=slept,
+            cross_node_delay_ns=cross,
         )
-        ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb, link_latency_ms)
+        ctx.args = (out_splits, in_splits, group, ranks, layer, direction, rb, link)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        out_splits, in_splits, group, ranks, layer, direction, rb, delay_ms = ctx.args
+        out_splits, in_splits, group, ranks, layer, direction, rb, link = ctx.args
         with stage(direction, layer, phase="bwd"):
             g = grad.new_empty(sum(in_splits), grad.shape[1])
-            waited = link_delay(delay_ms)
-            t0 = time.time_ns()
+            t0, slept, cross = delayed_record(link, out_splits, in_splits, rb)
             _run(g, grad.contiguous(), in_splits, out_splits, group)
             record_a2a(
                 direction,
@@ -136,7 +133,8 @@ class _A2A(torch.autograd.Function):
                 start_ns=t0,
                 end_ns=time.time_ns(),
                 phase="bwd",
-                link_delay_ns=waited,
+                link_delay_ns=slept,
+                cross_node_delay_ns=cross,
             )
         return g, None, None, None, None, None, None, None
 

@@ -9,9 +9,11 @@ Data path per layer (every stage tagged with :func:`ep_trace.stage`, splits reco
     combine    all_to_allv back to the source ranks
     unpermute  scatter back to (token, slot) order + weighted sum over the top-k slots
 
-Experts are placed contiguously: with W ranks in the EP group and L = E / W, group-local rank j owns
-experts ``j*L .. j*L+L-1``, so sorting assignments by expert id makes the send buffer contiguous per
-destination. With ``chunks > 1`` dispatch / expert / combine are pipelined over chunks with async
+Experts are placed contiguously by default: with W ranks in the EP group and L = E / W, group-local
+rank j owns experts ``j*L .. j*L+L-1``, so sorting assignments by expert id makes the send buffer
+contiguous per destination. Any other placement, replicas included, is a :class:`SlotMap`
+(:mod:`ep_trace.workloads.expert_slots`): assignments are sorted by *physical slot* instead, the
+replica of each chosen by the rule of :mod:`ep_trace.expert_placement`. With ``chunks > 1`` dispatch / expert / combine are pipelined over chunks with async
 all-to-alls, so the transfer of chunk c+1 (on gloo's worker thread) runs under the GEMMs of chunk c;
 chunk c's ranges and a2a records carry micro-batch c, the count exchange a dispatch range without one.
 """
@@ -30,13 +32,17 @@ import torch.nn.functional as F
 from ep_trace.capture.concrete import collective_inputs
 from ep_trace.capture.routing import record_a2a, reserve_a2a_call
 from ep_trace.capture.stages import stage
-from ep_trace.workloads.autograd import a2a, bwd_region, link_delay
+from ep_trace.expert_placement import contiguous_placement
+from ep_trace.workloads.autograd import a2a, bwd_region, delayed_record
+from ep_trace.workloads.expert_slots import SlotMap, slot_map
+from ep_trace.workloads.links import LinkDelay
 
 __all__ = [
     "MoEWeights",
     "EpDebug",
     "make_layer_weights",
     "local_experts",
+    "held_experts",
     "route",
     "ep_moe_forward",
     "dense_moe_forward",
@@ -46,17 +52,27 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MoEWeights:
-    """Weights of one MoE layer: router ``[H, E]`` and experts ``first_expert ..`` (``w1 [n, H, F]``, ``w2 [n, F, H]``)."""
+    """Weights of one MoE layer: router ``[H, E]`` and the experts held (``w1 [n, H, F]``, ``w2 [n, F, H]``).
+
+    The held experts are ``expert_ids`` in slot order, or ``first_expert .. first_expert+n-1`` when
+    ``expert_ids`` is empty (a contiguous block).
+    """
 
     router: torch.Tensor
     w1: torch.Tensor
     w2: torch.Tensor
     first_expert: int = 0
+    expert_ids: tuple[int, ...] = ()
 
     @property
     def num_local(self) -> int:
         """Number of experts held."""
         return int(self.w1.shape[0])
+
+    @property
+    def global_ids(self) -> tuple[int, ...]:
+        """Global expert id of each local slot."""
+        return self.expert_ids or tuple(range(self.first_expert, self.first_expert + self.num_local))
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,12 @@ def local_experts(w: MoEWeights, first: int, count: int) -> MoEWeights:
     )
 
 
+def held_experts(w: MoEWeights, experts: tuple[int, ...]) -> MoEWeights:
+    """The experts ``experts`` (global ids, in this order) of all-expert weights ``w``, as one rank holds them."""
+    idx = torch.tensor(experts, dtype=torch.int64)
+    return MoEWeights(w.router, w.w1.index_select(0, idx), w.w2.index_select(0, idx), 0, tuple(experts))
+
+
 def route(
     x: torch.Tensor, router: torch.Tensor, top_k: int, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,9 +134,12 @@ def _expert_mlp(rows: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch
 
 def _grouped_experts(rows: torch.Tensor, local_eid: torch.Tensor, w: MoEWeights) -> torch.Tensor:
     """Run each row through its local expert; rows grouped by expert with one GEMM pair per expert."""
-    out = torch.empty_like(rows)
     if rows.shape[0] == 0:
-        return out
+        # a rank that received no rows (it holds no expert, or its experts got no tokens) still
+        # returns a tensor on the autograd graph: the backward's transposed all-to-alls are collectives
+        # every rank must join, and an output without grad_fn would skip them here and hang the others
+        return rows.clone()
+    out = torch.empty_like(rows)
     order = torch.argsort(local_eid, stable=True)
     counts = torch.bincount(local_eid, minlength=w.num_local).tolist()
     start = 0
@@ -188,24 +213,28 @@ def ep_moe_forward(
     group: Any = None,
     chunks: int = 1,
     straggle_ms: float = 0.0,
-    link_latency_ms: float = 0.0,
+    link: LinkDelay | None = None,
+    slots: SlotMap | None = None,
     debug: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, EpDebug]:
     """Expert-parallel forward of one MoE layer on this rank (route already done).
 
     Args:
         x: ``[T, H]`` tokens of this rank.
-        w: This rank's local experts (``w.first_expert`` must be ``group_rank * E / W``).
+        w: This rank's experts, in its slot order of ``slots`` (contiguous default: ``w.first_expert``
+            must be ``group_rank * E / W``).
         topk_ids: ``[T, k]`` global expert ids.
         topk_w: ``[T, k]`` gate weights.
-        num_experts: E (a multiple of the group size).
+        num_experts: E (a multiple of the group size without ``slots``).
         layer: Layer index (stage names, sidecar).
         group: Process group (``None``: the default group).
         chunks: Pipeline chunks for dispatch / expert / combine (1: no pipelining).
         straggle_ms: Delay (sleep) inside the expert stage, ms per layer (split over chunks).
-        link_latency_ms: Fixed delay before every all-to-all (count exchange, dispatch, combine), the
-            stand-in for a cross-node hop (:func:`ep_trace.workloads.autograd.link_delay`); needs
-            ``chunks=1`` (in the pipelined path a host sleep would also stall the GEMMs it should overlap).
+        link: Delays before every all-to-all (count exchange, dispatch, combine):
+            :class:`ep_trace.workloads.links.LinkDelay`; needs ``chunks=1`` (in the pipelined path a
+            host sleep would also stall the GEMMs it should overlap).
+        slots: The placement's physical slots seen from this rank (:func:`ep_trace.workloads.expert_slots.slot_map`,
+            group-local ranks); ``None``: contiguous blocks of E / W experts, no replicas.
         debug: Also return :class:`EpDebug` (costs one extra all-to-all of tags, not recorded).
 
     Autograd: with ``chunks=1`` the layer is differentiable (tokens, gate weights, expert weights);
@@ -216,49 +245,55 @@ def ep_moe_forward(
     """
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
     W, me = len(ranks), dist.get_rank(group)
-    L = num_experts // W
+    if slots is None:
+        slots = slot_map(contiguous_placement(num_experts, W), me, device=x.device)
     T, H = x.shape
     k = topk_ids.shape[1]
     grad = torch.is_grad_enabled() and (x.requires_grad or topk_w.requires_grad or w.w1.requires_grad)
     if grad and chunks > 1:
         raise ValueError("ep_moe_forward: the chunked pipeline is forward-only; use chunks=1 with autograd")
-    if link_latency_ms > 0 and chunks > 1:
-        raise ValueError("ep_moe_forward: link_latency_ms needs chunks=1")
+    if link is not None and link.active and chunks > 1:
+        raise ValueError("ep_moe_forward: link delays need chunks=1")
+    if slots.world_size != W or slots.slots[me] != w.num_local:
+        raise ValueError(f"ep_moe_forward: slots for {slots.world_size} ranks / {w.num_local} local experts mismatch")
+    n_me = slots.slots[me]
     p_in, p_out = bwd_region("permute", layer)
     with stage("permute", layer):
-        flat = topk_ids.reshape(-1)
+        flat = slots.assign(topk_ids.reshape(-1))  # physical slot of each assignment
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=num_experts)
+        counts = torch.bincount(flat, minlength=slots.num_slots)
+        dest_rows = slots.rows_per_rank(counts)
         # pipelined: chunk-major send buffer, so that each chunk's rows are one contiguous slice
-        send_order = order if chunks <= 1 else order[_chunk_major(counts.view(W, L).sum(1), chunks)]
+        send_order = order if chunks <= 1 else order[_chunk_major(dest_rows, chunks)]
         send_x = p_out(p_in(x).index_select(0, send_order // k))
     with stage("dispatch", layer):
-        recv_counts = torch.empty_like(counts)
-        waited = link_delay(link_latency_ms)
-        t0 = time.time_ns()
-        _a2a(recv_counts, counts, [L] * W, [L] * W, group, False)
+        recv_counts = counts.new_empty(n_me * W)
+        count_send, count_recv = list(slots.slots), [n_me] * W
+        t0, slept, cross = delayed_record(link, count_send, count_recv, counts.element_size())
+        _a2a(recv_counts, counts, count_recv, count_send, group, False)
         record_a2a(
             "count",
-            [L] * W,
-            [L] * W,
+            count_send,
+            count_recv,
             layer=layer,
             row_bytes=counts.element_size(),
             group_ranks=ranks,
             start_ns=t0,
             end_ns=time.time_ns(),
-            link_delay_ns=waited,
+            link_delay_ns=slept,
+            cross_node_delay_ns=cross,
         )
-        rc = recv_counts.view(W, L)
+        rc = recv_counts.view(W, n_me)
         # The split lists must be host ints for all_to_all_single: on GPU this .tolist() is the D2H
         # sync every all_to_allv-based EP layer has between the count exchange and token dispatch.
-        send_splits = counts.view(W, L).sum(1).tolist()
+        send_splits = dest_rows.tolist()
         recv_rows = rc.sum(1)
         recv_splits = recv_rows.tolist()
-        local_eid = torch.repeat_interleave(torch.arange(L, device=x.device).repeat(W), rc.reshape(-1))
+        local_eid = torch.repeat_interleave(torch.arange(n_me, device=x.device).repeat(W), rc.reshape(-1))
         if chunks <= 1:  # one dispatch range per layer: count exchange + token all_to_allv
             recv_x = a2a(
                 send_x, recv_splits, send_splits, group=group, ranks=ranks, layer=layer, direction="dispatch",
-                link_latency_ms=link_latency_ms,
+                link=link,
             )  # fmt: skip
     if chunks <= 1:
         e_in, e_out = bwd_region("expert", layer)
@@ -268,7 +303,7 @@ def ep_moe_forward(
         with stage("combine", layer):
             back = a2a(
                 out, send_splits, recv_splits, group=group, ranks=ranks, layer=layer, direction="combine",
-                link_latency_ms=link_latency_ms,
+                link=link,
             )  # fmt: skip
     else:
         back = _pipelined(
@@ -277,16 +312,17 @@ def ep_moe_forward(
     u_in, u_out = bwd_region("unpermute", layer)
     with stage("unpermute", layer):
         back = u_in(back)
-        slots = torch.empty_like(back)
-        slots[send_order] = back
-        y = u_out((slots.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1))
+        slots_out = torch.empty_like(back)
+        slots_out[send_order] = back
+        y = u_out((slots_out.view(T, k, H) * topk_w.unsqueeze(-1).to(x.dtype)).sum(1))
     if not debug:
         return y
     src = dist.get_global_rank(group, me) if group is not None else me
     send_tags = ((src << 32) + torch.arange(T * k, device=x.device))[order]
     recv_tags = torch.empty(sum(recv_splits), dtype=torch.int64, device=x.device)
     _a2a(recv_tags, send_tags, recv_splits, send_splits, group, False)
-    dbg = EpDebug(send_splits, recv_splits, recv_tags, local_eid + w.first_expert, slots.view(T, k, H))
+    held = torch.tensor(w.global_ids, dtype=torch.int64, device=x.device)
+    dbg = EpDebug(send_splits, recv_splits, recv_tags, held[local_eid], slots_out.view(T, k, H))
     return y, dbg
 
 
@@ -371,8 +407,8 @@ def dense_slot_outputs(x: torch.Tensor, w: MoEWeights, topk_ids: torch.Tensor) -
     """Single-process reference: ``[T, k, H]`` output of expert ``topk_ids[t, s]`` on token t."""
     T, k = topk_ids.shape
     out = torch.zeros(T, k, x.shape[1], dtype=x.dtype, device=x.device)
-    for e in range(w.num_local):
-        t_idx, s_idx = (topk_ids == e + w.first_expert).nonzero(as_tuple=True)
+    for e, expert in enumerate(w.global_ids):
+        t_idx, s_idx = (topk_ids == expert).nonzero(as_tuple=True)
         if len(t_idx):
             out[t_idx, s_idx] = _expert_mlp(x[t_idx], w.w1[e], w.w2[e])
     return out

@@ -23,7 +23,8 @@ class LayerTruth:
     Attributes:
         step, layer: Keys.
         expert_counts: n_e, assignments routed to each global expert.
-        rank_load: L_r, assignments processed by each rank (sum over its experts).
+        rank_load: L_r, assignments processed by each rank: the column sums of ``count_matrix`` (the
+            rows each rank received, replicas included; any placement, ``--alt-placement`` steps too).
         imbalance_expert: I_e = max_e n_e / mean_e n_e.
         imbalance_rank: I_r = max_r L_r / mean_r L_r.
         count_matrix: C[i][j] = token rows sent from rank i to rank j by the forward dispatch
@@ -58,8 +59,6 @@ def layer_truth(trace_dir: str | Path) -> list[LayerTruth]:
     recs = {int(p.name[4:].split(".")[0]): read_sidecar(p) for p in files}
     meta = next(r for r in recs[min(recs)] if r["type"] == "meta")
     world = meta["world_size"]
-    placement = next(r["placement"] for rs in recs.values() for r in rs if r["type"] == "meta" and r.get("placement"))
-    owner = np.array([p[0] for p in placement])
     counts: dict[tuple[int, int], np.ndarray] = {}
     matrix: dict[tuple[int, int], np.ndarray] = {}
     for rank, rs in recs.items():
@@ -73,8 +72,8 @@ def layer_truth(trace_dir: str | Path) -> list[LayerTruth]:
     out = []
     for key in sorted(counts):
         n = counts[key]
-        load = np.bincount(owner, weights=n, minlength=world).astype(np.int64)
         c = matrix.get(key, np.zeros((world, world), dtype=np.int64))
+        load = c.sum(0)
         out.append(
             LayerTruth(
                 step=key[0],

@@ -135,18 +135,25 @@ def test_host_bound_step_is_the_verdict_with_its_simulated_saving():
 
 def test_host_bound_remedy_when_the_step_already_replays_cuda_graphs():
     top = analyze(_host_bound_job(graphs=True)).findings[0]
-    assert top.kind == "host_bound" and top.evidence["cuda_graph_launches"] == 1
+    assert top.kind == "host_bound" and top.evidence["graph_launches"] == 1
     assert "The step already replays CUDA graphs" in top.remedy and "Capture the step in a CUDA graph" not in top.remedy
     assert len(top.remedy) <= 512  # the report's display limit (cli/outputs.DISPLAY_CHARS)
 
 
-def test_no_host_bound_finding_on_a_whole_trace_window():
-    # no ProfilerStep: the window is the whole capture (start-up, tear-down), not a step's host overhead
+def test_whole_trace_step_runs_from_the_first_device_work_and_is_judged_by_the_same_rule():
+    # no ProfilerStep, no user range: the whole-trace step starts at the first kernel (the 90 µs of host
+    # work before it are warm-up) and ends with the last; its 9 gaps of 90 µs between kernels are host-bound
     t = _host_bound_job()
     ev = t.events.filter(pl.col("name") != "ProfilerStep#1")
     a = analyze(dataclasses.replace(t, events=ev))
-    assert "no_launch_gaps" not in a.whatif["scenario"].to_list()
-    assert all(f.kind != "host_bound" for f in a.findings)
+    assert a.steps["step_time_ns"].to_list() == [910 * US]
+    assert (
+        "rank 0, step 0: 90.0 µs before its first device work is warm-up (one-time start-up: lazy CUDA / HIP "
+        "init, first-call compilation, profiler start-up); left out of the steady-state step" in a.notes
+    )
+    top = a.findings[0]
+    assert top.kind == "host_bound" and top.est_saving_ns == 810 * US
+    assert top.evidence["share_of_step"] == round(810 / 910, 4)
 
 
 def test_a_negligible_top_finding_does_not_head_the_verdict():
@@ -179,10 +186,19 @@ def test_real_ddp_trace_is_host_bound_not_a_27_us_stall(external_dir):
 
 def test_real_blocking_memcpy_is_copy_time_not_a_stall(external_dir):
     # pipit's saxpy: 15 blocking cudaMemcpy calls whose H2D copies run 286 ms; only 1.37 ms of
-    # device idle under them is stall (host_stalls.stall_ns), and that is what removing them saves
+    # device idle under them is stall (host_stalls.stall_ns), and that is what removing them saves.
+    # No step marker: the whole-trace step runs from the first copy to the end of the last (823 ms of
+    # MPI_Init and start-up before it are warm-up), so the first call's 102 µs of stall before its
+    # copy began is not in the step, nor the last call's 97.9 µs after its copy (the device idle then is
+    # tear-down)
     a = ep_trace.load([external_dir / "nsys" / "pipit_saxpy"])
     w = dict(a.whatif.select("scenario", "saving_ns").iter_rows())
-    stall = int(a.host_stalls["stall_ns"].sum())
+    inside = a.host_stalls.filter(pl.col("step").is_not_null())
+    assert a.host_stalls.height == 15 and inside.height == 14
+    end = int(a.steps["end_ns"][0])
+    past_end = int(inside.select((pl.col("end_ns") - end).clip(0).sum()).item())
+    assert past_end == 97_852
+    stall = int(inside["stall_ns"].sum()) - past_end
     assert w["no_host_stalls"] == stall and stall < 2_000_000
 
 

@@ -261,7 +261,7 @@ def test_seq_matching_survives_a_missing_call(synth):
         ("seq", 4, 3, True, True),
         ("seq", 3, 2, False, False),
     ]
-    assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
+    assert a.wait_matrix.rows() == [("0", 0, 3, 300_000), ("0", 1, 3, 250_000), ("0", 2, 3, 200_000)]
 
 
 def test_bad_user_regex(tmp_path):

@@ -151,6 +151,7 @@ def test_golden_replay_and_critical_path():
         "barrier_wait": 0,
         "host_stall": 0,
         "launch_gap": 100,
+        "queued": 0,
         "unexplained": 0,
     }
 

@@ -79,7 +79,7 @@ def test_rank_without_rows_to_the_last_arriver_does_not_wait_for_it() -> None:
     assert cr["waited_for"].to_list() == [1, 1, 2]
     assert cr["wait_ns"].to_list() == [100 * US, 0, 0]
     assert cr["transfer_ns"].to_list() == [100 * US, 100 * US, 100 * US]
-    assert a.wait_matrix.rows() == [(0, 1, 100 * US)]
+    assert a.wait_matrix.rows() == [("0", 0, 1, 100 * US)]
 
 
 def test_full_exchange_waits_for_the_last_arriver() -> None:
@@ -87,5 +87,5 @@ def test_full_exchange_waits_for_the_last_arriver() -> None:
     cr = a.call_ranks.sort("rank")
     assert cr["waited_for"].to_list() == [2, 2, 2]
     assert cr["wait_ns"].to_list() == [500 * US, 400 * US, 0]
-    assert a.wait_matrix.sort("waiter").rows() == [(0, 2, 500 * US), (1, 2, 400 * US)]
+    assert a.wait_matrix.sort("waiter").rows() == [("0", 0, 2, 500 * US), ("0", 1, 2, 400 * US)]
     assert a.stragglers.filter(pl.col("rank") == 2)["induced_wait_ns"].to_list() == [900 * US]

@@ -28,7 +28,7 @@ def test_gpu_job_exact(synth):
         4,
     )
     assert c["lateness_ns"] == 200_000 and c["valid"] and c["link_class"] == "inter_host"
-    assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
+    assert a.wait_matrix.rows() == [("0", 0, 3, 300_000), ("0", 1, 3, 250_000), ("0", 2, 3, 200_000)]
     s = a.stragglers.row(0, named=True)
     assert (s["rank"], s["times_last"], s["induced_wait_ns"]) == (3, 1, 750_000)
     # stage attribution by launch time: the comm kernel launched inside dispatch, the GEMM inside expert
@@ -41,7 +41,7 @@ def test_gpu_job_exact(synth):
     kinds = [f.kind for f in a.findings]
     assert "straggler_wait" in kinds and "exposed_comm" in kinds
     summ = a.summary()
-    assert summ["straggler"]["rank"] == 3 and summ["schema_version"] == 2
+    assert summ["straggler"]["rank"] == 3 and summ["schema_version"] == 3
 
 
 def test_clock_offset_recovered(synth):
@@ -60,7 +60,7 @@ def test_clock_offset_recovered(synth):
     off = dict(a.clock.select("host", "offset_ns").iter_rows())
     assert off == {"A": 0, "B": -5_000_000}
     assert a.clock["residual_ns"].to_list() == [0, 0]
-    assert a.wait_matrix.rows() == [(0, 3, 300_000), (1, 3, 250_000), (2, 3, 200_000)]
+    assert a.wait_matrix.rows() == [("0", 0, 3, 300_000), ("0", 1, 3, 250_000), ("0", 2, 3, 200_000)]
     raw = analyze(shifted, AnalysisConfig(align_clocks=False))
     assert raw.calls["last_rank"][0] == 3 and raw.calls["arrival_skew_ns"][0] == 5_300_000
 
@@ -87,7 +87,7 @@ def test_comms_id_matching(synth):
         pl.lit(2**63 + 5, pl.UInt64).alias("comms_id"), pl.lit(None, pl.Utf8).alias("pg_name")
     )
     a = analyze(type(t)(**{**t.__dict__, "collectives": c}))
-    assert a.calls.select("key", "pg_name", "last_rank", "valid").rows() == [("comms_id", "<default>", 3, True)]
+    assert a.calls.select("key", "pg_name", "last_rank", "valid").rows() == [("comms_id", "ranks:0,1,2,3", 3, True)]
 
 
 def test_attribution_stays_on_the_launching_thread(synth):

@@ -1,7 +1,8 @@
 """Standalone script: run the EP MoE forward on 4 gloo ranks in sub-groups of 1, 2 and 4 ranks.
 
 Run as ``python ep_worker.py OUT_DIR``; writes ``OUT_DIR/{group}-{scenario}-r{rank}.pt`` with the
-inputs, outputs and :class:`EpDebug` evidence of every rank. The test compares them against the
+inputs, outputs and :class:`EpDebug` evidence of every rank, and ``{group}-{scenario}@{placement}-r{rank}.pt``
+for the placements with replicas of :data:`PLACEMENTS`. The test compares them against the
 single-process dense MoE. A script (not a test-module function) because spawned children must be
 able to import the worker function, which pytest's importlib mode does not allow.
 """
@@ -15,8 +16,10 @@ import torch
 import torch.distributed as dist
 
 from ep_trace.capture.tracer import Tracer
+from ep_trace.expert_placement import ExpertPlacement
+from ep_trace.workloads.expert_slots import slot_map
 from ep_trace.workloads.launcher import init_rank, spawn_ranks
-from ep_trace.workloads.moe import ep_moe_forward, local_experts, make_layer_weights, route
+from ep_trace.workloads.moe import ep_moe_forward, held_experts, local_experts, make_layer_weights, route
 
 WORLD = 4
 E, H, FFN = 8, 16, 32
@@ -31,6 +34,25 @@ SCENARIOS = {
     "empty_expert": (2, 2),
     "ragged": (3, 1),
 }
+
+
+#: Placement name -> group -> (experts of each group-local rank, node of each group-local rank or None).
+#: ``replicated``: experts 0 and 7 on three ranks each, ranks holding 2 to 4 experts; on 2 nodes in g4,
+#: so a source prefers the replicas of its node. ``empty_rank``: rank 2 holds nothing, rank 3 everything.
+PLACEMENTS: dict[str, dict[str, tuple[list[list[int]], tuple[int, ...] | None]]] = {
+    "replicated": {
+        "g2": ([[0, 1, 2, 3, 7], [4, 5, 6, 7, 0]], None),
+        "g4": ([[0, 1, 7], [2, 3, 7, 0], [4, 5, 7], [6, 0]], (0, 0, 1, 1)),
+    },
+    "empty_rank": {"g4": ([[0, 1, 2, 3], [4, 5, 6, 7], [], list(range(8))], (0, 0, 1, 1))},
+}
+#: Scenarios run under each placement of PLACEMENTS.
+PLACED_SCENARIOS = ("random", "random_chunked", "one_remote", "ragged")
+
+
+def placed_cases() -> list[tuple[str, str, str]]:
+    """``(group, scenario, placement)`` of every run under a placement with replicas."""
+    return [(g, s, p) for p, per in PLACEMENTS.items() for g in per for s in PLACED_SCENARIOS]
 
 
 def tokens_of(scenario: str, grank: int) -> int:
@@ -66,25 +88,57 @@ def _inputs(scenario: str, grank: int, lrank: int, gsize: int) -> tuple[torch.Te
     return x, ids.to(torch.int64), gate
 
 
-def _grad_case(name: str, group: object, rank: int, lrank: int, gsize: int, out_dir: str) -> None:
+def _grad_case(
+    name: str, group: object, rank: int, lrank: int, gsize: int, out_dir: str, placement: str | None = None
+) -> None:
     """Backward through the EP layer: loss = sum(y * R) with R fixed per rank; save every gradient."""
     L = E // gsize
     full = make_layer_weights(H, FFN, E, seed=7, layer=0)
-    w = local_experts(full, lrank * L, L)
+    slots = None
+    if placement is None:
+        w = local_experts(full, lrank * L, L)
+    else:
+        lists, node_of = PLACEMENTS[placement][name]
+        pl = ExpertPlacement(E, tuple(tuple(r) for r in lists))
+        w, slots = held_experts(full, pl.ranks[lrank]), slot_map(pl, lrank, node_of)
     router, w1, w2 = (t.clone().requires_grad_(True) for t in (w.router, w.w1, w.w2))
-    w = type(w)(router, w1, w2, w.first_expert)
+    w = type(w)(router, w1, w2, w.first_expert, w.expert_ids)
     x, _, _ = _inputs("random", rank, lrank, gsize)
     x = x.requires_grad_(True)
     g = torch.Generator().manual_seed(77 + rank)
     ids, gate = route(x, router, 2, torch.randn(x.shape[0], E, generator=g))
-    y = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group)
+    y = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group, slots=slots)
     r = torch.randn(y.shape, generator=g)
     (y * r).sum().backward()
     torch.save(
         {"x": x.detach(), "ids": ids, "r": r, "bias_seed": 77 + rank, "y": y.detach(), "gx": x.grad,
-         "grouter": router.grad, "gw1": w1.grad, "gw2": w2.grad},
-        f"{out_dir}/{name}-grad-r{rank}.pt",
+         "grouter": router.grad, "gw1": w1.grad, "gw2": w2.grad, "experts": list(w.global_ids)},
+        f"{out_dir}/{name}-grad{'' if placement is None else '@' + placement}-r{rank}.pt",
     )  # fmt: skip
+
+
+def _placed_cases(name: str, group: object, rank: int, lrank: int, gsize: int, out_dir: str) -> None:
+    """Every scenario of PLACED_SCENARIOS under each placement of PLACEMENTS that covers this group."""
+    full = make_layer_weights(H, FFN, E, seed=7, layer=0)
+    for pname, per_group in PLACEMENTS.items():
+        if name not in per_group:
+            continue
+        lists, node_of = per_group[name]
+        pl = ExpertPlacement(E, tuple(tuple(r) for r in lists))
+        w, slots = held_experts(full, pl.ranks[lrank]), slot_map(pl, lrank, node_of)
+        for scen in PLACED_SCENARIOS:
+            x, ids, gate = _inputs(scen, rank, lrank, gsize)
+            chunks = SCENARIOS[scen][1]
+            y, dbg = ep_moe_forward(x, w, ids, gate, num_experts=E, group=group, chunks=chunks, slots=slots, debug=True)
+            torch.save(
+                {
+                    "x": x, "ids": ids, "gate": gate, "y": y,
+                    "send_splits": dbg.send_splits, "recv_splits": dbg.recv_splits,
+                    "recv_tags": dbg.recv_tags, "recv_experts": dbg.recv_experts, "slot_out": dbg.slot_out,
+                },
+                f"{out_dir}/{name}-{scen}@{pname}-r{rank}.pt",
+            )  # fmt: skip
+        _grad_case(name, group, rank, lrank, gsize, out_dir, pname)
 
 
 def worker(rank: int, port: int, q: object, out_dir: str) -> None:
@@ -110,6 +164,7 @@ def worker(rank: int, port: int, q: object, out_dir: str) -> None:
                     f"{out_dir}/{name}-{scen}-r{rank}.pt",
                 )  # fmt: skip
             _grad_case(name, group, rank, lrank, gsize, out_dir)
+            _placed_cases(name, group, rank, lrank, gsize, out_dir)
         # Tracer under torch.distributed with no job id given: rank 0's id is broadcast to all.
         os.environ.pop("EP_TRACE_JOB_ID", None)
         os.environ.pop("TORCHELASTIC_RUN_ID", None)

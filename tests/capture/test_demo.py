@@ -40,7 +40,9 @@ def test_missing_jemalloc_fails_before_the_out_dir_is_made(tmp_path, monkeypatch
         ({"comm_priority": "high"}, "--comm-priority: 'high' is not one of auto, realtime, normal"),
         (
             {"skew": "foo"},
-            "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2) or hot:EXPERT:SHARE (e.g. hot:3:0.5)",
+            "--skew: unknown spec 'foo'; use uniform, zipf:EXPONENT (e.g. zipf:1.2), hot:EXPERT:SHARE (e.g. hot:3:0.5), "
+            "hotset:E1,E2,...:SHARE, hotrank:RANK:SHARE, spread:N:SHARE, rotate:N:SHARE, cold-rank:RANK, "
+            "affinity:OFFSET:SHARE or burst:EVERY:SPEC (docs/capture.md)",
         ),
         ({"skew": "zipf:-1"}, "--skew: zipf exponent must be > 0, got -1"),
         ({"skew": "zipf:x"}, "--skew: exponent 'x' in 'zipf:x' is not a number"),
@@ -329,7 +331,7 @@ def test_demo_without_torch_validates_then_names_the_missing_extra(tmp_path: Pat
     assert p.stdout.splitlines() == ["rc 2", "rc 2"]
     assert p.stderr.splitlines() == [
         "error: --top-k: 9 is larger than --experts 8",
-        "error: torch is needed to capture traces (analysis works without it); install it: pip install 'ep-trace[capture]'",
+        "error: torch is needed to capture traces (analysis works without it); install it: pip install 'torch>=2.4' (or the [capture] extra: pip install '.[capture]' in a checkout)",
     ]
     assert not (tmp_path / "d").exists()
 

@@ -61,7 +61,9 @@ def test_loop_form_writes_both_files_as_rank0_of_1(tmp_path: Path) -> None:
     )
     assert meta["ep_group_ranks"] == [0] and meta["device"] == "cpu"
     assert meta["torch_version"] == torch.__version__ and meta["ep_trace_version"] == "0.1.0"
-    assert recs[1] == {"type": "meta", "v": 1, "num_experts": 4, "top_k": 2, "placement": [[0], [0], [0], [0]]}
+    assert recs[1] == {
+        "type": "meta", "v": 1, "num_experts": 4, "top_k": 2, "placement": [[0], [0], [0], [0]], "redundant_experts": 0,
+    }  # fmt: skip
     routing = [r for r in recs if r["type"] == "routing"]
     assert [(r["step"], r["layer"], r["expert_counts"], r["tokens"]) for r in routing] == [
         (0, 0, [2, 3, 1, 0], 3),

@@ -103,7 +103,7 @@ def test_analyze_real_sample_writes_report_and_summary(analyzed):
     html = (out / "skewed_straggler.html").read_text()
     assert html.count('class="plotly-graph-div ep-fig"') >= 9
     summary = orjson.loads((out / "skewed_straggler.json").read_bytes())
-    assert summary["schema_version"] == 2 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
+    assert summary["schema_version"] == 3 and [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]
     assert summary["replay"]["error_pct"] <= 2.0 and summary["whatif"] and summary["critical_path"]["by_cause"]
     assert "sample_traces/skewed_straggler/rank3.pt.trace.json.gz" in html
     # each what-if carries its measured error against reruns, null where unchecked and for the bound
@@ -137,8 +137,9 @@ def test_compare_two_saved_summaries(capsys, analyzed, tmp_path):
     diff = orjson.loads((tmp_path / "diff.json").read_bytes())
     a = orjson.loads((out / "balanced.json").read_bytes())
     b = orjson.loads((out / "skewed_straggler.json").read_bytes())
-    key = "step_time_mean_ns" if diff["step_time_ns"]["statistic"] == "mean" else "step_time_ns"
-    step = lambda s: max(r[key] for r in s["ranks"])  # noqa: E731
+    # schema 3 summaries carry each rank's mean step (step_spread.ranks): the statistic of trace directories
+    assert diff["step_time_ns"]["statistic"] == "mean"
+    step = lambda s: max(r["step_time_mean_ns"] for r in s["step_spread"]["ranks"])  # noqa: E731
     assert diff["step_time_ns"]["delta"] == pytest.approx(step(b) - step(a))
     assert diff["explained_by_stages_ns"] + diff["unexplained_ns"] == pytest.approx(diff["step_time_ns"]["delta"])
     assert {r["stage"] for r in diff["stages"]} >= {"dispatch", "expert", "combine"}
@@ -159,8 +160,8 @@ def test_annotate_refuses_the_input_directory(capsys, samples_dir):
     d = samples_dir / "balanced"
     code, _, err = _run(capsys, "annotate", str(d), "-o", str(d))
     assert code == 2 and err.strip() == (
-        f"error: -o: {d} is the input directory; annotated traces there would be read as extra "
-        "ranks next time, choose another directory"
+        f"error: -o {d}: is an input directory; what is written there would change the input of the next run: "
+        "choose another directory"
     )
 
 

@@ -319,7 +319,9 @@ def make_fake_analysis(
     # ---- wait matrix / stragglers --------------------------------------------------------------
     wm = call_ranks.join(calls.select("match_id", "last_rank"), on="match_id").filter(pl.col("wait_ns") > 0)
     wait_matrix = (
-        wm.group_by(pl.col("rank").alias("waiter"), pl.col("last_rank").alias("waited_for"))
+        wm.group_by(
+            pl.lit("0").alias("pg_name"), pl.col("rank").alias("waiter"), pl.col("last_rank").alias("waited_for")
+        )
         .agg(pl.col("wait_ns").sum())
         .sort("waiter", "waited_for")
     )

@@ -145,7 +145,17 @@ def demo_report(tmp_path_factory, samples_dir):
     from ep_trace.cli.outputs import build_report
 
     out = tmp_path_factory.mktemp("demo") / "report.html"
-    build_report(samples_dir / "skewed_straggler", out)
+    # a path relative to the checkout, as a user types it: the header (and README's picture, made from this
+    # report) shows no machine's directory layout
+    cwd = Path.cwd()
+    os.chdir(samples_dir.parent)
+    try:
+        build_report(Path(samples_dir.name) / "skewed_straggler", out)
+    finally:
+        os.chdir(cwd)
+    html = out.read_text()
+    assert '<div class="sub">sample_traces/skewed_straggler · generated' in html
+    assert f"{samples_dir.parent}/sample_traces/skewed_straggler ·" not in html
     return out
 
 

@@ -12,7 +12,6 @@ import gzip
 import json
 import os
 import random
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -489,27 +488,3 @@ CLASSES: dict[str, tuple[str, Mutation]] = {
     "cupti_values": ("cupti", cupti_values),
     "cupti_bytes": ("cupti", cupti_bytes),
 }
-
-
-def make_case(cls: str, seed: int, workdir: Path) -> Path:
-    """A fresh mutated copy of the class's source set under ``workdir``; returns the input path
-    (a trace directory, or for ``parquet`` the case directory holding ``tables/``)."""
-    source, fn = CLASSES[cls]
-    case = workdir / f"{cls}-{seed}"
-    if case.exists():
-        shutil.rmtree(case)
-    if source == "parquet":
-        template = workdir / "_parquet_template"
-        if not (template / "manifest.json").exists():
-            from ep_trace.parsers.parquet_io import ingest
-
-            ingest(SOURCES["demo"], template, use_cache=False)
-        case.mkdir(parents=True)
-        shutil.copytree(template, case / "tables")
-    elif source == "cupti":
-        case.mkdir(parents=True)
-        write_cupti(case)
-    else:
-        shutil.copytree(SOURCES[source], case, ignore=shutil.ignore_patterns("README.md"))
-    fn(case, random.Random(f"{cls}:{seed}"))
-    return case

@@ -1,100 +1,107 @@
-"""Fuzz worker: reads ``{"case": path, "parquet": bool}`` lines on stdin, runs ep-trace on each
-under a memory cap and answers one JSON line per case: ``{"outcome": ..., "detail": ...}``.
+"""Fuzz worker: reads ``{"case": path, "keep_going": bool}`` lines on stdin, runs the case's plan
+(``<case>/.case.json``, tests/robustness/campaign.py) under an address-space cap and answers one JSON
+line per case: ``{"outcome": ..., "detail": ...}`` (outcomes: tests/robustness/outcomes.py).
 
-Outcomes: ``ok`` (exit 0, numbers sane), ``nothing`` (exit 1, NothingToAnalyzeError), ``error``
-(exit 2, an EpTraceError on one line), ``insane`` (exit 0 with a number that breaks an invariant),
-``crash`` (any other exception: the contract is broken), ``memory`` (MemoryError under the cap).
-The parent (tests/robustness/fuzz.py) kills the worker on a timeout (``hang``) and restarts it.
+The parent (tests/robustness/fuzz.py) kills the worker on a timeout (``hang``), restarts it after a
+death (``blowup`` / ``crash``), and checks that no input file changed (``modified``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import math
+import logging
+import os
 import resource
 import sys
 import traceback
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from outcomes import classify_cli, classify_summary, insane  # noqa: E402
+
+__all__ = ["MEM_CAP", "insane", "run_case"]
 
 #: Address-space cap of the worker: the issue's contract is <= 4 GB for inputs under 100 MB.
 MEM_CAP = 4 << 30
 
 
-def insane(summary: dict[str, Any]) -> str | None:
-    """The first broken invariant of a summary, or None."""
-    bad: list[str] = []
-
-    def walk(o: Any, path: str) -> None:
-        if isinstance(o, dict):
-            for k, v in o.items():
-                walk(v, f"{path}.{k}")
-        elif isinstance(o, list):
-            for i, v in enumerate(o):
-                walk(v, f"{path}[{i}]")
-        elif isinstance(o, float) and not math.isfinite(o):
-            bad.append(f"{path}={o}")
-        elif isinstance(o, (int, float)) and not isinstance(o, bool):
-            leaf = path.rsplit(".", 1)[-1]
-            signed = any(w in leaf for w in ("offset", "delta", "lateness", "skew"))
-            # a what-if row may lengthen the step (docs/summary.md: chunking ranks whose transfers
-            # cannot hide); a finding's saving may not
-            signed = signed or (path.startswith(".whatif[") and leaf == "saving_ns")
-            if leaf.endswith("_ns") and not signed and o < 0:
-                bad.append(f"{path}={o} < 0")
-            if "overlap" in leaf and not leaf.endswith("_ns") and not 0 <= o <= 1:  # a ratio, not a time
-                bad.append(f"{path}={o} not in [0, 1]")
-
-    walk(summary, "")
-    rows = list(summary.get("ranks") or [])
-    overall = summary.get("overall") or {}
-    breakdown = list(summary.get("breakdown") or [])
-    for b in breakdown:  # the parts of a step add up to it (means rounded to 1 ns each)
-        parts = [
-            b.get(k)
-            for k in (
-                "compute_ns",
-                "overlapped_comm_ns",
-                "exposed_comm_ns",
-                "barrier_wait_ns",
-                "copy_ns",
-                "host_stall_ns",
-                "idle_ns",
-            )
-        ]
-        st = b.get("step_time_ns")
-        if all(isinstance(x, int) for x in parts) and isinstance(st, int) and abs(sum(parts) - st) > 7:
-            bad.append(f"breakdown of rank {b.get('rank')}: parts sum to {sum(parts)}, step is {st}")
-    for r in rows + [overall] + breakdown:
-        st = r.get("step_time_ns")
-        for key in ("barrier_wait_ns", "exposed_comm_ns"):
-            v = r.get(key)
-            if isinstance(st, (int, float)) and isinstance(v, (int, float)) and v > st * 1.0001 + 1000:
-                bad.append(f"{key}={v} > step_time_ns={st} (rank {r.get('rank')})")
-    return bad[0] if bad else None
+def _plan(case: Path) -> dict[str, Any]:
+    p = case / ".case.json"
+    return json.loads(p.read_text()) if p.is_file() else {"mode": "load", "expect": "any", "input": "."}
 
 
-def run_case(case: str, parquet: bool, keep_going: bool = False) -> dict[str, Any]:
+def _load(case: Path, plan: dict[str, Any], keep_going: bool, cache: bool | Path = False) -> dict[str, Any]:
     import ep_trace
+
+    if plan.get("parquet"):
+        from ep_trace.analysis import AnalysisConfig, analyze
+        from ep_trace.parsers.parquet_io import read_parquet
+
+        return analyze(read_parquet(case / "tables"), AnalysisConfig()).summary()
+    path = case / plan.get("input", ".")
+    return ep_trace.load(path, on_error="skip" if keep_going else "raise", cache=cache).summary()
+
+
+def _cache_run(case: Path, plan: dict[str, Any], keep_going: bool) -> dict[str, str]:
+    """Analyse with a cache, swap the planned files keeping size and mtime, analyse again with the
+    cache and once without: the cached answer must be the fresh one."""
+    root = case / ".cache"
+    _load(case, plan, keep_going, root)
+    for e in plan["edits"]:
+        f = case / plan.get("input", ".") / e["file"]
+        st = f.stat()
+        f.write_bytes((case / plan.get("input", ".") / e["data_from"]).read_bytes())
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # cp -p / rsync --times
+    cached = _load(case, plan, keep_going, root)
+    fresh = _load(case, plan, keep_going, False)
+    if json.dumps(cached, sort_keys=True, default=str) != json.dumps(fresh, sort_keys=True, default=str):
+        return {"outcome": "wrong", "detail": "the cache returned the analysis of the file before the edit"}
+    return classify_summary(fresh, plan.get("expect", "any"))
+
+
+def _cli_run(case: Path, plan: dict[str, Any], keep_going: bool) -> dict[str, str]:
+    from ep_trace.cli import main
+
+    argv = list(plan["argv"])
+    if keep_going and argv and argv[0] in ("analyze", "ingest", "annotate", "compare", "sweep") and len(argv) > 1:
+        argv.append("--keep-going")
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    logging.root.handlers.clear()  # main() binds its log handler to the stderr of this case
+    os.environ["EP_TRACE_CACHE_DIR"] = str(case / ".cache")  # no case reads another's cached tables
+    try:
+        os.chdir(case)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        os.chdir(cwd)
+    return classify_cli(code, out.getvalue(), err.getvalue(), case, plan)
+
+
+def run_case(case: str, keep_going: bool = False) -> dict[str, Any]:
+    """Run one case by its plan; the outcome and a detail (tests/robustness/outcomes.py)."""
     from ep_trace.errors import EpTraceError, NothingToAnalyzeError
 
+    c = Path(case)
+    plan = _plan(c)
     try:
-        if parquet:
-            from ep_trace.analysis import AnalysisConfig, analyze
-            from ep_trace.parsers.parquet_io import read_parquet
-
-            analysis = analyze(read_parquet(f"{case}/tables"), AnalysisConfig())
-        else:
-            analysis = ep_trace.load(case, on_error="skip" if keep_going else "raise")
-        summary = analysis.summary()
-        why = insane(summary)
-        return {"outcome": "insane", "detail": why} if why else {"outcome": "ok", "detail": ""}
+        if plan["mode"] == "cli":
+            return _cli_run(c, plan, keep_going)
+        if plan["mode"] == "cache":
+            return _cache_run(c, plan, keep_going)
+        return classify_summary(_load(c, plan, keep_going), plan.get("expect", "any"))
     except NothingToAnalyzeError as exc:
-        return {"outcome": "nothing", "detail": str(exc)[:300]}
+        one = len(str(exc).splitlines()) == 1
+        return {"outcome": "nothing" if one else "bad_message", "detail": str(exc)[:300]}
     except EpTraceError as exc:
-        one_line = "\n" not in str(exc)
-        return {"outcome": "error" if one_line else "crash", "detail": str(exc)[:300]}
+        one = len(str(exc).splitlines()) == 1
+        return {"outcome": "error" if one else "bad_message", "detail": str(exc)[:300]}
     except MemoryError:
-        return {"outcome": "memory", "detail": "MemoryError"}
+        return {"outcome": "blowup", "detail": "MemoryError"}
     except Exception as exc:  # noqa: BLE001 - the contract forbids any other exception
         tb = traceback.extract_tb(exc.__traceback__)[-1]
         return {"outcome": "crash", "detail": f"{type(exc).__name__}: {str(exc)[:200]} @ {tb.filename}:{tb.lineno}"}
@@ -102,13 +109,18 @@ def run_case(case: str, parquet: bool, keep_going: bool = False) -> dict[str, An
 
 def main() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEM_CAP, MEM_CAP))
+    # the answers go to the parent on a descriptor of their own: whatever a case prints to fd 1 (a C
+    # library, a stray print) must not be read as an answer
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
     import ep_trace  # noqa: F401 - warm the imports before the first case
+    import ep_trace.cli  # noqa: F401
 
     for line in sys.stdin:
         req = json.loads(line)
-        res = run_case(req["case"], req.get("parquet", False), req.get("keep_going", False))
-        sys.stdout.write(json.dumps(res) + "\n")
-        sys.stdout.flush()
+        res = run_case(req["case"], req.get("keep_going", False))
+        answers.write(json.dumps(res) + "\n")
+        answers.flush()
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def test_ingest_output_that_is_a_file(capsys: pytest.CaptureFixture[str], tmp_pa
     f = tmp_path / "out"
     f.write_text("x")
     code, _, err = run(capsys, "ingest", str(BALANCED), "-o", str(f))
-    assert code == 2 and err.strip() == f"error: -o {f}: exists and is not a directory; pass a directory for the tables"
+    assert code == 2 and err.strip() == f"error: -o {f}: exists and is not a directory; pass a directory"
 
 
 def test_steps_outside_the_trace_lists_the_steps(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
