@@ -273,6 +273,19 @@ def test_sqlite_generated_column_is_refused(tmp_path: Path) -> None:
     )
 
 
+def test_sqlite_virtual_table_is_refused(tmp_path: Path) -> None:
+    db = _nsys_copy(tmp_path)
+    con = sqlite3.connect(db)
+    con.executescript(
+        "ALTER TABLE StringIds RENAME TO S0; CREATE VIRTUAL TABLE StringIds USING fts5(id, value); "
+        "INSERT INTO StringIds SELECT id, value FROM S0;"
+    )
+    con.close()
+    with pytest.raises(TraceFormatError) as exc:
+        read_trace_dir(db)
+    assert str(exc.value) == f"{db}: StringIds: is a virtual table (reading it would run its module); {VIEW_FIX}"
+
+
 def test_sqlite_step_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = _nsys_copy(tmp_path)
     monkeypatch.setattr(sqlite_guard, "MIN_STEPS", 1000)
