@@ -34,6 +34,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.json_guard import check_json_line
 from ep_trace.trace_files import SIDECAR_VERSION
 
 __all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar", "read_workload"]
@@ -67,6 +68,8 @@ class Sidecar:
         routing: ``routing`` records in file order.
         a2a: ``a2a`` records in file order.
         issues: Warnings (e.g. a cut-short last line).
+        routing_lines, a2a_lines: The 1-based line of each ``routing`` / ``a2a`` record (named in
+            errors; empty for a Sidecar built in memory).
     """
 
     path: str
@@ -74,6 +77,8 @@ class Sidecar:
     routing: list[dict[str, Any]] = field(default_factory=list)
     a2a: list[dict[str, Any]] = field(default_factory=list)
     issues: tuple[schema.LoadIssue, ...] = ()
+    routing_lines: tuple[int, ...] = ()
+    a2a_lines: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int | None:
@@ -97,9 +102,12 @@ def read_sidecar(path: str | Path) -> Sidecar:
     routing: list[dict[str, Any]] = []
     a2a: list[dict[str, Any]] = []
     issues: list[schema.LoadIssue] = []
+    routing_lines: list[int] = []
+    a2a_lines: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        check_json_line(path, line, i + 1)
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -139,11 +147,13 @@ def read_sidecar(path: str | Path) -> Sidecar:
             meta.update({k: val for k, val in rec.items() if k not in ("type", "v")})
         elif kind == "routing":
             routing.append(rec)
+            routing_lines.append(i + 1)
         elif kind == "a2a":
             a2a.append(rec)
+            a2a_lines.append(i + 1)
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
-    return Sidecar(str(path), meta, routing, a2a, tuple(issues))
+    return Sidecar(str(path), meta, routing, a2a, tuple(issues), tuple(routing_lines), tuple(a2a_lines))
 
 
 def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
@@ -158,10 +168,11 @@ def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
     files = sorted(d.glob("rank*.ep.jsonl"), key=lambda p: (len(p.name), p.name))
     for f in files:
         with open(f, "rb") as fh:
-            for line in fh:
+            for i, line in enumerate(fh):
                 try:
+                    check_json_line(f, line, i + 1)  # (a line nested too deep: no workload from this file)
                     rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
+                except (orjson.JSONDecodeError, TraceFormatError):
                     break
                 if not isinstance(rec, dict) or rec.get("type") != "meta":
                     break

@@ -27,6 +27,7 @@ from ep_trace.reports.html_sections import (
     load_report_html,
     phases_html,
     rank_table_html,
+    routing_coverage_html,
     stragglers_html,
     top_html,
     whatif_html,
@@ -159,7 +160,8 @@ def render_report(
         if n_r > 64:
             notes.append(f"Count matrix: {n_r} ranks binned into groups of {-(-n_r // 64)}.")
         routing = (
-            figure_html(
+            routing_coverage_html(analysis)
+            + figure_html(
                 routing_figures.count_matrix_heatmap(analysis),
                 "fig-count-matrix",
                 "No count matrix (no split sizes recorded).",

@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ep_trace.analysis.rank_coverage import coverage_notes
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import digest
 from ep_trace.reports.coverage_section import coverage_lines
@@ -94,6 +95,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
             )
         out.append(t)
     out.extend(_assumed_ranks(analysis))
+    out.extend(Text(n, style="yellow") for n in coverage_notes(analysis.tables))  # ranks the figures leave out
     return out
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from ep_trace.analysis import findings, invariants, rank_pass
+from ep_trace.analysis import findings, invariants, rank_coverage, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
@@ -129,7 +129,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         detection_method=detection,
         hta_overlap=hta,
         load_report=tables.load_report,
-        notes=step_notes + m.notes + pp.notes + md.notes,
+        notes=step_notes + m.notes + pp.notes + md.notes + rank_coverage.coverage_notes(tables),
         misaligned=m.misaligned,
         replay=md.replay,
         critical_path=md.critical_path,

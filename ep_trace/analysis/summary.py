@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
+from ep_trace.analysis import rank_coverage
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.placement_summary import invariants_section, placement_sections
@@ -144,6 +145,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
+        "missing_ranks": rank_coverage.missing_ranks(a.tables.ranks),
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
         "ep_invariants": invariants_section(a),  # before any performance figure (docs/summary.md)
         "overall": overall,
@@ -182,6 +184,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
             "per_layer": per_layer,
             "count_matrix": count_matrix,
             "split_violations": a.split_violations.height,
+            "routing_missing_ranks": rank_coverage.routing_missing_ranks(a.tables),
         },
         "alpha_beta": ab,
         "clock": a.clock.to_dicts(),
