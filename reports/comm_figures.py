@@ -101,7 +101,7 @@ def overlap_per_stage(analysis: Analysis) -> go.Figure | None:
 
     None when no stage hides any comm (the figure would only say 0%).
     """
-    st = analysis.stages
+    st = analysis.stages.filter(pl.col("step").is_not_null())  # analysed steps only
     if st.height == 0 or not {"comm_ns", "exposed_comm_ns"} <= set(st.columns) or st["comm_ns"].fill_null(0).sum() == 0:
         return None
     if overlap_sentence(analysis) is not None:

@@ -125,7 +125,7 @@ _REMEDY_OF_STAGE = {
 
 def dominant_stage(analysis: Analysis) -> DominantStage | None:
     """The stage taking the largest share of a rank's step (busy time, P50 over steps), or None."""
-    st, steps = analysis.stages, analysis.steps
+    st, steps = analysis.stages.filter(pl.col("step").is_not_null()), analysis.steps  # analysed steps only
     if st.height == 0 or steps.height == 0:
         return None
     per = (

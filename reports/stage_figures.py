@@ -26,7 +26,7 @@ def stage_breakdown(analysis: Analysis, max_bar_ranks: int = 32) -> go.Figure | 
     time means idle gaps (waiting). Beyond that, a (stage busy / window) × rank heatmap, which stays
     readable and light for hundreds of ranks.
     """
-    st = analysis.stages
+    st = analysis.stages.filter(pl.col("step").is_not_null())  # analysed steps only (not a setup range)
     if st.height == 0:
         return None
     per = (

@@ -66,7 +66,10 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         }
     stages = (
         (
-            a.stages.group_by(["rank", "stage"])
+            # per analysed step: a stage row outside them (a setup collective's range, a warm-up step's
+            # stages) is in ``Analysis.stages`` but no step's figure
+            a.stages.filter(pl.col("step").is_not_null())
+            .group_by(["rank", "stage"])
             .agg(
                 pl.col("busy_ns").sum(),
                 pl.col("window_ns").sum(),
