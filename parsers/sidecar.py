@@ -11,7 +11,8 @@ lists of every all-to-all, the expert placement and rank metadata. Merging one r
   rows = ``send_splits[j]``), ``source = 'sidecar'``; ``count`` exchanges are not token traffic
   and ``bwd`` records (the backward's transposed all-to-alls, carrying gradients back) would count
   every token again in the opposite direction, so both are left out;
-* ``placement`` from ``meta.placement``;
+* ``placement`` from ``meta.placement`` (``first_step`` null) and the ``placement`` records (each with
+  its ``layer`` and ``first_step`` = the record's ``step``: the layer runs it from that step on);
 * ``collectives``: each all-to-all(v) call is matched to the ``a2a`` record whose host window
   ``[start_ns, end_ns]`` (``time.time_ns`` around the call, same epoch clock as Kineto) contains
   the call's host start (when no window matches at all and the counts agree, by order); the
@@ -67,6 +68,7 @@ class Sidecar:
         routing: ``routing`` records in file order.
         a2a: ``a2a`` records in file order.
         issues: Warnings (e.g. a cut-short last line).
+        placements: ``placement`` records (a layer re-placed from a step on) in file order.
     """
 
     path: str
@@ -74,6 +76,7 @@ class Sidecar:
     routing: list[dict[str, Any]] = field(default_factory=list)
     a2a: list[dict[str, Any]] = field(default_factory=list)
     issues: tuple[schema.LoadIssue, ...] = ()
+    placements: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def rank(self) -> int | None:
@@ -96,6 +99,7 @@ def read_sidecar(path: str | Path) -> Sidecar:
     meta: dict[str, Any] = {}
     routing: list[dict[str, Any]] = []
     a2a: list[dict[str, Any]] = []
+    placements: list[dict[str, Any]] = []
     issues: list[schema.LoadIssue] = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -141,9 +145,11 @@ def read_sidecar(path: str | Path) -> Sidecar:
             routing.append(rec)
         elif kind == "a2a":
             a2a.append(rec)
+        elif kind == "placement":
+            placements.append(rec)
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
-    return Sidecar(str(path), meta, routing, a2a, tuple(issues))
+    return Sidecar(str(path), meta, routing, a2a, tuple(issues), placements)
 
 
 def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
@@ -272,6 +278,28 @@ def _placement(sc: Sidecar) -> pl.DataFrame:
     )
 
 
+def _placement_records(sc: Sidecar) -> pl.DataFrame:
+    """The ``placement`` records' rows: ``layer``, ``first_step`` (the record's ``step``), ``expert``, ``rank``.
+
+    A record without an int ``step`` / ``layer`` or a list ``placement`` says nothing about when or where
+    it applies and is left out (the sidecar's own checks judge its content, :mod:`parsers.validate`).
+    """
+    rows: list[tuple[int, int, int, int]] = []
+    for rec in sc.placements:
+        step, layer, owners = rec.get("step"), rec.get("layer"), rec.get("placement")
+        if not (isinstance(step, int) and isinstance(layer, int) and isinstance(owners, list)):
+            continue
+        rows += [(layer, step, e, r) for e, o in enumerate(owners) if isinstance(o, list) for r in o if type(r) is int]
+    if not rows:
+        return schema.empty("placement")
+    df = pl.DataFrame(
+        rows,
+        schema={"layer": pl.Int32, "first_step": pl.Int64, "expert": pl.Int32, "rank": pl.Int32},
+        orient="row",
+    )
+    return schema.conform("placement", df)
+
+
 def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFrame:
     if colls.height == 0 or a2a.height == 0:
         return colls
@@ -366,7 +394,9 @@ def merge_sidecar(tables: schema.TraceTables, sc: Sidecar) -> schema.TraceTables
             "routing_matrix", pl.concat([tables.routing_matrix, _routing_matrix(a2a, rank)]), src
         ),
         placement=schema.validate(
-            "placement", pl.concat([tables.placement, _placement(sc)]).unique(maintain_order=True), src
+            "placement",
+            pl.concat([tables.placement, _placement(sc), _placement_records(sc)]).unique(maintain_order=True),
+            src,
         ),
         load_report=tables.load_report + sc.issues,
     )

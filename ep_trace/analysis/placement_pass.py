@@ -90,8 +90,7 @@ def placement_pass(
         tables.routing_counts.filter(pl.col("step").is_in(steps)) if steps else tables.routing_counts,
         ld.count_matrix,
         ld.split_violations,
-        plan.current if plan is not None else None,
-        plan is not None and plan.recorded,
+        plan.in_force.per_key(recorded_only=True) if plan is not None and plan.in_force is not None else None,
         imbalance.split_pairs_compared(m.matched),
     )
     inputs = None
@@ -99,6 +98,12 @@ def placement_pass(
         notes.append(
             "the routing counts' steps are none of the analysed profiler steps (a routing dump numbers its own): their "
             "mean per step stands for each analysed step in the placement model"
+        )
+    if plan is not None and plan.in_force is not None and plan.in_force.distinct > 1:
+        notes.append(
+            f"the analysed steps ran {plan.in_force.distinct} expert placements (a layer re-placed during the run, "
+            "the sidecar's placement records): each step's counts are checked and routed under the placement it ran; "
+            "'current' lists the one most of them ran"
         )
     if plan is not None:
         if not plan.recorded:
