@@ -85,8 +85,8 @@ def _node_local(a: Analysis, step_ns: float, stats: dict[str, dict[str, Any]]) -
     saving = int(r["saving_ns"])
     cut = 1.0 - new["cross_node_bytes"] / cur["cross_node_bytes"] if cur["cross_node_bytes"] else 0.0
     title = (
-        f"Keeping tokens inside their node: placing experts where their tokens come from cuts cross-node bytes "
-        f"by {cut:.0%} per step at max/mean load {new['I_r']:.3g}; predicted step "
+        "Keeping tokens inside their node (the node_local placement): placing experts where their tokens come "
+        f"from cuts cross-node bytes by {cut:.0%} per step at max/mean load {new['I_r']:.3g}; predicted step "
         f"{fmt_ns(int(r['predicted_step_ns']))}, {fmt_ns(saving)} saved per step (simulated)."
     )
     ev = {
