@@ -14,7 +14,8 @@ dispatch / combine calls gives all α and β at once (numpy ``lstsq``, one row p
 class' β counts as fitted when the class carries bytes in at least :data:`MIN_CALLS` calls with at
 least two sizes and the slope is positive at the 95 % level; its α when the class is the farthest in
 at least :data:`MIN_CALLS` calls and the intercept is not significantly negative (a
-slightly negative one counts as 0). A coefficient the calls cannot tell apart from the others (its
+slightly negative one counts as 0); one failing coefficient is fixed to its default at a time, the least
+significant first, and the fit redone. A coefficient the calls cannot tell apart from the others (its
 column a combination of theirs: e.g. a workload whose every rank sends each peer the same count
 exchange, where the same-rank and same-node bytes move in lock-step with the cross-node ones) is not
 fitted, the α first kept, then the β of the classes that carry the most bytes; without this one
@@ -137,7 +138,7 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
     b_fit = np.array([_varies(b[:, k]) for k in range(_K)])
     a_fit, b_fit = _identifiable(b, far, a_fit, b_fit)
     coef: np.ndarray | None = None
-    for _ in range(2 * _K + 1):  # each pass fixes at least one more α or β to its default, or stops
+    for _ in range(2 * _K + 1):  # each pass fixes one more α or β to its default, or stops
         coef, se = _solve(b, y, far, a_fit, b_fit, alpha, beta)
         if coef is None or se is None:
             a_fit[:], b_fit[:] = False, False
@@ -145,10 +146,15 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
         slope = coef[_K:]
         bad_b = b_fit & ~((slope > 0) & (slope - 1.96 * se[_K:] > 0))
         bad_a = a_fit & (coef[:_K] + 1.96 * se[:_K] < -1.0)  # significantly negative (1 ns of float noise)
-        if not bad_b.any() and not bad_a.any():
+        bad = np.concatenate([bad_a, bad_b])
+        if not bad.any():
             break
-        b_fit &= ~bad_b
-        a_fit &= ~bad_a
+        # the least significant one only: near-collinear classes (a count exchange's few same-node bytes
+        # beside its cross-node ones, the same calls' large ones beside theirs) blur each other's slope,
+        # and dropping every blurred one at once dropped the class that carries the cost too
+        t = np.where(bad, coef / np.maximum(se, 1e-300), np.inf)
+        worst = int(np.argmin(t))
+        (a_fit if worst < _K else b_fit)[worst % _K] = False
     if coef is not None:
         alpha = np.where(a_fit, np.maximum(coef[:_K], 0.0), alpha)
         beta = np.where(b_fit, 1.0 / np.where(b_fit, coef[_K:], 1.0), beta)
