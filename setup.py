@@ -30,6 +30,7 @@ _KSCAN_PARTS = [
     "parsers/_kscan_num.c",
     "parsers/_kscan_record.h",
     "parsers/_kscan_record.c",
+    "parsers/_kscan_guard.c",
 ]
 
 setup(

@@ -3,56 +3,32 @@
 Pure module (polars only, no torch, no parsers): the parsers use it to flag comm kernels and the
 analysis uses it to split device time into communication and compute.
 
-Why a table and not ``^nccl``: kernel names of communication libraries changed across versions and
-vendors, and several EP libraries (DeepEP, pplx, NVSHMEM-based kernels) do not start with ``nccl``.
-The family says *which library* moved the bytes, never *which collective* it was: one
+The families are the ``comm`` column of the kernel rows of the knowledge table
+(:mod:`ep_trace.knowledge`, ``ep_trace/families.toml``), the same rows that give each kernel its EP
+stage, so a kernel is never communication here and unknown to the stage detector. Why a table and
+not ``^nccl``: kernel names of communication libraries changed across versions and vendors, and
+several EP libraries (DeepEP, pplx, NVSHMEM-based kernels, MORI) do not start with ``nccl``. The
+family says *which library* moved the bytes, never *which collective* it was: one
 ``ncclDevKernel_SendRecv`` serves all-to-all, p2p and grouped collectives (NVIDIA/nccl#739), so the
-collective type must come from the launching op / NVTX range.
+collective type comes from the launching op / NVTX range, and only the EP libraries' kernels
+(DeepEP, pplx, MORI, TensorRT-LLM all-to-all, symmetric memory, custom all-reduce) carry a
+collective of their own (:data:`FAMILY_COLLECTIVE`).
 
-Every pattern is anchored at the start of the name, optionally after a ``void `` return type
-(Kineto and nsys ``demangledName`` print ``void deep_ep::intranode::dispatch<...>(...)``), so that
-a library name appearing inside a template argument of a compute kernel never matches.
-
-==================  =========================================================================
-family              names matched (examples)
-==================  =========================================================================
-``nccl``            NCCL < 2.19 ``ncclKernel_AllReduce_RING_LL_Sum_float``; NCCL >= 2.19
-                    ``ncclDevKernel_SendRecv``, ``ncclDevKernel_AllGather_RING_LL``,
-                    ``ncclDevKernel_Generic_1``; NVLS / NVLS_TREE / COLLNET_DIRECT / COLLNET_CHAIN
-                    algorithm tokens in the same places; pre-2.4 ``ncclAllReduceRingLLKernel_sum_f32``
-                    (also RCCL builds, which keep NCCL's kernel names)
-``rccl``            RCCL-only names: ``ncclDevKernelDebug_Generic``, ``rccl...Kernel...``
-``msccl``           MSCCL / MSCCL++: ``mscclKernel_Sum_float_LL``, ``mscclpp::collective::...``
-``deepep``          DeepEP: ``deep_ep::intranode::dispatch``, ``deep_ep::legacy::internode_ll::combine``,
-                    ``deep_ep::elastic::dispatch_impl``, ``dpsk::ep::...`` (not ``deep_ep::layout::``)
-``pplx``            pplx-kernels: ``(anonymous namespace)::dispatchKernel<...>``, ``combineKernel<...>``
-``mori``            MORI: ``mori::moe::EpDispatchIntraNodeKernel``, ``EpCombineInterNodeKernel_bf16``
-``nvshmem``         NVSHMEM device kernels: ``nvshmemi_...``, ``nvshmemx_...``, ``nvshmem_...``
-``trtllm_moe_a2a``  TensorRT-LLM MoE all-to-all: ``moeA2ADispatchKernel``, ``moeA2ACombineKernel``,
-                    ``moeAllToAllKernel``
-``torch_symm_mem``  torch symmetric memory: ``multimem_all_reduce_kernel``,
-                    ``multimem_one_shot_all_reduce_kernel``, ``one_shot_all_reduce_kernel``,
-                    ``two_shot_all_reduce_kernel``, ``multimem_all_gather_kernel``
-``custom_allreduce``  vLLM / SGLang / aiter custom all-reduce: ``cross_device_reduce_1stage|2stage``,
-                    TensorRT-LLM / FlashInfer ``allreduce_fusion_kernel_oneshot_lamport``,
-                    ``oneShotAllReduceKernel``, MNNVL ``oneshotAllreduceFusionKernel``,
-                    Transformer Engine userbuffers ``userbuffers_...``
-==================  =========================================================================
-
-Order matters: the first matching family wins (``rccl`` before ``nccl`` because RCCL debug
-kernels also start with ``nccl``).
+The rows are tried in the table's order and the first match decides, so a compute row placed before
+a communication row shadows it: DeepEP's ``get_dispatch_layout`` (local counts) is compute although
+it lives in DeepEP's namespaces. Every communication pattern is anchored at the start of the name,
+optionally after a ``void`` return type, so that a library name inside a template argument of a
+compute kernel never matches.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 import polars as pl
+
+from ep_trace.knowledge import first_match, first_match_expr, kernel_rows
 
 __all__ = [
     "COMM_KERNEL_PATTERNS",
-    "CUSTOM_ALLREDUCE_KERNELS",
     "FAMILY_COLLECTIVE",
     "comm_family",
     "comm_family_expr",
@@ -60,103 +36,59 @@ __all__ = [
     "is_comm_expr",
 ]
 
-# Optional return type / leading qualifiers printed by demangled names.
-_P = r"^(?:void\s+)?(?:::)?"
+#: ``(family, regex)`` of every knowledge-table kernel row, in match order; ``family`` is None on the
+#: compute rows (they stop the search: first match wins).
+_LABELLED: tuple[tuple[str | None, str], ...] = tuple((r.comm, r.pattern) for r in kernel_rows())
 
-#: The one-shot / two-shot all-reduce kernels of vLLM, SGLang, aiter, TensorRT-LLM and FlashInfer (an
-#: alternation, no anchor): the ``custom_allreduce`` family below, with Transformer Engine's userbuffers,
-#: and the MoE output all-reduce of :mod:`ep_trace.analysis.kernel_families`, without them.
-CUSTOM_ALLREDUCE_KERNELS = (
-    r"cross_device_reduce_[12]stage|allreduce_fusion_kernel|oneShotAllReduceKernel"
-    r"|twoShotAllReduceKernel|oneshotAllreduceFusionKernel|twoshotAllreduceKernel"
-    r"|lamport_style_one_shot_all_reduce_norm_kernel|moe(?:finalize|reduce)_allreduce_fusion_kernel"
-)
-
-#: (family, regex) pairs, tried in order; regexes use the Rust ``regex`` syntax shared by polars and
-#: Python ``re`` (no look-around).
-COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = (
-    ("rccl", _P + r"(?:ncclDevKernelDebug_|rccl\w*Kernel)"),
-    # every NCCL era: ncclKernel_<Coll>_<ALGO>_<PROTO>_<Op>_<type> (< 2.19, ALGO incl. NVLS, NVLS_TREE,
-    # COLLNET_DIRECT, COLLNET_CHAIN), ncclDevKernel_<...> (>= 2.19, same algorithm tokens),
-    # nccl<Coll><Algo><Proto>Kernel_<op>_<type> (< 2.4); NVIDIA/nccl src/device/generate.py
-    ("nccl", _P + r"(?:ncclKernel_|ncclDevKernel_|nccl[A-Z][A-Za-z]*Kernel)"),
-    ("msccl", _P + r"(?:msccl\w*Kernel|mscclpp::)"),
-    # deep_ep::layout::get_dispatch_layout is local compute (counts per rank / expert), not comm
-    (
-        "deepep",
-        _P + r"(?:deep_ep::(?:legacy::)?(?:intranode|internode|internode_ll)::|deep_ep::elastic::|dpsk::ep::)",
-    ),
-    # pplx-kernels: dispatchKernel / combineKernel templates in an anonymous namespace (intranode) or
-    # at global scope (internode_combine.cu); perplexityai/pplx-kernels csrc/all_to_all/*.cu
-    ("pplx", _P + r"(?:pplx::|(?:\(anonymous namespace\)::)?(?:dispatch|combine)Kernel<)"),
-    # MORI: mori::moe::EpDispatch*/EpCombine* (C++) or extern "C" EpDispatchIntraNodeKernel_bf16 ...;
-    # mori_shmem_* / mori::shmem:: barriers; ROCm/mori src/ops/dispatch_combine, src/ops/kernels
-    ("mori", _P + r"(?:mori::moe::Ep(?:Dispatch|Combine)|Ep(?:Dispatch|Combine)\w*Kernel|mori_shmem_|mori::shmem::)"),
-    ("nvshmem", _P + r"nvshmem[ix]?_"),
-    (
-        "trtllm_moe_a2a",
-        _P + r"(?:\w+::)*(?:moeA2A(?:Prepare)?(?:Dispatch|Combine)Kernel|moeAllToAllKernel)",
-    ),
-    # torch symmetric memory (torch/csrc/distributed/c10d/symm_mem/CUDASymmetricMemoryOps.cu): kernels in
-    # an anonymous namespace; two_shot_all_reduce_kernel<..., true> is the reduce-scatter
-    (
-        "torch_symm_mem",
-        _P + r"(?:\(anonymous namespace\)::)?(?:multimem_(?:one_shot_)?all_reduce|multimem_all_gather"
-        r"|one_shot_all_reduce|two_shot_all_reduce)_kernel",
-    ),
-    ("custom_allreduce", _P + r"(?:\w+::)*(?:" + CUSTOM_ALLREDUCE_KERNELS + r"|userbuffers_)"),
-)
-
-#: Collective a kernel of each family implements when no launching op names it (one row per kernel
-#: launch; DeepEP / pplx / MORI / TensorRT-LLM dispatch and combine move variable-size token lists).
-FAMILY_COLLECTIVE: dict[str, str] = {
-    "deepep": "all_to_allv",
-    "pplx": "all_to_allv",
-    "mori": "all_to_allv",
-    "trtllm_moe_a2a": "all_to_allv",
-    "torch_symm_mem": "allreduce",
-    "custom_allreduce": "allreduce",
-}
-
-_COMPILED = tuple((family, re.compile(rx)) for family, rx in COMM_KERNEL_PATTERNS)
+#: ``(family, regex)`` of the communication rows, in match order (several rows per family).
+COMM_KERNEL_PATTERNS: tuple[tuple[str, str], ...] = tuple((r.comm, r.pattern) for r in kernel_rows() if r.comm)
 
 
-def first_match_expr(name: pl.Expr, table: tuple[tuple[str, str], ...]) -> pl.Expr:
-    """Polars expression: the label of the first ``(label, regex)`` row whose regex matches, else null.
+def _family_collectives() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for r in kernel_rows():
+        if r.comm and r.collective and r.comm not in out:
+            out[r.comm] = r.collective
+    return out
 
-    Args:
-        name: A Utf8 expression.
-        table: ``(label, regex)`` rows, tried in order.
-    """
-    rows = list(table)
-    label, rx = rows[0]
-    chain: Any = pl.when(name.str.contains(rx)).then(pl.lit(label))  # Then, then ChainedThen
-    for label, rx in rows[1:]:
-        chain = chain.when(name.str.contains(rx)).then(pl.lit(label))
-    return chain.otherwise(pl.lit(None, dtype=pl.Utf8))
+
+#: Collective a kernel of each family implements when no launching op names it (the family's first
+#: row that says one; DeepEP / pplx / MORI / TensorRT-LLM dispatch and combine move variable-size
+#: token lists: ``all_to_allv``). NCCL, RCCL, MSCCL and NVSHMEM have none: their type comes from the op.
+FAMILY_COLLECTIVE: dict[str, str] = _family_collectives()
+
+
+def _classify(names: pl.Series) -> pl.Series:
+    """The family of each name, each distinct name classified once."""
+    distinct = names.unique().drop_nulls()
+    fam = pl.DataFrame({"_n": distinct}, schema={"_n": pl.Utf8}).with_columns(
+        first_match_expr(pl.col("_n"), _LABELLED).alias("_f")
+    )
+    mapped = names.to_frame("_n").join(fam, on="_n", how="left", maintain_order="left")["_f"]
+    return mapped.alias(names.name)
 
 
 def comm_family_expr(name: pl.Expr) -> pl.Expr:
     """Polars expression: the communication family of a kernel name, or null for compute kernels.
 
+    Every regex of the table runs once per *distinct* name (a trace repeats a few hundred names
+    millions of times), then the labels are joined back.
+
     Args:
         name: A Utf8 expression holding kernel names (short or demangled).
 
     Returns:
-        A Utf8 expression with a family from :data:`COMM_KERNEL_PATTERNS` or null.
+        A Utf8 expression with a family of :data:`COMM_KERNEL_PATTERNS` or null.
     """
-    return first_match_expr(name, COMM_KERNEL_PATTERNS)
+    return name.map_batches(_classify, return_dtype=pl.Utf8)
 
 
 def is_comm_expr(name: pl.Expr) -> pl.Expr:
     """Polars expression: True where ``name`` is a communication kernel (null names give False)."""
-    rx = "|".join(f"(?:{p})" for _, p in COMM_KERNEL_PATTERNS)
-    return name.str.contains(rx).fill_null(False)
+    return comm_family_expr(name).is_not_null()
 
 
 def comm_family(name: str) -> str | None:
     """The communication family of one kernel name (scalar helper for tests and small lookups)."""
-    for family, rx in _COMPILED:
-        if rx.search(name):
-            return family
-    return None
+    row = first_match(name, kernel_rows())
+    return row.comm if row is not None else None

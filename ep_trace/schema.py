@@ -221,7 +221,13 @@ _STAGES_COLS = [
     ("end_ns", _I64, True, "last end of that work"),
     ("window_ns", _I64, False, "end_ns - start_ns (0 when no device work)"),
     ("busy_ns", _I64, False, "|union of the attributed device intervals|"),
-    ("method", _S, False, "how the stage was detected: 'ep_trace', 'preset:<name>', 'kernel_family'"),
+    (
+        "method",
+        _S,
+        False,
+        "how the stage was detected: 'ep_trace', 'preset:<name>', 'kernel_family', 'module:<block class>', 'cpu_op', "
+        "'name_token' (docs/metrics.md, Stages)",
+    ),
 ]
 
 _ROUTING_COUNTS_COLS = [

@@ -17,6 +17,8 @@
  *   _kscan_json.h / _kscan_json.c      the strict JSON lexer: grammar, strings, escapes, UTF-8
  *   _kscan_num.h / _kscan_num.c        numbers to float64 / int64 (Clinger fast path, strtod fallback)
  *   _kscan_record.h / _kscan_record.c  events: keys read, rows of the X events, the give-ups
+ *   _kscan_guard.c                     the structural guard of a whole text (json_guard.py): depth,
+ *                                      the end of the document, objects at event level
  *
  * One translation unit: this file includes the three .c parts below (setup.py compiles it alone;
  * the parts are its depends=). Compiled apart, scan_members (_kscan_record.c) loses GCC's
@@ -36,6 +38,7 @@
 #include "_kscan_json.c"
 #include "_kscan_num.c"
 #include "_kscan_record.c"
+#include "_kscan_guard.c"
 
 /* ---------------------------------------------------------------- Python glue */
 static PyObject *bytes_of(const Buf *b) { return PyBytes_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len); }
@@ -137,10 +140,40 @@ done:
     return res;
 }
 
+/* guard(text, state, max_depth, max_events) -> (state, code, offset): see _kscan_guard.c. */
+static PyObject *kscan_guard(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Guard g;
+    long long max_depth, max_events, at = -1, pos, depth, end, events;
+    int code;
+    (void)self;
+    memset(&g, 0, sizeof g);
+    if (!PyArg_ParseTuple(args, "y*(LLLLiii)LL:guard", &view, &pos, &depth, &end, &events, &g.in_str, &g.esc,
+                          &g.ev_depth, &max_depth, &max_events))
+        return NULL;
+    g.pos = pos;
+    g.depth = depth;
+    g.end = end;
+    g.events = events;
+    {
+        int64_t at64 = -1;
+        Py_BEGIN_ALLOW_THREADS;
+        code = guard_scan(&g, (const uint8_t *)view.buf, (size_t)view.len, max_depth, max_events, &at64);
+        Py_END_ALLOW_THREADS;
+        at = at64;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(LLLLiii)iL", (long long)g.pos, (long long)g.depth, (long long)g.end, (long long)g.events,
+                         g.in_str, g.esc, g.ev_depth, code, at);
+}
+
 static PyMethodDef kscan_methods[] = {
     {"scan", kscan_scan, METH_VARARGS,
      "scan(pieces, keep_prefixes) -> ((n, nx, columns...), candidates) | str\n\n"
      "Columns of the X events of one traceEvents slice, or why the slice is left to the reference path."},
+    {"guard", kscan_guard, METH_VARARGS,
+     "guard(text, state, max_depth, max_events) -> (state, code, offset)\n\n"
+     "One piece of a JSON text through the structural guard (depth, end of the document, events)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef kscan_module = {PyModuleDef_HEAD_INIT, "_kscan",
@@ -148,5 +181,6 @@ static struct PyModuleDef kscan_module = {PyModuleDef_HEAD_INIT, "_kscan",
 
 PyMODINIT_FUNC PyInit__kscan(void) {
     json_init_tables();
+    guard_init_tables();
     return PyModule_Create(&kscan_module);
 }

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.json_guard import check_json_text
 from ep_trace.schema import LoadIssue, TraceTables, conform, empty, validate
 from ep_trace.trace_files import CUPTI_FILE_SUFFIX as FILE_SUFFIX
 from ep_trace.trace_files import CUPTI_FORMAT_VERSION as FORMAT_VERSION
@@ -42,6 +43,7 @@ def _read_meta(path: Path, footer: dict[bytes, bytes] | None) -> dict[str, Any]:
             "only files written by ep_trace.capture.cupti.CuptiCollector can be read as CUPTI events; "
             "rename other Parquet files so they do not end in '.ep-events.parquet'",
         )
+    check_json_text(path, raw, events=False)  # (nesting depth, data after the object: json_guard)
     try:
         meta = json.loads(raw)
     except ValueError as exc:

@@ -16,8 +16,10 @@ Files are read one at a time (bounded memory). The merge rejects, naming the fil
 backends, default process groups (``distributedInfo.pg_config``) or ``job_id`` (sidecar / ep-trace
 trace header), and a rank outside its world size. With ``on_error="skip"`` a file that cannot be
 read is left out and listed in ``load_report`` (level ``error``) instead of raising; conflicts still
-raise, since they would mix jobs. Without any sidecar, ``routing_matrix`` is built from all_to_allv
-split lists (:mod:`ep_trace.parsers.routing_splits`).
+raise, since they would mix jobs; so do sidecars of one job that disagree on the experts or their
+placement (:mod:`ep_trace.parsers.rank_set`). Ranks of the world with no trace file, and ranks with
+no sidecar when others have one, are named in ``load_report`` as warnings. Without any sidecar,
+``routing_matrix`` is built from all_to_allv split lists (:mod:`ep_trace.parsers.routing_splits`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from ep_trace.parsers import validate
 from ep_trace.parsers.engines import choose_workers, local_executor
 from ep_trace.parsers.kineto import rank_from_file_name
 from ep_trace.parsers.parquet_read import is_ingest_dir, read_parquet
+from ep_trace.parsers.rank_set import check_sidecar_agreement, coverage_issues, is_coverage_issue
 from ep_trace.parsers.read_pool import (
     NOT_A_TRACE,
     BatchResult,
@@ -246,7 +249,8 @@ def _check_job(parts: list[tuple[pl.DataFrame, object | None]], ranks: pl.DataFr
     if bad.height:
         r = bad.row(0, named=True)
         raise RankConflictError(
-            f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job or its rank is wrong"
+            f"{r['source_file']}: rank {r['rank']} is outside world size {r['world_size']}; the file is from another job "
+            "or its rank is wrong: pass --rank-map R=PATH to set its rank, or remove it"
         )
     pgs: dict[tuple[Any, ...], str] = {}
     for _, info in parts:
@@ -394,6 +398,8 @@ def read_batches(
     ranks = pl.concat([r for r, _ in ranks_of], how="diagonal_relaxed")
     _check_job(ranks_of, ranks)
     validate.check_job_clocks(ranks)
+    check_sidecar_agreement([f for res in results for f in res.sidecar_facts])
+    issues += coverage_issues(path, ranks, sidecar_paths)  # ranks of the world / with a sidecar not read
     return ReadRun(results, tuple(issues), ranks)
 
 
@@ -488,4 +494,7 @@ def read_trace_dirs(
                 )
             seen[r] = p
     validate.check_job_clocks(pl.concat([t.ranks for t in parts]))
-    return merge_tables(parts)
+    out = merge_tables(parts)
+    # coverage is a property of the whole job: each directory's own warnings are said again over the union
+    kept = tuple(i for i in out.load_report if not is_coverage_issue(i))
+    return replace(out, load_report=kept + tuple(coverage_issues(", ".join(map(str, dirs)), out.ranks)))

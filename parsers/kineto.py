@@ -47,6 +47,7 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import allocator, gc_pause, kineto_columnar, kineto_json, kineto_stream, validate
+from ep_trace.parsers.dist_info import check_distributed_info
 from ep_trace.parsers.kineto_batch import KINETO_CATEGORIES, MEMORY_CATEGORIES, Decoded, finish_files
 
 __all__ = [
@@ -345,6 +346,7 @@ def decode_kineto_file(path: str | Path, rank: int | None = None) -> Decoded:
     if path.stat().st_size > _TRIM_BYTES:  # the decode's freed gzip / slice buffers (ep_trace.parsers.allocator)
         allocator.release_free_heap()
     issues: list[schema.LoadIssue] = []
+    check_distributed_info(path, header, rank)  # rank / world size / pg_config / ep_trace header agree
     info = header.get("distributedInfo")
     dist: dict[str, Any] = info if isinstance(info, dict) else {}
     base = header.get("baseTimeNanoseconds")

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.json_guard import check_json_text
 
 __all__ = ["CHUNK_BYTES", "read_bytes", "decode_header", "iter_event_chunks"]
 
@@ -35,6 +36,7 @@ CHUNK_BYTES = 2 << 20
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY_RE = re.compile(rb"\}\s*,\s*\{")
 _NON_SPACE = re.compile(rb"\S")
+_AFTER_RE = re.compile(rb"\s*(?=[,}])")  # what may follow the array's "]": blanks, then "," or "}"
 _FIX_REEXPORT = "re-export the trace (torch.profiler export_chrome_trace) or remove the file"
 
 
@@ -86,7 +88,9 @@ def read_bytes(path: Path) -> bytes | bytearray:
     """Read a ``.json`` / ``.json.gz`` file (gzip recognised by its magic bytes).
 
     Raises:
-        TraceFormatError: empty file, or an invalid / truncated gzip stream.
+        TraceFormatError: empty file, an invalid / truncated gzip stream, data after the JSON
+            document (:func:`ep_trace.parsers.json_guard.check_json_text`).
+        ResourceLimitError: beyond the inflate, depth or event caps.
     """
     raw: bytes | bytearray = path.read_bytes()
     if not raw:
@@ -106,6 +110,7 @@ def read_bytes(path: Path) -> bytes | bytearray:
             raise TraceFormatError(path, "empty file (after gunzip)", _FIX_REEXPORT)
     elif path.name.endswith(".gz"):
         raise TraceFormatError(path, "invalid gzip data (no gzip header)", _FIX_REEXPORT)
+    check_json_text(path, raw)  # depth, data after the document, events per byte (json_guard)
     return raw
 
 
@@ -146,18 +151,24 @@ def _array_end(raw: bytes | bytearray, open_pos: int) -> int | None:
     """Index of the ``]`` closing the ``traceEvents`` array, found from the end of the document.
 
     Later top-level values can hold arrays too (``INFO`` is a list of log lines), so a candidate
-    ``]`` must be followed by a parsable object remainder *and* close a parsable last event.
+    ``]`` must be followed by a parsable object remainder *and* close a parsable last event. The
+    remainders tried are bounded to about twice the text in all (each is a copy of the tail; a
+    tail of many ``],`` made this quadratic): past that, None (the caller decodes the whole text).
     """
     pos = len(raw)
+    budget = 2 * len(raw) + (64 << 20)
     for _ in range(256):
         pos = raw.rfind(b"]", open_pos, pos)
         if pos < 0:
             return None
-        rest = raw[pos + 1 :].lstrip()
-        if rest[:1] not in (b",", b"}"):
+        m = _AFTER_RE.match(raw, pos + 1)  # (no copy of the tail for a candidate followed by other text)
+        if m is None:
             continue
+        budget -= len(raw) - m.start()
+        if budget < 0:
+            return None
         try:
-            orjson.loads(b'{"_":0' + rest)
+            orjson.loads(b'{"_":0' + raw[m.end() :])
         except orjson.JSONDecodeError:
             continue
         if _closes_last_event(raw, open_pos, pos):

@@ -26,6 +26,7 @@ from typing import Any, cast
 import orjson
 
 from ep_trace.parsers import kineto_json, validate
+from ep_trace.parsers.json_guard import JsonGuard
 
 __all__ = ["Fallback", "Slice", "stream_events", "stream_pieces", "stream_slices"]
 
@@ -60,13 +61,24 @@ class Fallback(Exception):
 
 def _pieces(path: Path) -> Iterator[bytes | memoryview]:
     """Decompressed (or plain) bytes of the file, in pieces of at most 1 MB (a piece is valid until
-    the next one is asked for: copy what you keep).
+    the next one is asked for: copy what you keep), each through the structural guard
+    (:class:`ep_trace.parsers.json_guard.JsonGuard`: depth, data after the document, events) before
+    it is handed out.
 
     Raises:
         ResourceLimitError: the file inflates beyond :func:`ep_trace.parsers.validate.inflate_limit`
-            (a gzip bomb: 1 MB inflating to 1 GiB); not a :class:`Fallback`, the other path would
-            inflate it too.
+            (a gzip bomb: 1 MB inflating to 1 GiB), or the guard's depth or event cap is passed; not
+            a :class:`Fallback`, the other path would refuse it too.
+        TraceFormatError: data after the end of the JSON document (the guard).
     """
+    guard = JsonGuard(path)
+    for piece in _raw_pieces(path):
+        guard.feed(piece)
+        yield piece
+
+
+def _raw_pieces(path: Path) -> Iterator[bytes | memoryview]:
+    """:func:`_pieces` before the guard."""
     limit = validate.inflate_limit(path)
     produced = 0
     with open(path, "rb") as fh:

@@ -22,6 +22,7 @@ from typing import Protocol
 import polars as pl
 
 from ep_trace.errors import MissingDependencyError, TraceFormatError
+from ep_trace.parsers.sqlite_guard import check_readable_table, connect_readonly
 
 __all__ = ["TableSource", "SqliteSource", "ParquetDirSource", "open_source", "export_nsys_rep"]
 
@@ -59,7 +60,8 @@ def _corrupt(path: Path, exc: Exception) -> TraceFormatError:
 
 
 class SqliteSource:
-    """An nsys SQLite export opened read-only (``mode=ro``: never touches the user's file)."""
+    """An nsys SQLite export opened read-only (``mode=ro``, ``immutable=1`` where right: never touches
+    the user's file), tables only, every statement on a step budget (:mod:`ep_trace.parsers.sqlite_guard`)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -80,7 +82,8 @@ class SqliteSource:
                 f"SQLite file is truncated ({size} of {page_size * n_pages} bytes)",
                 "copy or export the file again",
             )
-        self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        # read-only, immutable where right, every statement on a step budget (sqlite_guard)
+        self._con, self._budget = connect_readonly(path, head)
         try:
             rows = self._con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
         except sqlite3.DatabaseError as exc:
@@ -97,6 +100,7 @@ class SqliteSource:
             return ()
         if table not in self._cols:
             try:
+                check_readable_table(self._con, self.path, table)  # no view, virtual table or generated column
                 info = self._con.execute(f'PRAGMA table_info("{table}")').fetchall()
             except sqlite3.DatabaseError as exc:
                 raise _corrupt(self.path, exc) from exc
@@ -107,16 +111,25 @@ class SqliteSource:
     def read(self, table: str, columns: list[str], where: str | None = None) -> pl.DataFrame:
         cols = ", ".join(f'"{c}"' for c in columns)
         sql = f'SELECT {cols} FROM "{table}"' + (f" WHERE {where}" if where else "")
+        self.columns(table)  # (refuses a view before it runs)
+        self._budget.start()
         try:
             rows = self._con.execute(sql).fetchall()
         except sqlite3.OperationalError as exc:
+            if self._budget.tripped:
+                raise self._budget.error(self.path, table) from None
             if "decode" not in str(exc):
                 raise _corrupt(self.path, exc) from exc
             # Free-text tables (TARGET_INFO_SYSTEM_ENV in the 2.9.1 export) can hold bytes that are
             # not UTF-8; only then pay for a Python-level decoder that replaces them.
             self._con.text_factory = lambda b: b.decode("utf-8", "replace")
+            self._budget.start()
             try:
                 rows = self._con.execute(sql).fetchall()
+            except sqlite3.DatabaseError as again:
+                if self._budget.tripped:
+                    raise self._budget.error(self.path, table) from None
+                raise _corrupt(self.path, again) from again
             finally:
                 self._con.text_factory = str
         except sqlite3.DatabaseError as exc:
@@ -124,7 +137,6 @@ class SqliteSource:
         # Declared column types (INTEGER / TEXT) give the schema up front, which is ~40% faster
         # than inference; undeclared columns are inferred over all rows (infer_schema_length=None)
         # because SQLite is dynamically typed and a column may be NULL for a long prefix.
-        self.columns(table)
         types = self._types.get(table, {})
         df = None
         if all(types.get(c) is not None for c in columns):
@@ -194,7 +206,10 @@ def _normalise(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def export_nsys_rep(path: Path, cache_dir: Path | None = None) -> Path:
-    """Export a ``.nsys-rep`` to SQLite once (cached by name, size and mtime) and return the SQLite path.
+    """Export a ``.nsys-rep`` to SQLite once and return the SQLite path.
+
+    The export is cached by name, size, mtime, ctime and inode (a report regenerated with its old
+    size and mtime put back, ``cp -p``, has a new ctime or inode: :mod:`ep_trace.parsers.cache_key`).
 
     Raises:
         MissingDependencyError: ``nsys`` is not on PATH; the message gives the exact command.
@@ -202,7 +217,7 @@ def export_nsys_rep(path: Path, cache_dir: Path | None = None) -> Path:
     """
     cache = cache_dir if cache_dir is not None else path.parent / ".ep-trace-cache"
     st = path.stat()
-    out = cache / f"{path.stem}.{st.st_size}.{int(st.st_mtime)}.sqlite"
+    out = cache / f"{path.stem}.{st.st_size}.{st.st_mtime_ns}.{st.st_ctime_ns}.{st.st_ino}.sqlite"
     if out.is_file():
         return out
     nsys = shutil.which("nsys")

@@ -15,12 +15,15 @@ table as soon as it is decoded (so ingest never holds more than the batches in f
 empty table has no part file. Directories written before partitioning (``OUT/<table>.parquet``)
 still read. :func:`write_parquet` (a set already in memory) writes one part per table.
 
-Cache: the *input key* is a SHA-256 over the ep-trace version, the schema version, the reader options and
-``(relative path, size, mtime_ns)`` of every input file (traces and sidecars). ``ep-trace ingest``
-treats its own ``OUT`` as the cache: an unchanged directory is not parsed again when
-``OUT/manifest.json`` holds the same key. :func:`load_trace_dir` (used by analysis commands) keeps
-copies under ``$EP_TRACE_CACHE_DIR`` or ``~/.cache/ep-trace/<key>/``; any change to a file's size or
-mtime changes the key, and stale entries are simply never read again.
+Cache: the *input key* (:mod:`ep_trace.parsers.cache_key`) is a SHA-256 over the ep-trace version,
+the schema version, the reader options and ``(relative path, size, mtime_ns, ctime_ns, inode)`` of
+every input file (traces and sidecars): a file regenerated with its old size and mtime put back
+(``cp -p``, ``rsync --times``) has a new ctime or inode, which no user can set back; a file changed
+within 2 s of being read also has its SHA-256 in the manifest, checked on every reuse.
+``ep-trace ingest`` treats its own ``OUT`` as the cache: an unchanged directory is not parsed again
+when ``OUT/manifest.json`` holds the same key. :func:`load_trace_dir` (used by analysis commands)
+keeps copies under ``$EP_TRACE_CACHE_DIR`` or ``~/.cache/ep-trace/<key>/``; any change to a file
+changes the key, and stale entries are simply never read again.
 
 Safety: every file is written to a temporary name and renamed into place, ``manifest.json`` is
 removed first and renamed in last, and :func:`ingest` holds an exclusive lock on ``OUT`` (``flock``
@@ -36,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import logging
 import os
 import shutil
@@ -54,6 +56,7 @@ import polars as pl
 from ep_trace import schema
 from ep_trace.errors import EpTraceError, OutputError
 from ep_trace.parsers import cache_evict
+from ep_trace.parsers.cache_key import input_key, still_valid
 from ep_trace.parsers.parquet_read import (
     _MANIFEST,
     _REPORT,
@@ -208,9 +211,12 @@ def _finish(out: Path, issues: tuple[schema.LoadIssue, ...], manifest: dict[str,
     return [out / _REPORT, out / _MANIFEST]
 
 
-def _read_cached(out: Path, key: str, lazy_events: bool = False) -> schema.TraceTables | None:
-    """The tables of a cache entry holding ``key``; ``None`` when absent, stale or damaged (rebuilt)."""
-    if not _cached(out, key):
+def _read_cached(
+    out: Path, key: str, source: str | Path | None = None, lazy_events: bool = False
+) -> schema.TraceTables | None:
+    """The tables of a cache entry holding ``key`` (read from ``source``); ``None`` when absent,
+    stale or damaged (rebuilt)."""
+    if not _cached(out, key, source):
         return None
     try:
         return read_parquet(out, lazy_events=lazy_events)
@@ -219,61 +225,22 @@ def _read_cached(out: Path, key: str, lazy_events: bool = False) -> schema.Trace
         return None
 
 
-def _input_files(path: Path) -> list[Path]:
-    from ep_trace.parsers.dispatch import discover
-
-    inputs, sidecars = discover(path)
-    files: list[Path] = []
-    for f, _ in inputs:
-        files.extend(sorted(x for x in f.rglob("*") if x.is_file()) if f.is_dir() else [f])
-    files.extend(sidecars.values())
-    return files
-
-
-def input_key(path: str | Path, options: Mapping[str, Any] | None = None) -> tuple[str, list[dict[str, Any]]]:
-    """Cache key of a trace directory: SHA-256 of version, options and (path, size, mtime_ns) of each input.
-
-    Returns:
-        ``(hex key, [{path, size, mtime_ns}, ...])``.
-    """
-    from ep_trace import __version__
-
-    p = Path(path)
-    root = p.parent if p.is_file() else p
-    entries = []
-    try:
-        files = _input_files(p)
-    except OSError as exc:
-        from ep_trace.parsers.validate import os_error
-
-        raise os_error(exc.filename or p, exc, "cannot list") from None
-    for f in files:
-        try:
-            st = f.stat()
-        except OSError as exc:  # a dangling link or a loop: read_trace_dir names it (or skips it)
-            entries.append({"path": os.path.relpath(f, root), "size": -1, "mtime_ns": exc.errno})
-            continue
-        entries.append({"path": os.path.relpath(f, root), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
-    blob = orjson.dumps(
-        {
-            "v": __version__,
-            "schema": schema.SCHEMA_VERSION,
-            "root": str(root.resolve()),
-            "opts": {k: str(v) for k, v in sorted((options or {}).items())},
-            "files": entries,
-        }
-    )
-    return hashlib.sha256(blob).hexdigest(), entries
-
-
-def _cached(out: Path, key: str) -> bool:
+def _cached(out: Path, key: str, source: str | Path | None = None) -> bool:
+    """Whether ``out`` holds complete tables of ``key`` whose racy inputs (:mod:`ep_trace.parsers.cache_key`,
+    under ``source``) are unchanged."""
     man = out / _MANIFEST
     if not man.exists():
         return False
     try:
-        return orjson.loads(man.read_bytes()).get("input_key") == key and _has_tables(out)
+        doc = orjson.loads(man.read_bytes())
+        if doc.get("input_key") != key or not _has_tables(out):
+            return False
     except (orjson.JSONDecodeError, OSError, AttributeError):
         return False  # a manifest that is not a JSON object is a damaged cache: rebuild
+    if source is None:
+        return True
+    src = Path(source)
+    return still_valid(doc, src.parent if src.is_file() else src, man)
 
 
 @dataclass(frozen=True)
@@ -349,7 +316,7 @@ def _ingest_locked(
     from ep_trace import __version__
     from ep_trace.parsers.dispatch import read_batches, splits_routing
 
-    if use_cache and _read_cached(out, key) is not None:
+    if use_cache and _read_cached(out, key, path) is not None:
         log.info("%s: unchanged since the last ingest; reusing %s", path, out)
         man = orjson.loads((out / _MANIFEST).read_bytes())
         issues = tuple(schema.LoadIssue(**d) for d in orjson.loads((out / _REPORT).read_bytes()))
@@ -419,8 +386,9 @@ def load_trace_dir(
 ) -> schema.TraceTables:
     """:func:`~ep_trace.parsers.dispatch.read_trace_dir` with a Parquet cache in ``cache_dir/<key>/``.
 
-    The key (:func:`input_key`) covers the ep-trace version, the options and every input file's
-    path, size and mtime, so a changed, added or removed rank file is parsed again. On a miss the
+    The key (:func:`~ep_trace.parsers.cache_key.input_key`) covers the ep-trace version, the options
+    and every input file's path, size, mtime, ctime and inode, so a changed, added or removed rank
+    file is parsed again, even with its old size and mtime put back. On a miss the
     rank files are streamed into the entry batch by batch (:func:`ingest_to`'s path: never every
     rank's events in memory at once); either way the tables are read back with the events left on
     disk (``TraceTables.events_scan``: the analysis reads them a block of ranks at a time), the
@@ -448,7 +416,7 @@ def load_trace_dir(
         return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / key
-    cached = _read_cached(entry, key, lazy_events=True)
+    cached = _read_cached(entry, key, path, lazy_events=True)
     if cached is not None:
         log.info("%s: unchanged since it was cached; reading %s", path, entry)
         cache_evict.touch(entry)
@@ -476,7 +444,7 @@ def load_trace_dir(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     cache_evict.evict(root, keep=entry)
-    tables = _read_cached(entry, key, lazy_events=True)
+    tables = _read_cached(entry, key, lazy_events=True)  # (just written from the inputs read now)
     if tables is None:  # removed under us (another process' eviction): read it in memory
         return read_trace_dir(path, format, on_error, progress, rank_map, jobs, executor)
     return tables

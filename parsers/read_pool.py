@@ -36,6 +36,7 @@ from ep_trace.errors import EpTraceError, TraceFormatError
 from ep_trace.parsers.input_guard import NOT_A_TRACE, guarded, rank_for
 from ep_trace.parsers.kineto_files import read_kineto_files
 from ep_trace.parsers.sidecar import Sidecar, merge_sidecar, read_sidecar
+from ep_trace.parsers.sidecar_checks import check_sidecar, sidecar_facts
 
 __all__ = [
     "BATCH_BYTES",
@@ -168,6 +169,8 @@ class BatchResult:
         issues: The read files' load reports.
         sidecar_issues: Sidecar errors of this batch (``skip``).
         sidecar_ranks: Ranks whose sidecar was merged here.
+        sidecar_facts: ``(rank, sidecar path, facts)`` of each merged sidecar: what every sidecar of
+            the job must agree on (:func:`ep_trace.parsers.sidecar_checks.sidecar_facts`).
         tables: The batch's merged tables (in-memory reads), else None.
         splits_routing: Routing derived from all_to_allv splits, used when no rank has a sidecar.
         rows: Rows per table written or returned.
@@ -181,6 +184,7 @@ class BatchResult:
     tables: schema.TraceTables | None
     splits_routing: pl.DataFrame | None
     rows: dict[str, int]
+    sidecar_facts: list[tuple[int, str, tuple[Any, ...]]] = field(default_factory=list)
 
 
 def read_sidecar_checked(sp: Path, r: int) -> Sidecar:
@@ -208,6 +212,7 @@ def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTa
     from ep_trace.parsers import validate
 
     validate.check_sidecar_identity(t, sc)
+    check_sidecar(t, sc)  # consistency with itself and its trace, before any table is built from it
     try:
         out = merge_sidecar(t, sc)
     except EpTraceError:
@@ -220,25 +225,26 @@ def _merge_sidecar_checked(t: schema.TraceTables, sc: Sidecar) -> schema.TraceTa
 
 def _read_file(
     path: Path, fmt: str, spec: BatchSpec, result: Result | None = None
-) -> tuple[list[schema.TraceTables], FileResult, list[tuple[int, schema.LoadIssue | None]]]:
-    """One file (or its already read ``result``): its per-rank tables with sidecars merged;
-    sidecar errors returned (``skip``) or raised."""
+) -> tuple[list[schema.TraceTables], FileResult, list[tuple[int, schema.LoadIssue | tuple[str, tuple[Any, ...]]]]]:
+    """One file (or its already read ``result``): its per-rank tables with sidecars merged; per
+    sidecar, its error (``skip``; else raised) or its path and facts."""
     tables, info = result if result is not None else read_one(path, fmt, spec.rank_map)
     out: list[schema.TraceTables] = []
-    sc_issues: list[tuple[int, schema.LoadIssue | None]] = []
+    sc_issues: list[tuple[int, schema.LoadIssue | tuple[str, tuple[Any, ...]]]] = []
     for t in split_by_rank(tables):
         r = int(t.ranks["rank"][0])
         sp = spec.sidecars.get(r)
         if sp is not None:
             try:
-                t = _merge_sidecar_checked(t, read_sidecar_checked(Path(sp), r))
+                sc = read_sidecar_checked(Path(sp), r)
+                t = _merge_sidecar_checked(t, sc)
             except EpTraceError as exc:
                 if spec.on_error != "skip":
                     raise
                 sc_issues.append((r, schema.LoadIssue(str(sp), r, "error", f"sidecar left out: {exc}")))
                 log.warning("left out %s: %s", sp, exc)
             else:
-                sc_issues.append((r, None))
+                sc_issues.append((r, (str(sp), sidecar_facts(sc))))
         out.append(t)
     ranks = pl.concat([t.ranks for t in out]) if out else tables.ranks
     return out, FileResult(str(path), ranks=ranks, info=info), sc_issues
@@ -292,6 +298,7 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
     parts: list[schema.TraceTables] = []
     sc_issues: list[schema.LoadIssue] = []
     used: list[int] = []
+    facts: list[tuple[int, str, tuple[Any, ...]]] = []
     ahead = _kineto_ahead(spec)
     for i, (p, fmt) in enumerate(spec.files):
         try:
@@ -309,16 +316,18 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
         else:
             files.append(res)
             parts.extend(tabs)
-            for r, issue in scs:
+            for r, merged in scs:
                 used.append(r)
-                if issue is not None:
-                    sc_issues.append(issue)
+                if isinstance(merged, schema.LoadIssue):
+                    sc_issues.append(merged)
+                else:
+                    facts.append((r, merged[0], merged[1]))
             continue
         if spec.on_error != "skip":
             break
     issues = [i for t in parts for i in t.load_report]
     if not parts:
-        return BatchResult(spec.index, files, issues, sc_issues, used, None, None, {})
+        return BatchResult(spec.index, files, issues, sc_issues, used, None, None, {}, facts)
     cat = _with_kernel_collectives(parts)
     del parts
     # serving traces have no ProfilerStep: their per-iteration annotations become the steps (before
@@ -330,14 +339,14 @@ def decode_batch(spec: BatchSpec) -> BatchResult:
     rows = {n: df.height for n, df in cat.items()}
     if spec.out_dir is None:
         tables = schema.TraceTables(**cat, load_report=())  # type: ignore[arg-type]
-        return BatchResult(spec.index, files, issues, sc_issues, used, tables, splits, rows)
+        return BatchResult(spec.index, files, issues, sc_issues, used, tables, splits, rows, facts)
     out = Path(spec.out_dir)
     for name, df in [*cat.items(), ("_splits", splits)]:
         if df is not None and df.height:
             d = out / name
             d.mkdir(parents=True, exist_ok=True)
             df.write_parquet(d / f"part-{spec.index:06d}.parquet", compression="zstd", statistics=True)
-    return BatchResult(spec.index, files, issues, sc_issues, used, None, None, rows)
+    return BatchResult(spec.index, files, issues, sc_issues, used, None, None, rows, facts)
 
 
 def _json_bytes(path: Path) -> int:

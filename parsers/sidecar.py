@@ -35,6 +35,7 @@ import polars as pl
 
 from ep_trace import schema
 from ep_trace.errors import TraceFormatError
+from ep_trace.parsers.json_guard import check_json_line
 from ep_trace.trace_files import SIDECAR_VERSION
 
 __all__ = ["SIDECAR_VERSION", "Sidecar", "read_sidecar", "merge_sidecar", "read_workload"]
@@ -68,7 +69,10 @@ class Sidecar:
         routing: ``routing`` records in file order.
         a2a: ``a2a`` records in file order.
         issues: Warnings (e.g. a cut-short last line).
-        placements: ``placement`` records (a layer re-placed from a step on) in file order.
+        routing_lines, a2a_lines: The 1-based line of each ``routing`` / ``a2a`` record (named in
+            errors; empty for a Sidecar built in memory).
+        placements: ``placement`` records (a layer re-placed from a step on) in file order;
+            ``placement_lines`` their lines.
     """
 
     path: str
@@ -76,7 +80,10 @@ class Sidecar:
     routing: list[dict[str, Any]] = field(default_factory=list)
     a2a: list[dict[str, Any]] = field(default_factory=list)
     issues: tuple[schema.LoadIssue, ...] = ()
+    routing_lines: tuple[int, ...] = ()
+    a2a_lines: tuple[int, ...] = ()
     placements: list[dict[str, Any]] = field(default_factory=list)
+    placement_lines: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int | None:
@@ -101,9 +108,13 @@ def read_sidecar(path: str | Path) -> Sidecar:
     a2a: list[dict[str, Any]] = []
     placements: list[dict[str, Any]] = []
     issues: list[schema.LoadIssue] = []
+    routing_lines: list[int] = []
+    a2a_lines: list[int] = []
+    placement_lines: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        check_json_line(path, line, i + 1)
         try:
             rec = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -143,13 +154,26 @@ def read_sidecar(path: str | Path) -> Sidecar:
             meta.update({k: val for k, val in rec.items() if k not in ("type", "v")})
         elif kind == "routing":
             routing.append(rec)
+            routing_lines.append(i + 1)
         elif kind == "a2a":
             a2a.append(rec)
+            a2a_lines.append(i + 1)
         elif kind == "placement":
             placements.append(rec)
+            placement_lines.append(i + 1)
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
-    return Sidecar(str(path), meta, routing, a2a, tuple(issues), placements)
+    return Sidecar(
+        str(path),
+        meta,
+        routing,
+        a2a,
+        tuple(issues),
+        tuple(routing_lines),
+        tuple(a2a_lines),
+        placements,
+        tuple(placement_lines),
+    )
 
 
 def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
@@ -164,10 +188,11 @@ def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
     files = sorted(d.glob("rank*.ep.jsonl"), key=lambda p: (len(p.name), p.name))
     for f in files:
         with open(f, "rb") as fh:
-            for line in fh:
+            for i, line in enumerate(fh):
                 try:
+                    check_json_line(f, line, i + 1)  # (a line nested too deep: no workload from this file)
                     rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
+                except (orjson.JSONDecodeError, TraceFormatError):
                     break
                 if not isinstance(rec, dict) or rec.get("type") != "meta":
                     break
@@ -281,15 +306,13 @@ def _placement(sc: Sidecar) -> pl.DataFrame:
 def _placement_records(sc: Sidecar) -> pl.DataFrame:
     """The ``placement`` records' rows: ``layer``, ``first_step`` (the record's ``step``), ``expert``, ``rank``.
 
-    A record without an int ``step`` / ``layer`` or a list ``placement`` says nothing about when or where
-    it applies and is left out (the sidecar's own checks judge its content, :mod:`parsers.validate`).
+    The records passed :mod:`~ep_trace.parsers.sidecar_checks` before the merge (types, ranges, replicas
+    only as the record's own ``redundant_experts`` declares).
     """
     rows: list[tuple[int, int, int, int]] = []
     for rec in sc.placements:
-        step, layer, owners = rec.get("step"), rec.get("layer"), rec.get("placement")
-        if not (isinstance(step, int) and isinstance(layer, int) and isinstance(owners, list)):
-            continue
-        rows += [(layer, step, e, r) for e, o in enumerate(owners) if isinstance(o, list) for r in o if type(r) is int]
+        step, layer = rec["step"], rec["layer"]
+        rows += [(layer, step, e, r) for e, o in enumerate(rec["placement"]) for r in o]
     if not rows:
         return schema.empty("placement")
     df = pl.DataFrame(

@@ -33,7 +33,13 @@ record and the fix):
 
 The input-before-reading checks and the resource caps (decompressed bytes per file, string length
 of decoded names; environment variables raise them) live in :mod:`ep_trace.parsers.input_guard` and
-are re-exported here.
+are re-exported here. The other parts of the layer, one concept a module (issue 40):
+:mod:`~ep_trace.parsers.json_guard` (JSON nesting depth, data after the document, events per byte,
+before any decoder), :mod:`~ep_trace.parsers.sqlite_guard` (SQLite opened read-only, tables only, a
+step budget per statement), :mod:`~ep_trace.parsers.sidecar_checks` (a sidecar's consistency with
+itself and its trace), :mod:`~ep_trace.parsers.dist_info` (a Kineto trace's own rank account) and
+:mod:`~ep_trace.parsers.rank_set` (sidecars of a job agree; ranks missing from the world or without
+a sidecar named).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import polars as pl
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.result import Analysis, Finding
 from ep_trace.analysis.whatif_checks import RERUN_CHECKS
+from ep_trace.reports.coverage_section import unattributed_clause
 from ep_trace.reports.units import fmt_ns, fmt_pct
 
 __all__ = [
@@ -200,18 +201,22 @@ def verdict(analysis: Analysis) -> Verdict:
                 context,
                 "low",
             )
-        return Verdict(
-            f"{lead}: {where}." if where else f"{lead}.",
-            "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds.",
-            context,
-            "none",
-        )
+        checked = "Exposed communication, barrier wait, routing imbalance and host stalls were all checked and are below the thresholds."
+        # never "no bottleneck" while MoE work went without a stage: say how much could not be attributed
+        unattributed = unattributed_clause(analysis)
+        if unattributed is not None:
+            head = unattributed[0].upper() + unattributed[1:]
+            return Verdict(f"{head}: {where}." if where else f"{head}.", _COVERAGE_HINT, context, "low")
+        return Verdict(f"{lead}: {where}." if where else f"{lead}.", checked, context, "none")
     top = found[0]
     of_mean = f"{fmt_pct(top.est_saving_ns / ss.mean_ns)} of the mean step" if ss.mean_ns else ""
     share = f" ({of_mean})" if of_mean else ""
     if ss.mean_ns and top_share < NEGLIGIBLE_SAVING:
         where = _where_time_goes(analysis)
         lead = f"No EP bottleneck worth {fmt_pct(NEGLIGIBLE_SAVING)} of the step"
+        unattributed = unattributed_clause(analysis)
+        if unattributed is not None:
+            lead = unattributed[0].upper() + unattributed[1:]
         return Verdict(
             f"{lead}: {where}." if where else f"{lead}.",
             f"The largest simulated saving is {fmt_ns(top.est_saving_ns)} per step{share}: {top.title}",
@@ -236,6 +241,12 @@ def verdict(analysis: Analysis) -> Verdict:
         detail += f" Every fix at once (simulated bound): {fmt_ns(bound)} per step; the findings' savings overlap, do not add them."
     return Verdict(top.title, detail, context, top.severity)
 
+
+#: The verdict's detail when MoE work got no stage (reports/coverage_section.py says how much).
+_COVERAGE_HINT = (
+    "Exposed communication, barrier wait, routing imbalance and host stalls were checked on the stages found. "
+    "The stage coverage section lists the kernels without a stage and the --stages rows that claim them."
+)
 
 #: Share of the slowest rank's step in unhidden communication from which, when the other ranks of its
 #: groups are missing (no wait / transfer split, no what-if), the verdict says so rather than "no

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import breakdown_figures, comm_figures, digest, routing_figures, stage_figures, timeline
+from ep_trace.reports.coverage_section import coverage_html
 from ep_trace.reports.figure_style import n_ranks
 from ep_trace.reports.html_page import Section, esc, figure_html, page
 from ep_trace.reports.html_sections import (
@@ -26,6 +27,7 @@ from ep_trace.reports.html_sections import (
     load_report_html,
     phases_html,
     rank_table_html,
+    routing_coverage_html,
     stragglers_html,
     top_html,
     whatif_html,
@@ -125,6 +127,7 @@ def render_report(
     sections.append(
         ("breakdown", "Where the time goes", f'<div class="pair"><div>{left}</div><div>{right}</div></div>{tops}')
     )
+    sections.append(("coverage", "Stage coverage: the MoE time whose stage was found", coverage_html(analysis)))
     tick(2)
     tl_note = ""
     if sel.sampled:
@@ -157,7 +160,8 @@ def render_report(
         if n_r > 64:
             notes.append(f"Count matrix: {n_r} ranks binned into groups of {-(-n_r // 64)}.")
         routing = (
-            figure_html(
+            routing_coverage_html(analysis)
+            + figure_html(
                 routing_figures.count_matrix_heatmap(analysis),
                 "fig-count-matrix",
                 "No count matrix (no split sizes recorded).",

@@ -47,7 +47,7 @@ body{font-family:-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;margin
 main{max-width:1400px;margin:0 auto;padding:12px clamp(8px,2.5vw,24px) 48px}
 h1{font-size:20px;margin:6px 0 4px}h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3.figtitle{font-size:15px;margin:14px 0 2px;font-weight:600}
-.sub{color:#666;font-size:13px;overflow-wrap:anywhere}.note{color:#555;font-size:13px;margin:4px 0 8px}
+.sub{color:#666;font-size:13px;overflow-wrap:anywhere}.note{color:#555;font-size:13px;margin:4px 0 8px}.warn{color:#8A5A00;font-size:13px;margin:4px 0 8px;font-weight:600}
 .caption{color:#444;font-size:12.5px;margin:2px 0 12px;font-style:italic}
 .verdict{border-left:6px solid #999;background:#fff;padding:12px 16px;margin:10px 0;box-shadow:0 1px 2px #0001}
 .verdict.high{border-color:#B2182B}.verdict.medium{border-color:#E69F00}.verdict.low{border-color:#DDCC77}.verdict.none{border-color:#117733}

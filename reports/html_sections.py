@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from ep_trace.analysis.rank_coverage import ranks_phrase, routing_missing_ranks
 from ep_trace.analysis.result import Analysis
 from ep_trace.analysis.steps import phase_table
 from ep_trace.reports import breakdown_figures, comm_figures, digest
@@ -35,6 +36,7 @@ __all__ = [
     "alpha_beta_table",
     "hta_overlap_html",
     "load_report_html",
+    "routing_coverage_html",
     "definitions_html",
     "top_html",
 ]
@@ -372,6 +374,18 @@ def _misaligned_html(analysis: Analysis) -> str:
         "<h3>Collectives not matched across ranks</h3>"
         '<p class="note">These calls are left out of every wait figure rather than paired wrongly.</p>'
         + table_html(["process group", "step", "calls per rank", "reason"], rows, left=4)
+    )
+
+
+def routing_coverage_html(analysis: Analysis) -> str:
+    """The caveat above the routing figures when they count the routing of some ranks only."""
+    lack = routing_missing_ranks(analysis.tables)
+    if not lack:
+        return ""
+    n = analysis.tables.ranks.height
+    return (
+        f'<p class="note"><b>Partial routing</b>: these figures count the routing of {n - len(lack)} of {n} ranks; '
+        f"{esc(ranks_phrase(lack))} no sidecar routing records (see the load report).</p>"
     )
 
 

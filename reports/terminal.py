@@ -7,8 +7,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ep_trace.analysis.rank_coverage import coverage_notes
 from ep_trace.analysis.result import Analysis
 from ep_trace.reports import digest
+from ep_trace.reports.coverage_section import coverage_lines
 from ep_trace.reports.placement_section import invariants_line
 from ep_trace.reports.units import fmt_ns, fmt_pct
 from ep_trace.reports.whatif_table import check_notes, slower_notes, whatif_rows
@@ -37,6 +39,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
     if inv:  # before any performance figure: a silent mis-routing is worse than a slow layer
         out.append(Text(inv, style="bold red" if bad else "green"))
     out.append(Panel(head, title="verdict", title_align="left", border_style=_STYLE.get(v.severity, "")))
+    out += [Text(text, style=style) for text, style in coverage_lines(analysis)]
     found = digest.ranked_findings(analysis)
     if found:
         t = Table(title="top findings", title_justify="left", show_edge=False)
@@ -92,6 +95,7 @@ def summary_renderables(analysis: Analysis, max_findings: int = 5, max_ranks: in
             )
         out.append(t)
     out.extend(_assumed_ranks(analysis))
+    out.extend(Text(n, style="yellow") for n in coverage_notes(analysis.tables))  # ranks the figures leave out
     return out
 
 

@@ -26,6 +26,7 @@ _CONTRACT = {
     "ep_trace.dtypes",
     "ep_trace.stage_names",
     "ep_trace.comm_classifier",
+    "ep_trace.knowledge",
     "ep_trace.trace_files",
     "ep_trace.expert_placement",
 }

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import polars as pl
 
-from ep_trace.analysis import findings, invariants, rank_pass
+from ep_trace.analysis import findings, invariants, rank_coverage, rank_pass
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import load_pass
 from ep_trace.analysis.match_pass import match_pass
@@ -95,6 +95,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
     del first
     graph_act = rank_pass.drain_blocks(second.activity, blocks)
     detection, top_ops, top_kernels = second.detection, second.top_ops, second.top_kernels
+    coverage, unassigned = second.coverage, second.unassigned
     del second
     say("model", 7, total)
     md = model_pass(
@@ -128,7 +129,7 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         detection_method=detection,
         hta_overlap=hta,
         load_report=tables.load_report,
-        notes=step_notes + m.notes + pp.notes + md.notes,
+        notes=step_notes + m.notes + pp.notes + md.notes + rank_coverage.coverage_notes(tables),
         misaligned=m.misaligned,
         replay=md.replay,
         critical_path=md.critical_path,
@@ -143,6 +144,8 @@ def analyze(tables: TraceTables, config: AnalysisConfig, progress: Progress | No
         ep_invariants=pp.ep_invariants,
         placement=pp.plan.per_rank if pp.plan is not None else pl.DataFrame(schema=PER_RANK_SCHEMA),
         placement_proposals=proposals(pp.plan, config.replica_budget),
+        stage_coverage=coverage,
+        unassigned_kernels=unassigned,
     )
     out = invariants.enforce(findings.with_findings(partial))
     log.debug(

@@ -3,11 +3,12 @@
 A silent mis-routing is worse than a slow layer, so the report and the summary state these first:
 
 * ``assignment_conservation`` — every routing decision assigns tokens x top-k slots: per (rank,
-  step, layer, micro-batch) Σ_e count = tokens x top_k (``routing_counts.tokens`` / ``top_k``, where
-  recorded); and every assignment is dispatched once: per (step, layer, source rank) the rows it sends
-  in the forward dispatch (``count_matrix``) = Σ_e count - dropped + padded (drops and padding named
-  with their totals when recorded; the ingest refuses a sidecar whose records contradict themselves,
-  this checks records against the all-to-alls).
+  step, layer, micro-batch) Σ_e count = tokens x top_k - dropped + padded (``routing_counts.tokens`` /
+  ``top_k`` / ``dropped`` / ``padded``, where recorded: ``dropped`` assignments are not in the counts,
+  ``padded`` ones are, docs/sidecar.md); and every counted assignment is dispatched once: per (step,
+  layer, source rank) the rows it sends in the forward dispatch (``count_matrix``) = Σ_e count (drops
+  and padding named with their totals when recorded; the ingest refuses a sidecar whose records
+  contradict themselves, this checks records against the all-to-alls).
 * ``ownership`` — every expert's tokens land on a rank that holds it under the recorded placement in
   force at that step (:mod:`~ep_trace.analysis.placement_in_force`: a layer may be re-placed during the
   run): per (step, layer, source, destination) the rows sent lie between the assignments to experts only
@@ -50,44 +51,44 @@ def _conservation(rc: pl.DataFrame, cm: pl.DataFrame) -> tuple[str, str, int, in
     name = "assignment_conservation"
     if rc.is_empty():
         return _row(name, "not_checked", 0, 0, "no routing counts (no sidecar routing records or routing dump)")
-    d = _router_sums(rc)
+    d = _router_sums(rc).with_columns(
+        *(pl.col(c).fill_null(0) if c in rc.columns else pl.lit(0, pl.Int64).alias(c) for c in ("dropped", "padded"))
+    )
     parts, checked, bad = [], 0, 0
+    drops, pads = int(d["dropped"].sum()), int(d["padded"].sum())
+    named = (f", {drops} dropped" if drops else "") + (f", {pads} padding" if pads else "")
     if "tokens" in d.columns and "top_k" in d.columns:
         known = d.filter(pl.col("tokens").is_not_null() & pl.col("top_k").is_not_null())
-        off = known.filter(pl.col("_sum") != pl.col("tokens") * pl.col("top_k"))
+        expect = pl.col("tokens") * pl.col("top_k") - pl.col("dropped") + pl.col("padded")
+        off = known.filter(pl.col("_sum") != expect)
         checked += known.height
         bad += off.height
         if known.height:
-            parts.append(f"{known.height} routing decisions: Σ counts = tokens × top_k in {known.height - off.height}")
+            rule = "tokens × top_k" + (" − dropped + padded" if drops or pads else "")
+            parts.append(f"{known.height} routing decisions: Σ counts = {rule} in {known.height - off.height}{named}")
         if off.height:
             r = off.sort("rank", "step", "layer", "microbatch").row(0, named=True)
+            adj = (f" − {r['dropped']} dropped" if r["dropped"] else "") + (
+                f" + {r['padded']} padding" if r["padded"] else ""
+            )
             parts.append(
                 f"first off: rank {r['rank']} step {r['step']} layer {r['layer']}: {r['_sum']} assignments for "
-                f"{r['tokens']} tokens × top-{r['top_k']}"
+                f"{r['tokens']} tokens × top-{r['top_k']}{adj}"
             )
     disp = cm.filter((pl.col("direction") == "dispatch") & pl.col("layer").is_not_null())
     if not disp.is_empty():
         sent = disp.group_by("step", "layer", pl.col("src").alias("rank")).agg(pl.col("rows").sum().alias("_sent"))
-        cnt = d.group_by("rank", "step", "layer").agg(
-            pl.col("_sum").sum(),
-            (pl.col("dropped").fill_null(0).sum() if "dropped" in d.columns else pl.lit(0)).alias("_drop"),
-            (pl.col("padded").fill_null(0).sum() if "padded" in d.columns else pl.lit(0)).alias("_pad"),
-        )
+        cnt = d.group_by("rank", "step", "layer").agg(pl.col("_sum").sum())
         j = cnt.join(sent.with_columns(pl.col("rank").cast(pl.Int32)), on=["rank", "step", "layer"], how="inner")
-        expect = pl.col("_sum") - pl.col("_drop") + pl.col("_pad")
-        off = j.filter(pl.col("_sent") != expect)
+        off = j.filter(pl.col("_sent") != pl.col("_sum"))
         checked += j.height
         bad += off.height
-        drops, pads = int(j["_drop"].sum()), int(j["_pad"].sum())
-        extra = (f", {drops} dropped" if drops else "") + (f", {pads} padding rows" if pads else "")
-        parts.append(
-            f"{j.height} (step, layer, rank) dispatches: rows sent = assignments{extra} in {j.height - off.height}"
-        )
+        parts.append(f"{j.height} (step, layer, rank) dispatches: rows sent = Σ counts in {j.height - off.height}")
         if off.height:
             r = off.sort("step", "layer", "rank").row(0, named=True)
             parts.append(
                 f"first off: rank {r['rank']} step {r['step']} layer {r['layer']} sent {r['_sent']} rows for "
-                f"{int(r['_sum'] - r['_drop'] + r['_pad'])} assignments"
+                f"{r['_sum']} assignments"
             )
     if checked == 0:
         return _row(

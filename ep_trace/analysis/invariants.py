@@ -14,6 +14,12 @@ The invariants (:data:`INVARIANTS`; docs/metrics.md "Invariants"), each per (ran
   the mean over ranks of |K| less the busy time of the stages the edit shortens (``balanced_routing``:
   expert; ``fused_permute``: permute / unpermute; ``all``: both), the ranks it edits as a whole left
   out (``no_straggler``'s late rank), taken at the step where it is smallest (:data:`EDITS`);
+* ``removal_le_baseline``: an edit that only takes time away (:data:`REMOVALS`: a late rank's lead,
+  exposed transfer time, half the dispatch bytes, host stalls, launch gaps, half the permute ops)
+  never predicts a longer step than the replayed baseline: the replay is a longest-path computation
+  over the step graph, monotone in every duration, so a longer prediction means the trace's graph is
+  not one the replay can trust (a fuzzed trace whose ops outlast their parents predicted 885 ms for
+  ``full_overlap`` against a 133 ms baseline);
 * ``step_nonnegative``: no replayed or predicted step is negative (the ``all`` row, every edit at
   once, falls with any what-if withheld for either);
 * ``saving_in_step``: a finding's saving lies in [0, step] (the longest step of any rank).
@@ -43,7 +49,7 @@ from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.finding_common import fmt_ns
 from ep_trace.analysis.result import Analysis, Finding, Withheld
 
-__all__ = ["INVARIANTS", "EDITS", "TOLERANCE_NS", "violations", "enforce", "summary_violations"]
+__all__ = ["INVARIANTS", "EDITS", "REMOVALS", "TOLERANCE_NS", "violations", "enforce", "summary_violations"]
 
 #: Name -> what it states (the withheld lines and docs/metrics.md quote it).
 INVARIANTS: dict[str, str] = {
@@ -54,6 +60,7 @@ INVARIANTS: dict[str, str] = {
     "wait_in_step": "0 <= barrier wait <= step",
     "stage_le_step": "a stage's busy time <= step",
     "whatif_ge_kept_work": "a what-if's step >= the device work its edit keeps",
+    "removal_le_baseline": "an edit that only removes time does not lengthen the step",
     "step_nonnegative": "replayed and predicted steps >= 0",
     "saving_in_step": "0 <= a finding's saving <= step",
 }
@@ -78,6 +85,13 @@ EDITS: dict[str, tuple[tuple[str, ...], bool]] = {
 #: Slack of every comparison, ns: the resolution of microsecond Kineto timestamps (older torch), and
 #: Kineto's display widening of annotation spans (1-2 ns, kineto.md section 7).
 TOLERANCE_NS = 1_000
+
+#: The what-ifs (ep_trace.analysis.whatif) whose edit only shortens durations or gaps of the step graph:
+#: their saving is never negative (``removal_le_baseline``). The others move work (``balanced_routing``,
+#: ``placement``, ``node_local``), add calls (``chunked_pipeline``) or combine them (``all``).
+REMOVALS = frozenset(
+    {"no_straggler", "full_overlap", "fp8_dispatch", "no_host_stalls", "no_launch_gaps", "fused_permute"}
+)
 
 #: Columns of ``steps`` / ``rank_summary`` withheld with each step invariant.
 _STEP_COLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -246,6 +260,9 @@ def _model_checks(a: Analysis, kept: pl.DataFrame) -> list[pl.DataFrame]:
         p = pl.col("predicted_step_ns")
         below = (p >= 0) & (p < pl.col("kept_work_ns") - TOLERANCE_NS)
         kept_why = "predicted step {predicted_step_ns} < the {kept_work_ns} of device work the edit keeps"
+        longer = pl.col("scenario").is_in(list(REMOVALS)) & (pl.col("saving_ns") < -TOLERANCE_NS)
+        base = (p + pl.col("saving_ns")).alias("baseline_ns")
+        longer_why = "predicted step {predicted_step_ns} > the replayed baseline {baseline_ns}, though the edit only removes time"
         rows = [
             _rows(
                 w.filter(p < 0),
@@ -255,6 +272,13 @@ def _model_checks(a: Analysis, kept: pl.DataFrame) -> list[pl.DataFrame]:
                 _say("predicted step {predicted_step_ns}", at=False),
             ),
             _rows(w.filter(below), "whatif_ge_kept_work", "whatif", pl.col("scenario"), _say(kept_why, at=False)),
+            _rows(
+                w.filter(longer).with_columns(base),
+                "removal_le_baseline",
+                "whatif",
+                pl.col("scenario"),
+                _say(longer_why, at=False),
+            ),
         ]
         out += rows + [_all_of(w, pl.concat(rows))]
     if a.replay is not None and a.replay.height:
@@ -398,8 +422,16 @@ def _judge_findings(a: Analysis, v: pl.DataFrame) -> tuple[tuple[Finding, ...], 
             why = f"saving {fmt_ns(f.est_saving_ns)} per step vs the longest step {fmt_ns(longest)}"
             lines.append(Withheld("finding", f.kind, f.ranks, "saving_in_step", why))
         else:
-            kept.append(f)
+            kept.append(_without_withheld_evidence(f, by_scenario))
     return tuple(kept), lines
+
+
+def _without_withheld_evidence(f: Finding, withheld: dict[str, Any]) -> Finding:
+    """``f`` without the evidence entries that quote a withheld what-if row (e.g. an exposed-comm
+    finding's ``bound_full_overlap`` beside its own ``fp8_dispatch`` what-if): a withheld figure is
+    not published through a finding that stands on another."""
+    ev = {k: v for k, v in f.evidence.items() if not (isinstance(v, dict) and v.get("scenario") in withheld)}
+    return f if len(ev) == len(f.evidence) else dataclasses.replace(f, evidence=ev)
 
 
 def _f(x: Any) -> float | None:
@@ -455,6 +487,9 @@ def summary_violations(s: dict[str, Any]) -> list[str]:
             out.append(f"step_nonnegative: what-if {w.get('scenario')} predicts {p:.0f}")
         elif p is not None and k is not None and p < k - tol:
             out.append(f"whatif_ge_kept_work: what-if {w.get('scenario')} predicts {p:.0f} < kept work {k:.0f}")
+        sv = _f(w.get("saving_ns"))
+        if w.get("scenario") in REMOVALS and sv is not None and sv < -tol:
+            out.append(f"removal_le_baseline: what-if {w.get('scenario')} saves {sv:.0f} (a longer step)")
     for r in ((s.get("replay") or {}).get("per_rank")) or []:
         rep = _f(r.get("replayed_ns"))
         if rep is not None and rep < 0:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ep_trace.analysis import stage_families, stages
+from ep_trace.analysis import stage_coverage, stage_tiers, stages
 from ep_trace.analysis.activity import device_activity
 from ep_trace.analysis.breakdown import top_kernels, top_ops
 from ep_trace.analysis.chunk_cost import per_chunk_cost
@@ -208,6 +208,8 @@ class SecondPass:
         detection: The most common stage detection method (``'none'`` without stage rows).
         top_ops: :func:`~ep_trace.analysis.breakdown.top_ops`.
         top_kernels: :func:`~ep_trace.analysis.breakdown.top_kernels`.
+        coverage: :func:`~ep_trace.analysis.stage_coverage.coverage` of every rank.
+        unassigned: :func:`~ep_trace.analysis.stage_coverage.unassigned` over every rank.
     """
 
     activity: pl.DataFrame
@@ -218,6 +220,8 @@ class SecondPass:
     detection: str
     top_ops: pl.DataFrame
     top_kernels: pl.DataFrame
+    coverage: pl.DataFrame
+    unassigned: pl.DataFrame
 
 
 def second_pass(
@@ -238,7 +242,9 @@ def second_pass(
     """
     single, mode = len(blocks) == 1, first.mode
     presets = stages.load_presets(config.stage_presets)
-    out: dict[str, list[pl.DataFrame]] = {k: [] for k in ("act", "ov", "xu", "xiv", "st", "ops", "kern")}
+    kernels = stages.load_user_kernels(config.stage_presets)
+    keys = ("act", "ov", "xu", "xiv", "st", "ops", "kern", "cov", "un")
+    out: dict[str, list[pl.DataFrame]] = {k: [] for k in keys}
     for b, ev in _events(tables, blocks, _UNREAD):
         # the first pass' activity of these ranks (same windows), then the analysed steps
         wf = _steps(_of(first.all_windows, b, single), config.steps)
@@ -255,8 +261,12 @@ def second_pass(
         del seg
         xiv = subtract(a.filter(pl.col("cls") == "comm"), a.filter(pl.col("cls") == "compute"), ["rank"])
         out["xiv"].append(xiv)
-        st = _own_strings(_stage_rows(ev, a, mode, w, xiv, presets))
+        det = stage_tiers.detect(ev, a, mode, w, xiv, presets, kernels)
+        st = _own_strings(det.rows)
         out["st"].append(st)
+        out["cov"].append(stage_coverage.coverage(det.attributed))
+        out["un"].append(_own_strings(stage_coverage.unassigned(det.attributed)))
+        del det
         if config.steps is not None:  # ranges outside the chosen steps are not part of the analysis
             st = st.filter(pl.col("step").is_not_null())
         out["ops"].append(_own_strings(top_ops(ev, w, st)))
@@ -277,34 +287,9 @@ def second_pass(
         detection,
         _concat(out["ops"]),
         _concat(out["kern"]),
+        _concat(out["cov"]),
+        stage_coverage.combine_unassigned(_concat(out["un"])),
     )
-
-
-def _stage_rows(
-    ev: pl.DataFrame,
-    act: pl.DataFrame,
-    mode: dict[int, str],
-    windows: pl.DataFrame,
-    exposed_iv: pl.DataFrame,
-    presets: list[dict],  # type: ignore[type-arg]
-) -> pl.DataFrame:
-    """Stage rows of the ranks of ``ev``: stage ranges (tiers layered per window), then kernel
-    families for the kernels no range claimed (:mod:`ep_trace.analysis.stage_families`)."""
-    ranges = stages.detect_ranges(ev, presets)
-    cont = stage_families.container_index(stages.detect_containers(ev, presets), windows)
-    act = act.with_row_index("aid")
-    st, att = stages.attribute(ranges, act, mode, windows, exposed_iv)
-    st = stage_families.layers_from_containers(st, cont)
-    parts = [st] if st.height else []
-    fam = stage_families.family_rows(act, att["aid"], cont)
-    if fam.height:
-        fr = stage_families.family_ranges(fam)
-        fatt = fam.join(fr.select("rank", "run", "sid"), on=["rank", "run"], how="inner")
-        parts.append(stages.measure(fr.drop("run"), fatt, exposed_iv))
-    if not parts:
-        return st
-    out = pl.concat([p.with_columns(pl.col("sid").cast(pl.Int64)) for p in parts], how="vertical_relaxed")
-    return out.sort(["rank", "cpu_start_ns"])
 
 
 def by_block(blocks: Blocks, fn: Callable[..., pl.DataFrame], *frames: pl.DataFrame) -> pl.DataFrame:

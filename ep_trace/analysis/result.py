@@ -72,7 +72,8 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "phase": "serving iteration phase: prefill / decode / mixed / idle (null where the trace does not say)",
     },
     "stages": {
-        "(canonical stages table)": "see ep_trace.schema STAGES, plus comm_ns, overlapped_ns, exposed_comm_ns",
+        "(canonical stages table)": "see ep_trace.schema STAGES, plus comm_ns, overlapped_ns, exposed_comm_ns, and tier "
+        "('range' | 'family' | 'module' | 'cpu_op' | 'token': the detection tier that made the row, docs/metrics.md)",
     },
     "calls": {
         "match_id": "id of a matched collective instance",
@@ -309,6 +310,25 @@ FRAME_DOCS: dict[str, dict[str, str]] = {
         "stall_calls": "stalled calls",
         "top_op": "op name with the largest stall sum (null when none)",
     },
+    "stage_coverage": {
+        "rank": "",
+        "step": "",
+        "moe_ns": "|MoE time|: device work that got an MoE stage or lies in an MoE window (docs/metrics.md)",
+        "covered_ns": "|the part of it that got a stage|",
+        "unassigned_ns": "moe_ns - covered_ns",
+        "share": "covered_ns / moe_ns",
+        "range_ns": "time the range tier added (ep-trace / user / framework ranges)",
+        "family_ns": "time the kernel families added over the ranges",
+        "module_ns": "time the nn.Module frames added",
+        "cpu_op_ns": "time the CPU ops added",
+        "token_ns": "time the name tokens added (the five tiers add up to covered_ns)",
+    },
+    "unassigned_kernels": {
+        "name": "kernel (or CPU op window piece) inside an MoE window that got no stage",
+        "total_ns": "total over every rank and analysed step",
+        "count": "instances",
+        "guess": "stage of its nearest attributed neighbour in the window (the --stages snippet's stage)",
+    },
     "top_ops": {
         "rank": "",
         "name": "CPU op",
@@ -430,6 +450,10 @@ class Analysis:
     placement: pl.DataFrame | None = None
     #: The proposed placements as data (``ep-trace analyze --propose-placement`` writes them).
     placement_proposals: tuple[PlacementProposal, ...] = ()
+    #: Per (rank, step) MoE time covered by stages, by tier (:mod:`ep_trace.analysis.stage_coverage`).
+    stage_coverage: pl.DataFrame | None = None
+    #: Kernels inside MoE windows that got no stage, by name (largest first).
+    unassigned_kernels: pl.DataFrame | None = None
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready dict (documented, versioned: ``schema_version``). See docs/summary.md."""

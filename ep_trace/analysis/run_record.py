@@ -8,13 +8,15 @@ interconnect, the tensor-parallel size, or whether a forward pass was prefill or
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from ep_trace.analysis.run_facts import run_knobs, stage_times, step_figures
+from ep_trace.analysis.stage_families import family_label_expr
+from ep_trace.comm_classifier import comm_family_expr
+from ep_trace.knowledge import range_presets
 
 if TYPE_CHECKING:
     from ep_trace.analysis.result import Analysis
@@ -24,25 +26,22 @@ __all__ = ["RECORD_SCHEMA_VERSION", "run_record", "kernel_family"]
 #: Version of the record layout (docs/run_record.md).
 RECORD_SCHEMA_VERSION = 1
 
-#: (family, regex) over communication kernel names; first match wins. Names from DeepEP
-#: (csrc/kernels/internode*.cu: ``deep_ep::internode::dispatch`` ...), NCCL (``ncclDevKernel_*``,
-#: ``ncclKernel_*``), NVSHMEM (``nvshmem*``), pplx-kernels (``pplx::``).
-_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("deepep", r"deep_ep::|dpsk::ep::"),
-    ("pplx", r"pplx"),
-    ("nvshmem", r"(?i)nvshmem"),
-    ("nccl", r"(?i)^nccl|ncclDevKernel|ncclKernel"),
-)
-_FUSED_MOE = r"(?i)fused_moe|moe_?gemm|cutlass\w*grouped|grouped_?gemm"
+#: Communication families, most specific first: the one a run record names when several are seen
+#: (a DeepEP job also launches NCCL kernels). Families and kernel names: the knowledge table
+#: (ep_trace/families.toml, :mod:`ep_trace.comm_classifier`).
+_PREFERENCE = ("deepep", "pplx", "mori", "trtllm_moe_a2a", "nvshmem", "msccl", "rccl", "nccl")
+#: Stages of the kernel rows whose kernels are a fused / grouped expert path (the ``expert`` rows:
+#: fused_moe_kernel, trtllm-gen bmm, CUTLASS / DeepGEMM grouped GEMMs, aiter fmoe, matmul_ogs, ...).
+_FUSED_STAGE = "expert"
 
 
 def kernel_family(a: Analysis) -> str | None:
     """The all-to-all implementation seen: a kernel family on GPU ranks, else the CPU backend (``gloo``)."""
     ev = a.tables.scan_events()  # the events may stay on disk (TraceTables.events_scan)
     k = ev.filter((pl.col("kind") == "gpu_kernel") & pl.col("coll_id").is_not_null()).select(pl.col("name").unique())
-    names = k.collect()["name"].to_list()
-    for fam, rx in _FAMILIES:
-        if any(re.search(rx, n) for n in names):
+    seen = set(k.collect().select(comm_family_expr(pl.col("name"))).to_series().drop_nulls().to_list())
+    for fam in (*_PREFERENCE, *sorted(seen)):
+        if fam in seen:
             return fam
     coll = a.tables.collectives
     b = coll["backend"].drop_nulls() if coll.height else pl.Series([], dtype=pl.Utf8)
@@ -54,8 +53,11 @@ def kernel_family(a: Analysis) -> str | None:
 
 def _fused_moe(a: Analysis) -> bool | None:
     ev = a.tables.scan_events()
-    names = ev.filter(pl.col("kind").is_in(["gpu_kernel", "cpu_op"])).select(pl.col("name").unique()).collect()["name"]
-    if names.len() and names.str.contains(_FUSED_MOE).any():
+    kernels = ev.filter(pl.col("kind") == "gpu_kernel").select(pl.col("name").unique()).collect()
+    ops = ev.filter(pl.col("kind") == "cpu_op").select(pl.col("name").unique()).collect()["name"]
+    fused = kernels.filter(family_label_expr(pl.col("name")) == _FUSED_STAGE).height > 0
+    containers = [p["pattern"] for p in range_presets() if p["kind"] == "container"]
+    if fused or any(ops.str.contains(rx).any() for rx in containers):
         return True
     st = a.stages
     if st.height and {"dispatch", "expert", "combine"} <= set(st["stage"].unique().to_list()):

@@ -4,7 +4,8 @@ Input: every device kernel of the analysed steps, the ids of those already attri
 range (:func:`ep_trace.analysis.stages.attribute`) and the MoE layer ranges ("containers", e.g.
 vLLM's ``vllm::moe_forward`` op or TraceLens' ``MoE[...]`` range). Per rank, in device start order:
 
-1. each kernel gets the stage of its family (:data:`ep_trace.analysis.kernel_families.KERNEL_FAMILIES`);
+1. each kernel gets the stage of its family (the kernel rows of the knowledge table,
+   :mod:`ep_trace.knowledge`; a user ``--stages`` file's ``[[kernel]]`` rows first);
 2. context rules (each tested in ``tests/analysis/test_stage_families.py``):
 
    * a plain GEMM is expert work only inside a container and after a routing kernel of that
@@ -41,8 +42,9 @@ from __future__ import annotations
 import polars as pl
 
 from ep_trace.analysis.intervals import range_join
-from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
-from ep_trace.comm_classifier import FAMILY_COLLECTIVE, first_match_expr
+from ep_trace.analysis.kernel_families import POINTWISE, stage_table
+from ep_trace.comm_classifier import FAMILY_COLLECTIVE
+from ep_trace.knowledge import Row, first_match_expr, kernel_rows
 
 __all__ = [
     "family_label_expr",
@@ -54,12 +56,19 @@ __all__ = [
 ]
 
 _RANGE = "__range"
-_TABLE = tuple((f.stage, f.regex) for f in KERNEL_FAMILIES)
+#: Which side of an MoE block an NCCL collective without a range may join (the ``edge`` of the
+#: ``ep_collective`` rows: an all-gather / broadcast opens it, a reduce-scatter / reduce closes it).
+_EDGES = tuple((r.edge, r.pattern) for r in kernel_rows() if r.stage == "ep_collective")
 
 
-def family_label_expr(name: pl.Expr) -> pl.Expr:
-    """Polars expression: the family stage of a kernel name (``notify`` / ``gemm`` / ``route_aux`` unresolved)."""
-    return first_match_expr(name, _TABLE)
+def family_label_expr(name: pl.Expr, extra: tuple[Row, ...] = ()) -> pl.Expr:
+    """Polars expression: the family stage of a kernel name (``notify`` / ``gemm`` / ``route_aux`` unresolved).
+
+    Args:
+        name: Kernel names (evaluate on distinct names: every row's regex runs on each).
+        extra: User ``[[kernel]]`` rows, tried before the built-in ones.
+    """
+    return first_match_expr(name, stage_table(extra))
 
 
 def container_index(containers: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
@@ -86,14 +95,6 @@ def _with_container(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
     return k.join(j.unique("aid"), on="aid", how="left")
 
 
-#: PyTorch / Inductor pointwise kernels (``at::native::vectorized_elementwise_kernel<...>``,
-#: ``triton_poi_fused_add_mul_0``): SGLang scales the experts' output by the routed-scaling factor
-#: and adds the shared experts' output between the last expert kernel and the all-reduce.
-_POINTWISE = r"^(?:void\s+)?at::native::(?:(?:\w+|\(anonymous namespace\))::)*\w*elementwise_kernel|^triton_poi_"
-_GATHER = r"Kernel_(?:AllGather|Broadcast)(?:_|\()"
-_SCATTER = r"Kernel_(?:ReduceScatter|Reduce)(?:_|\()"
-
-
 def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
     """``_edge``: the role of an ``ep_collective`` kernel outside any MoE range, from its neighbours.
 
@@ -109,12 +110,11 @@ def _with_edge_roles(k: pl.DataFrame) -> pl.DataFrame:
         return k.with_columns(pl.lit(None, pl.Utf8).alias("_edge"))
     coll = pl.col("_fam") == "ep_collective"
     # the kernel-name tests run once per distinct collective kernel name, not per launch
+    side = first_match_expr(pl.col("name"), _EDGES)
     kinds = (
         k.filter(coll)
         .select(pl.col("name").unique())
-        .with_columns(
-            pl.col("name").str.contains(_GATHER).alias("_g"), pl.col("name").str.contains(_SCATTER).alias("_s")
-        )
+        .with_columns((side == "gather").fill_null(False).alias("_g"), (side == "scatter").fill_null(False).alias("_s"))
     )
     k = k.join(kinds, on="name", how="left").sort(["rank", "start_ns"])
     # pointwise kernels do not break the adjacency (SGLang's routed-scaling multiply and shared-expert
@@ -181,21 +181,25 @@ def _with_allreduce_edges(k: pl.DataFrame, cont: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def family_rows(act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame) -> pl.DataFrame:
+def family_rows(
+    act: pl.DataFrame, attributed: pl.Series, cont: pl.DataFrame, extra: tuple[Row, ...] = ()
+) -> pl.DataFrame:
     """Device kernels of the analysed steps with their resolved family ``stage`` and contiguous-group ``run``.
 
     Args:
         act: Device activity with ``step`` and ``aid``.
         attributed: ``aid`` of the rows a stage range already claimed.
         cont: Output of :func:`container_index`.
+        extra: User ``[[kernel]]`` rows (``--stages``), tried before the built-in ones.
 
     Returns:
         The unclaimed kernels that got a stage, with ``stage, run, cid, c_layer`` added.
     """
     k = act.filter(pl.col("step").is_not_null() & (pl.col("cls") != "memory"))
     # one regex pass per distinct name: the family, and whether the MoE-edge rules skip the kernel
+    label = family_label_expr(pl.col("name"), extra)
     names = k.select(pl.col("name").unique()).with_columns(
-        family_label_expr(pl.col("name")).alias("_fam"), pl.col("name").str.contains(_POINTWISE).alias("_pw")
+        pl.when(label != "pointwise").then(label).alias("_fam"), pl.col("name").str.contains(POINTWISE).alias("_pw")
     )
     k = k.join(names, on="name", how="left")
     claimed = pl.col("aid").is_in(attributed.implode())

@@ -2,16 +2,20 @@
 
 Detection is layered; the tiers *combine* instead of excluding each other:
 
-1. host ranges, best tier first (see ``presets.toml``): ep-trace's own ``ep:<stage>...`` names
+1. host ranges, best tier first (the ``[[range]]`` rows of the knowledge table, ``ep_trace/families.toml``):
+   ep-trace's own ``ep:<stage>...`` names
    (tier 0, parsed by :data:`ep_trace.stage_names.STAGE_NAME_RE`), a user ``--stages`` file (tier 1,
    added to the built-ins), framework ranges (Megatron-Core, TransformerEngine, vLLM, SGLang,
    TensorRT-LLM; tier 2), plain PyTorch collectives (tier 3). The choice is made *per rank and time
    window*: a range is dropped only where it overlaps a range of a better tier on the same rank, so
    a trace where ep-trace wraps only some layers still gets the framework's ranges for the others;
 2. kernel families (:mod:`ep_trace.analysis.stage_families`) for the device kernels no range claimed,
-   on every rank, with the framework's MoE layer ranges ("containers") as context.
+   on every rank, with the framework's MoE layer ranges ("containers") as context;
+3. the name-independent tiers (:mod:`ep_trace.analysis.stage_tiers`): module frames, CPU ops, name
+   tokens inside an MoE window.
 
-The method is reported per row (``ep_trace``, ``preset:<name>``, ``kernel_family``).
+The method is reported per row (``ep_trace``, ``preset:<name>``, ``kernel_family``, ``module:<class>``,
+``cpu_op``, ``name_token``) and its tier in ``tier`` (:data:`ep_trace.analysis.stage_tiers.TIERS`).
 
 Attribution: a device interval belongs to the innermost stage range of its rank — on the thread of
 its anchor when both are known — whose host span contains the interval's *launch* time (Kineto and
@@ -21,7 +25,6 @@ lie on the same thread as the ranges, so they are clipped to each range they ove
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +35,19 @@ from ep_trace.analysis.intervals import range_join, union, union_length
 from ep_trace.analysis.name_filter import matching_names
 from ep_trace.analysis.steps import assign_step
 from ep_trace.errors import ConfigError
+from ep_trace.knowledge import Row, range_presets, user_kernel_rows
 from ep_trace.stage_names import STAGE_NAME_RE
 
-__all__ = ["load_presets", "detect_ranges", "detect_containers", "attribute", "measure", "USER_TIER"]
+__all__ = [
+    "load_presets",
+    "load_user_kernels",
+    "detect_ranges",
+    "detect_containers",
+    "attribute",
+    "attach",
+    "measure",
+    "USER_TIER",
+]
 
 #: Tier of a user ``--stages`` preset that names none.
 USER_TIER = 1
@@ -53,21 +66,31 @@ _RANGE_SCHEMA: dict[str, Any] = {
 }
 
 
+def _user_doc(user: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(user).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(
+            f"--stages: cannot read presets from {user}: {exc}; use [[preset]] tables with name and pattern"
+        ) from exc
+
+
 def load_presets(user: Path | None = None) -> list[dict]:
-    """Built-in presets plus an optional user TOML file of the same layout (added, never replacing).
+    """Built-in range presets (the knowledge table's ``[[range]]`` rows) plus the ``[[preset]]`` tables
+    of an optional user TOML file (added, never replacing).
 
     Raises:
         ConfigError: the user file is unreadable or an entry lacks ``name`` / ``pattern``.
     """
-    text = resources.files("ep_trace.analysis").joinpath("presets.toml").read_text()
-    presets = list(tomllib.loads(text)["preset"])
+    presets = range_presets()
     if user is not None:
-        try:
-            extra = tomllib.loads(Path(user).read_text())["preset"]
-        except (OSError, tomllib.TOMLDecodeError, KeyError) as exc:
+        doc = _user_doc(user)
+        extra = doc.get("preset", [])
+        if not extra and not doc.get("kernel"):
             raise ConfigError(
-                f"--stages: cannot read presets from {user}: {exc}; use [[preset]] tables with name and pattern"
-            ) from exc
+                f"--stages: cannot read presets from {user}: no [[preset]] or [[kernel]] table; "
+                "use [[preset]] tables with name and pattern"
+            )
         for i, p in enumerate(extra):
             if "name" not in p or "pattern" not in p:
                 raise ConfigError(f"--stages: {user}: preset[{i}] needs 'name' and 'pattern'")
@@ -81,6 +104,18 @@ def load_presets(user: Path | None = None) -> list[dict]:
         # a user file adds to the built-ins; its ranges win where they overlap a framework range
         presets = presets + [{"tier": USER_TIER, **p} for p in extra]
     return presets
+
+
+def load_user_kernels(user: Path | None = None) -> tuple[Row, ...]:
+    """The ``[[kernel]]`` rows of a user ``--stages`` file (kernel-name stage families, tried before
+    the built-in ones; the snippet of the coverage section has this layout), or ``()``.
+
+    Raises:
+        ConfigError: the file is unreadable or a row is malformed.
+    """
+    if user is None:
+        return ()
+    return user_kernel_rows(_user_doc(user), Path(user))
 
 
 def _phase(expr: pl.Expr) -> pl.Expr:
@@ -239,6 +274,13 @@ def attribute(
         exposed_comm_ns``; and the attributed activity rows (``sid`` = stage row id).
     """
     ranges = assign_step(ranges, windows, "cpu_start_ns").with_row_index("sid")
+    att = attach(ranges, act, mode)
+    return measure(ranges, att, exposed), att
+
+
+def attach(ranges: pl.DataFrame, act: pl.DataFrame, mode: dict[int, str]) -> pl.DataFrame:
+    """The activity rows each range of ``ranges`` (with ``sid``) holds: a device interval by its launch
+    (innermost range), a CPU compute piece clipped to every range it overlaps (the module doc)."""
     cpu_ranks = [r for r, m in mode.items() if m == "cpu"]
     if "aid" not in act.columns:
         act = act.with_row_index("aid")
@@ -294,8 +336,7 @@ def attribute(
         )
         .filter(pl.col("end_ns") > pl.col("start_ns"))
     )
-    att = pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
-    return measure(ranges, att, exposed), att
+    return pl.concat([pts, clipped], how="vertical_relaxed").drop(["cpu_start_ns", "cpu_end_ns"])
 
 
 def measure(ranges: pl.DataFrame, att: pl.DataFrame, exposed: pl.DataFrame) -> pl.DataFrame:

@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 
+from ep_trace.analysis import rank_coverage
 from ep_trace.analysis.breakdown import BREAKDOWN_PARTS
 from ep_trace.analysis.imbalance import run_aggregate
 from ep_trace.analysis.placement_summary import invariants_section, placement_sections
+from ep_trace.analysis.stage_coverage import summarize as coverage_summary
 from ep_trace.analysis.step_spread import slowest_step, step_spread
 from ep_trace.analysis.steps import phase_table
 from ep_trace.analysis.whatif_checks import rerun_error_pct
@@ -70,6 +72,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
                 pl.col("window_ns").sum(),
                 pl.col("exposed_comm_ns").sum(),
                 pl.col("step").n_unique().alias("n_steps"),
+                pl.col("tier").unique().sort().alias("tiers"),
             )
             .with_columns(
                 (pl.col("busy_ns") / pl.col("n_steps")).round(0).cast(pl.Int64),
@@ -142,6 +145,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
         "schema_version": SUMMARY_SCHEMA_VERSION,
         "detection_method": a.detection_method,
         "n_ranks": a.rank_summary.height,
+        "missing_ranks": rank_coverage.missing_ranks(a.tables.ranks),
         "steps": sorted(int(s) for s in a.steps["step"].unique()) if a.steps.height else [],
         "ep_invariants": invariants_section(a),  # before any performance figure (docs/summary.md)
         "overall": overall,
@@ -166,9 +170,10 @@ def build_summary(a: Analysis) -> dict[str, Any]:
                 "wait_uncertainty_ns",
             ],
         ),
-        "stages": _rows(stages, ["rank", "stage", "busy_ns", "window_ns", "exposed_comm_ns", "n_steps"])
+        "stages": _rows(stages, ["rank", "stage", "busy_ns", "window_ns", "exposed_comm_ns", "n_steps", "tiers"])
         if a.stages.height
         else [],
+        "stage_coverage": coverage_summary(a.stage_coverage, a.unassigned_kernels),
         "straggler": straggler,
         "wait_matrix": a.wait_matrix.to_dicts(),
         "groups": a.group_stragglers.to_dicts() if a.group_stragglers is not None else [],
@@ -179,6 +184,7 @@ def build_summary(a: Analysis) -> dict[str, Any]:
             "per_layer": per_layer,
             "count_matrix": count_matrix,
             "split_violations": a.split_violations.height,
+            "routing_missing_ranks": rank_coverage.routing_missing_ranks(a.tables),
         },
         "alpha_beta": ab,
         "clock": a.clock.to_dicts(),

@@ -58,6 +58,8 @@ def record_routing(
     hidden_size: int | None = None,
     dtype: Any = None,
     group_ranks: Sequence[int] | None = None,
+    dropped: int = 0,
+    padded: int = 0,
 ) -> None:
     """Record one routing decision (per step, layer, micro-batch) of this rank.
 
@@ -74,9 +76,14 @@ def record_routing(
         hidden_size: Hidden size of the dispatched rows (meta).
         dtype: Dispatched activation dtype (``torch.bfloat16`` or ``"bfloat16"``; meta).
         group_ranks: Global ranks of the EP group in group-local order (meta).
+        dropped: Assignments the router dropped (capacity overflow): chosen in ``topk_ids`` but not
+            dispatched, so not in ``expert_counts`` (pass the counts of what was dispatched).
+        padded: Padding assignments in ``expert_counts`` that no token made (capacity / alignment
+            padding). The sidecar's check: ``sum(expert_counts) = tokens x top_k - dropped + padded``.
 
     Raises:
-        ConfigError: inconsistent shapes (counts not of length E, placement not one entry per expert).
+        ConfigError: inconsistent shapes (counts not of length E, placement not one entry per expert),
+            negative ``dropped`` / ``padded``, or counts that break the sum above.
     """
     w = active_writer()
     if w is None:
@@ -90,6 +97,7 @@ def record_routing(
     counts = _as_int_list(expert_counts, "expert_counts")
     if len(counts) != num_experts:
         raise ConfigError(f"expert_counts: length {len(counts)} != num_experts {num_experts}")
+    _check_conservation(counts, int(tokens), int(top_k), int(dropped), int(padded))
     where = _normalise_placement(placement, num_experts)
     first = where is not None and w.meta.get("placement") is None
     w.update_meta(
@@ -121,7 +129,21 @@ def record_routing(
         expert_counts=counts,
         tokens=int(tokens),
         top_k=int(top_k),
+        **({"dropped": int(dropped)} if dropped else {}),
+        **({"padded": int(padded)} if padded else {}),
     )
+
+
+def _check_conservation(counts: list[int], tokens: int, top_k: int, dropped: int, padded: int) -> None:
+    """Refuse at capture what the analysis would refuse at ingest (parsers/sidecar_checks.py)."""
+    if dropped < 0 or padded < 0:
+        raise ConfigError(f"dropped / padded: must be >= 0, got {dropped} / {padded}")
+    want = tokens * top_k - dropped + padded
+    if sum(counts) != want:
+        raise ConfigError(
+            f"expert_counts: sum to {sum(counts)}, not tokens x top_k - dropped + padded = {tokens} x {top_k} - "
+            f"{dropped} + {padded} = {want}; pass the counts of the assignments dispatched, with the drops / padding"
+        )
 
 
 def _redundant(placement: list[list[int]] | None, num_experts: int) -> int | None:

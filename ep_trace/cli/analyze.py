@@ -128,7 +128,9 @@ def analyze_cmd(
         help="Analyze only steps FIRST:LAST (inclusive), e.g. 2:5; 0 = the whole trace where a user range would be the step.",
     ),
     stages: Optional[Path] = typer.Option(
-        None, "--stages", help="TOML file of extra stage-name patterns (merged over the built-in presets)."
+        None,
+        "--stages",
+        help="TOML file of extra stage names: [[preset]] host ranges and [[kernel]] kernel rows (added to the built-in table).",
     ),
     keep_going: bool = typer.Option(
         False, "--keep-going", help="Skip unreadable ranks (named in the report) instead of stopping."

@@ -1,7 +1,7 @@
 """`ep-trace ingest DIR -o OUT`: trace directory -> one Parquet file per canonical table.
 
-``OUT`` also serves as the cache: re-running on an unchanged directory (same files, sizes and
-mtimes) reuses ``OUT`` without parsing (see :mod:`ep_trace.parsers.parquet_io`).
+``OUT`` also serves as the cache: re-running on an unchanged directory (same files, sizes, mtimes,
+ctimes and inodes) reuses ``OUT`` without parsing (see :mod:`ep_trace.parsers.cache_key`).
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def test_all_hold():
         "split_consistency": "ok",
     }
     assert r["assignment_conservation"]["detail"] == (
-        "2 routing decisions: Σ counts = tokens × top_k in 2; 2 (step, layer, rank) dispatches: rows sent = assignments in 2"
+        "2 routing decisions: Σ counts = tokens × top_k in 2; 2 (step, layer, rank) dispatches: rows sent = Σ counts in 2"
     )
     assert r["ownership"]["checked"] == 4
 
@@ -98,14 +98,27 @@ def test_a_decision_with_more_assignments_than_tokens_times_top_k():
 
 
 def test_dropped_and_padded_rows_are_counted_and_named():
+    # rank 0 (8 tokens x top-2 = 16 assignments) dropped 2 of expert 2's and padded 1 row for it: its
+    # counts hold the 15 it dispatched (docs/sidecar.md), 2 + 3 of them to rank 1
     rows = dict(GOOD)
-    rows[(0, 1)] = 6 - 2 + 1  # rank 0 dropped 2 assignments, padded 1 row
+    rows[(0, 1)] = 6 - 2 + 1
     rc = pl.concat(
-        [_rc([C[0], [0] * 4], dropped=2, padded=1).filter(pl.col("rank") == 0), _rc(C).filter(pl.col("rank") == 1)]
+        [
+            _rc([[6, 4, 2, 3], [0] * 4], dropped=2, padded=1).filter(pl.col("rank") == 0),
+            _rc(C).filter(pl.col("rank") == 1),
+        ]
     )
     r = _check(rc, _cm(rows), None, False)["assignment_conservation"]
     assert r["status"] == "ok"
-    assert "rows sent = assignments, 2 dropped, 1 padding rows in 2" in r["detail"]
+    assert r["detail"] == (
+        "2 routing decisions: Σ counts = tokens × top_k − dropped + padded in 2, 2 dropped, 1 padding; "
+        "2 (step, layer, rank) dispatches: rows sent = Σ counts in 2"
+    )
+    # the same counts read without the drops: 15 assignments for 8 tokens x top-2
+    r = _check(rc.with_columns(pl.lit(None, pl.Int64).alias("dropped")), _cm(rows), None, False)
+    r = r["assignment_conservation"]
+    assert r["status"] == "violated"
+    assert "first off: rank 0 step 0 layer 0: 15 assignments for 8 tokens × top-2 + 1 padding" in r["detail"]
 
 
 def test_a_lost_assignment_breaks_conservation():

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
-import tomllib
-
 from ep_trace.analysis.kernel_families import KERNEL_FAMILIES
+from ep_trace.analysis.stages import load_presets
 from ep_trace.comm_classifier import COMM_KERNEL_PATTERNS
 from ep_trace.parsers.serving_steps import FRAME_MARKERS, ITERATION_MARKERS
 
@@ -19,7 +17,7 @@ def _in_doc(rx: str) -> bool:
 
 
 def test_every_regex_is_in_the_framework_table():
-    presets = tomllib.loads(resources.files("ep_trace.analysis").joinpath("presets.toml").read_text())["preset"]
+    presets = load_presets()
     missing = [f.regex for f in KERNEL_FAMILIES if not _in_doc(f.regex)]
     missing += [rx for _, rx in COMM_KERNEL_PATTERNS if not _in_doc(rx)]
     missing += [p["pattern"] for p in presets if not _in_doc(p["pattern"])]

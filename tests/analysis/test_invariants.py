@@ -56,7 +56,7 @@ def _steps(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:
 def _stages(rows: list[tuple[int, int, str, int]]) -> pl.DataFrame:
     return pl.DataFrame(
         [
-            {"rank": r, "step": s, "stage": st, "busy_ns": b, "window_ns": b, "exposed_comm_ns": 0}
+            {"rank": r, "step": s, "stage": st, "busy_ns": b, "window_ns": b, "exposed_comm_ns": 0, "tier": "range"}
             for r, s, st, b in rows
         ],
         schema_overrides={"rank": pl.Int32},
@@ -245,3 +245,24 @@ def test_published_summaries_hold_the_invariants(path: Path) -> None:
     kinds = {f.kind for f in a.findings}
     assert not any(w.what == "finding" and w.name in kinds for w in a.withheld)
     assert len(s["withheld"]) == len(a.withheld)
+
+
+def test_an_edit_that_only_removes_time_never_lengthens_the_step(carrier: Analysis) -> None:
+    """removal_le_baseline: full_overlap predicting 130 ms against the replayed 100 ms is withheld (the
+    replay is monotone in every duration), balanced_routing moving work may predict a longer step; the
+    exposed-comm finding standing on fp8_dispatch stays, without its bound quoting the withheld row."""
+    wf = _whatif(
+        [("full_overlap", 130 * MS, [0, 1]), ("fp8_dispatch", 95 * MS, [0, 1]), ("balanced_routing", 130 * MS, [0, 1])]
+    )
+    f = _finding("exposed_comm", (0,), "fp8_dispatch")
+    f = dataclasses.replace(f, evidence={**f.evidence, "bound_full_overlap": {"scenario": "full_overlap"}})
+    out = invariants.enforce(_handmade(carrier, whatif=wf, findings=(f,)))
+    assert out.whatif is not None and out.whatif["scenario"].to_list() == ["fp8_dispatch", "balanced_routing"]
+    assert [w.line() for w in out.withheld] == [
+        "withheld whatif full_overlap: breaks removal_le_baseline: predicted step 130 ms > the replayed baseline "
+        "100 ms, though the edit only removes time"
+    ]
+    assert [x.kind for x in out.findings] == ["exposed_comm"]
+    assert out.findings[0].evidence == {"whatif": {"scenario": "fp8_dispatch"}}
+    s = {"whatif": [{"scenario": "no_straggler", "predicted_step_ns": 9, "saving_ns": -5000}]}
+    assert invariants.summary_violations(s) == ["removal_le_baseline: what-if no_straggler saves -5000 (a longer step)"]

@@ -298,7 +298,7 @@ def test_frames_follow_frame_docs(synth):
         df = getattr(a, name)
         want = [c for c in cols if not c.startswith("(")]
         if name == "stages":
-            want = [*SCHEMAS["stages"], "comm_ns", "overlapped_ns", "exposed_comm_ns"]
+            want = [*SCHEMAS["stages"], "comm_ns", "overlapped_ns", "exposed_comm_ns", "tier"]
         if name == "count_matrix":
             want = list(SCHEMAS["routing_matrix"])
         assert sorted(df.columns) == sorted(want), name

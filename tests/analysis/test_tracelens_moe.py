@@ -1,9 +1,17 @@
 """The six real single-GPU MoE traces of TraceLens (``../shared/external/kineto/tracelens_moe_micro``,
 see its README): no ep-trace ranges, a plain PyTorch MoE layer in ``MoE[...]`` ranges with its expert
-part in ``expert_ffn[...]``. Expected: per iteration one route stage = softmax + top-k + sort kernels,
-expert work = the kernels launched inside ``expert_ffn[...]`` (preset rows) plus the weight gathers
-(``aten::index``) launched between routing and ``expert_ffn`` (kernel-family rows), each iteration a step
-(the ``MoE[...]`` user range) with its layer 0, no communication at all. The expected figures are computed here straight from the JSON."""
+part in ``expert_ffn[...]``. Each iteration is a step (the ``MoE[...]`` user range; a slow first one is
+warm-up) with its layer 0. Expected per step, no communication at all:
+
+* route: the softmax + top-k + sort kernels (kernel families), and the gate GEMM and the copy of the
+  reshaped routing output launched before the first ``aten::index`` (tier ``cpu_op``: the ops of the
+  ``MoE[...]`` range before its first permute op);
+* expert: the weight gathers (``aten::index``) launched between routing and ``expert_ffn`` (kernel
+  families) and the kernels launched inside ``expert_ffn[...]`` (preset rows);
+* unpermute: the weighting multiply and the sum launched after ``expert_ffn`` (tier ``cpu_op``).
+
+Every kernel of the layer gets a stage: coverage 100 %. The expected figures are computed here
+straight from the JSON, with no ep-trace code."""
 
 from __future__ import annotations
 
@@ -27,7 +35,8 @@ FILES = [
 ROUTE = ("softmax_warp_forward", "gatherTopK", "bitonicSortKVInPlace")
 
 
-def _expected(path: Path) -> tuple[list[int], list[int], list[int]]:
+def _expected(path: Path) -> list[list[int]]:
+    """Per iteration: busy of [route cpu_op, route family, expert family, expert range, unpermute cpu_op]."""
     ev = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     x = [e for e in ev if e.get("ph") == "X"]
     kernels = sorted((e for e in x if e.get("cat") == "kernel"), key=lambda e: e["ts"])
@@ -36,28 +45,29 @@ def _expected(path: Path) -> tuple[list[int], list[int], list[int]]:
         for e in x
         if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
     }
-    ffn = sorted(
-        (e["ts"], e["ts"] + e["dur"])
-        for e in x
-        if e.get("cat") == "user_annotation" and e["name"].startswith("expert_ffn[")
-    )
-    route: list[list[tuple[int, int]]] = [[] for _ in ffn]
-    expert: list[list[tuple[int, int]]] = [[] for _ in ffn]
-    gathers: list[list[tuple[int, int]]] = [[] for _ in ffn]
-    moe = sorted(
-        (e["ts"], e["ts"] + e["dur"]) for e in x if e.get("cat") == "user_annotation" and e["name"].startswith("MoE[")
-    )
+
+    def spans(prefix: str, cat: str = "user_annotation") -> list[tuple[float, float]]:
+        return sorted((e["ts"], e["ts"] + e["dur"]) for e in x if e.get("cat") == cat and e["name"].startswith(prefix))
+
+    moe, ffn = spans("MoE["), spans("expert_ffn[")
+    first_index = [min(s for s, _ in spans("aten::index", "cpu_op") if a <= s <= b) for a, b in moe]
+    rows: list[list[list[tuple[int, int]]]] = [[[] for _ in range(5)] for _ in moe]
     for k in kernels:
         t = launch[k["args"]["correlation"]]
         i = next(j for j, (s, e) in enumerate(moe) if s <= t <= e)
         iv = (round(k["ts"] * 1000), round((k["ts"] + k["dur"]) * 1000))
-        if any(s <= t <= e for s, e in ffn):
-            expert[i].append(iv)
+        if ffn[i][0] <= t <= ffn[i][1]:
+            rows[i][3].append(iv)
         elif "vectorized_gather_kernel" in k["name"]:
-            gathers[i].append(iv)
+            rows[i][2].append(iv)
         elif any(r in k["name"] for r in ROUTE):
-            route[i].append(iv)
-    return [_union(r) for r in route], [_union(g) for g in gathers], [_union(e) for e in expert]
+            rows[i][1].append(iv)
+        elif t > ffn[i][1]:
+            rows[i][4].append(iv)
+        else:
+            assert t < first_index[i], k["name"]
+            rows[i][0].append(iv)
+    return [[_union(r) for r in layer] for layer in rows]
 
 
 def _union(ivs: list[tuple[int, int]]) -> int:
@@ -73,7 +83,7 @@ def _union(ivs: list[tuple[int, int]]) -> int:
 @pytest.mark.parametrize("name", FILES)
 def test_tracelens_moe_stages(external_dir, name):
     path = external_dir / "kineto" / "tracelens_moe_micro" / f"{name}.json.gz"
-    route, gathers, ffn = _expected(path)
+    want = _expected(path)
     a = ep_trace.load([path])
     # no ProfilerStep: each MoE[...] range (one iteration) is a step (analysis/user_steps.py), the
     # trace's one MoE layer is layer 0 of each; a first iteration 1.5x slower than the others is warm-up
@@ -81,16 +91,25 @@ def test_tracelens_moe_stages(external_dir, name):
     assert steps in ([1, 2, 3], [2, 3])
     assert any("their steps are the 3 ranges 'MoE[experts=" in n for n in a.notes)
     st = a.stages.filter(pl.col("step").is_not_null()).sort("cpu_start_ns")
-    assert st.select("step", "layer", "stage", "method").rows() == [
-        (i, 0, s, m)
+    assert st.select("step", "layer", "stage", "tier").rows() == [
+        (i, 0, s, t)
         for i in steps
-        for s, m in (("route", "kernel_family"), ("expert", "kernel_family"), ("expert", "preset:tracelens"))
+        for s, t in (
+            ("route", "cpu_op"),
+            ("route", "family"),
+            ("expert", "family"),
+            ("expert", "range"),
+            ("unpermute", "cpu_op"),
+        )
     ]
     # busy = union of the row's kernel intervals, within 1 ns per kernel (µs -> ns rounding)
     got = st["busy_ns"].to_list()
-    want = [v for i in steps for v in (route[i - 1], gathers[i - 1], ffn[i - 1])]
-    assert [abs(g - w) <= 4 for g, w in zip(got, want, strict=True)] == [True] * len(want), (got, want)
-    # a route window spans its own kernels only, never the step (the 1.18 ms window of the old fallback)
-    assert (st.filter(pl.col("stage") == "route")["window_ns"] < 100_000).all()
+    flat = [v for i in steps for v in want[i - 1]]
+    assert [abs(g - w) <= 4 for g, w in zip(got, flat, strict=True)] == [True] * len(flat), (got, flat)
+    # a family route window spans its own kernels only, never the step (the 1.18 ms window of the old fallback)
+    assert (st.filter(pl.col("tier") == "family", pl.col("stage") == "route")["window_ns"] < 100_000).all()
     assert a.tables.collectives.height == 0 and int(a.steps["comm_ns"].sum()) == 0
-    assert set(st["method"]) == {"kernel_family", "preset:tracelens"}
+    assert a.stage_coverage.height == len(steps)  # one row per analysed (rank, step)
+    cov = a.stage_coverage.row(0, named=True)
+    assert cov["share"] == 1.0 and cov["module_ns"] == cov["token_ns"] == 0 and cov["cpu_op_ns"] > 0
+    assert a.unassigned_kernels.height == 0

@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import orjson
+import polars as pl
 import pytest
 import torch
 
@@ -160,6 +161,35 @@ def test_recording_is_a_noop_without_tracer_and_validates_with_one(tmp_path: Pat
             record_routing(0, torch.zeros(2, 1, dtype=torch.int64), 4, placement=[0, 0])
         with pytest.raises(ConfigError, match="expert_counts: negative entry"):
             record_routing(0, torch.zeros(2, 1, dtype=torch.int64), 2, expert_counts=[3, -1])
+        with pytest.raises(ConfigError) as e:
+            record_routing(0, torch.zeros(4, 2, dtype=torch.int64), 2, expert_counts=[5, 1], dropped=1)
+        assert str(e.value) == (
+            "expert_counts: sum to 6, not tokens x top_k - dropped + padded = 4 x 2 - 1 + 0 = 7; pass the counts "
+            "of the assignments dispatched, with the drops / padding"
+        )
+
+
+def test_capacity_drops_and_padding_are_recorded_and_read_back(tmp_path: Path) -> None:
+    """A router that drops 3 of its 8 assignments and pads 1 (capacity): the sidecar says so and the
+    analysis' conservation check accepts it (parsers/sidecar_checks.py, analysis/ep_invariants.py)."""
+    import ep_trace
+
+    with Tracer(tmp_path) as t:
+        for _ in range(2):
+            torch.ones(8).sum()
+            record_routing(0, torch.zeros(4, 2, dtype=torch.int64), 2, expert_counts=[5, 1], dropped=3, padded=1)
+            t.step()
+    lines = [json.loads(x) for x in next(tmp_path.glob("rank0.ep.jsonl")).read_text().splitlines()]
+    rec = next(x for x in lines if x["type"] == "routing")
+    assert (rec["expert_counts"], rec["tokens"], rec["top_k"], rec["dropped"], rec["padded"]) == ([5, 1], 4, 2, 3, 1)
+    a = ep_trace.load(tmp_path)
+    rc = a.tables.routing_counts.filter(pl.col("step") == rec["step"]).sort("expert")
+    assert rc.select("count", "tokens", "top_k", "dropped", "padded").rows() == [(5, 4, 2, 3, 1), (1, 4, 2, 3, 1)]
+    cons = a.ep_invariants.filter(pl.col("check") == "assignment_conservation").row(0, named=True)
+    assert (
+        cons["detail"] == "2 routing decisions: Σ counts = tokens × top_k − dropped + padded in 2, 6 dropped, 2 padding"
+    )
+    assert cons["status"] == "ok"
 
 
 def test_out_dir_that_is_a_file_is_rejected(tmp_path: Path) -> None:

@@ -56,6 +56,7 @@ def test_stray_json_is_skipped_with_one_warning_but_an_error_when_named(tmp_path
             "warning",
             "skipped, not a trace file: not a Chrome/Kineto trace: no 'traceEvents' list (top level: ['experts'])",
         ),
+        ("job", "warning", "world size 2 but no trace file for 1 rank (1): every figure covers rank 0 only"),
     ]
     with pytest.raises(TraceFormatError, match="config.json: not a Chrome/Kineto trace"):
         read_trace_dir(d / "config.json")

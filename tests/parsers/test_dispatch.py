@@ -136,7 +136,8 @@ def test_sidecar_errors_and_warnings(tmp_path, kt):
     sc.write_text(json.dumps(ok) + "\n")
     (tmp_path / "rank1.ep.jsonl").write_text(json.dumps(dict(ok, rank=1)) + "\n")
     t = read_trace_dir(tmp_path)
-    assert [(i.rank, i.level) for i in t.load_report] == [(1, "warning")]  # sidecar without trace
+    # the sidecar without a trace, and rank 1 of world size 2 without a trace file (issue 40)
+    assert [(i.rank, i.level) for i in t.load_report] == [(1, "warning"), (1, "warning")]
 
 
 def test_conflicts_name_the_files(tmp_path, kt):
@@ -152,13 +153,13 @@ def test_conflicts_name_the_files(tmp_path, kt):
     with pytest.raises(RankConflictError, match="job ids differ"):
         read_trace_dir(tmp_path)
     kt.write_trace(a, [kt.x("cpu_op", "a", 1, 1)], rank=5, world_size=2, extra={"ep_trace": {"job_id": "x"}})
-    with pytest.raises(RankConflictError, match="rank 5 is outside world size 2"):
-        read_trace_dir(tmp_path)
+    with pytest.raises(TraceFormatError, match="distributedInfo: 'rank' 5 is not below 'world_size' 2"):
+        read_trace_dir(tmp_path)  # (refused per file since issue 40: --keep-going skips it)
     pg = lambda n: {
         "backend": "nccl",
         "rank": n,
         "world_size": 2,
-        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, n + 7]}],
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 2, "ranks": [0, 1][:: 1 - 2 * n]}],
     }
     kt.write_trace(a, [kt.x("cpu_op", "a", 1, 1)], rank=None, extra={"distributedInfo": pg(0)})
     kt.write_trace(b, [kt.x("cpu_op", "a", 1, 1)], rank=None, extra={"distributedInfo": pg(1)})
@@ -174,8 +175,9 @@ def test_skip_lists_unreadable_ranks(tmp_path, kt):
     seen = []
     t = read_trace_dir(tmp_path, on_error="skip", progress=lambda s, d, n: seen.append((s, d, n)))
     assert t.ranks["rank"].to_list() == [0]
-    (issue,) = t.load_report
+    issue, missing = t.load_report
     assert issue.level == "error" and issue.file.endswith("rank1.pt.trace.json.gz") and "skipped" in issue.message
+    assert missing.message == "world size 2 but no trace file for 1 rank (1): every figure covers rank 0 only"
     assert issue.rank == 1
     assert seen[-1] == ("read", 2, 2)
     (tmp_path / "rank0.json").write_bytes(b"")  # now nothing is readable: an error, never an empty analysis
@@ -303,7 +305,7 @@ def test_cli_ingest(tmp_path, kt, capsys):
     assert "rank1.json: empty file" in err
     assert main(["ingest", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--keep-going"]) == 0
     report = json.loads((tmp_path / "o" / "load_report.json").read_text())
-    assert [(r["level"], Path(r["file"]).name) for r in report] == [("error", "rank1.json")]
+    assert [(r["level"], Path(r["file"]).name) for r in report] == [("error", "rank1.json"), ("warning", "in")]
     assert main(["ingest", str(tmp_path / "in"), "-o", str(tmp_path / "o"), "--format", "xml"]) == 2
 
 
@@ -321,7 +323,8 @@ def test_process_pool_gives_the_same_tables_and_errors(external_dir, tmp_path, k
         == f"{tmp_path / 'rank0.json'}: traceEvents[1]: negative duration (dur=-1.0); the trace is corrupt; re-export it"
     )
     t = read_trace_dir(tmp_path, jobs=2, on_error="skip")
-    assert t.ranks["rank"].to_list() == [1] and [(i.rank, i.level) for i in t.load_report] == [(0, "error")]
+    assert t.ranks["rank"].to_list() == [1]
+    assert [(i.rank, i.level) for i in t.load_report] == [(0, "error"), (0, "warning")]  # skipped, then missing
 
 
 def test_merge_of_cached_directories_keeps_the_events_on_disk(tmp_path, samples_dir):

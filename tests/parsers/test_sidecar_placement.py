@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from ep_trace import schema
 from ep_trace.analysis.placement_in_force import in_force
+from ep_trace.errors import TraceFormatError
 from ep_trace.parsers import read_trace_dir
 
 START = [[0], [0], [1], [1]]  # experts 0, 1 on rank 0; 2, 3 on rank 1
@@ -90,3 +92,40 @@ def test_without_a_complete_recorded_placement_the_default_is_assumed():
     none = in_force(t.head(0), keys, 4, [0, 1])
     assert not none.recorded and none.per_key(recorded_only=True).is_empty()
     assert none.main.owners == ((0,), (0,), (1,), (1,))  # contiguous blocks
+
+
+def test_a_record_with_replicas_it_does_not_declare_is_refused(tmp_path, kt):
+    # expert 1 on both ranks, the record says no replicas: the same rule as meta.placement's, with its own count
+    bad = dict(_record(2, 1, MOVED), redundant_experts=0)
+    _write(tmp_path, kt, [_record(1, 0, MOVED), bad])
+    with pytest.raises(TraceFormatError) as e:
+        read_trace_dir(tmp_path)
+    assert str(e.value) == (
+        f"{tmp_path / 'rank0.ep.jsonl'}: line 3: 'placement' holds 5 expert copies for 4 experts (expert 1 on "
+        "ranks 0, 1) but 'redundant_experts' is 0: each expert has one rank plus the declared replicas; declare "
+        "the replicas as the record's 'redundant_experts' (docs/sidecar.md), or re-capture the sidecar "
+        "(--keep-going leaves it out)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("record", "problem"),
+    [
+        ({"step": 2, "layer": 1}, "'placement' is 'None', not a list of rank lists"),
+        ({"step": 2, "layer": -1, "placement": START}, "'layer' is -1; it must be at least 0"),
+        ({"step": "2", "layer": 1, "placement": START}, "'step' is '2' (str), not an integer"),
+        ({"step": 2, "layer": 1, "placement": [[0], [0], [1]]}, "'placement' has 3 entries but 'num_experts' is 4"),
+        ({"step": 2, "layer": 1, "placement": [[0], [0], [1], [5]]}, "'placement[3]' holds 5, outside [0, 2)"),
+    ],
+)
+def test_malformed_records_are_refused_with_their_line(tmp_path, kt, record, problem):
+    _write(tmp_path, kt, [{"type": "placement", "v": 1, **record}])
+    with pytest.raises(TraceFormatError, match="line 2: ") as e:
+        read_trace_dir(tmp_path)
+    assert problem in str(e.value)
+
+
+def test_a_second_record_of_a_step_and_layer_is_refused(tmp_path, kt):
+    _write(tmp_path, kt, [_record(2, 1, MOVED), _record(2, 1, START)])
+    with pytest.raises(TraceFormatError, match=r"line 3: a second record for step 2 layer 1 \(the first is line 2\)"):
+        read_trace_dir(tmp_path)

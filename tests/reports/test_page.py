@@ -93,6 +93,7 @@ def test_sections_in_the_required_order(page4):
     assert ids == [
         "findings",
         "breakdown",
+        "coverage",
         "timeline",
         "routing",
         "overlap",

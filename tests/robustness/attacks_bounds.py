@@ -88,6 +88,8 @@ def trailing_data(d: Path, rng: random.Random) -> dict[str, Any]:
         tail = b'\n{"traceEvents": []}'
     else:
         tail = bytes(rng.randrange(256) for _ in range(rng.choice([1, 100, 10_000])))
+        if not tail.strip(b" \t\r\n"):  # JSON whitespace after the document is valid JSON, not garbage
+            tail = b"x" + tail
     data = raw + tail
     if rng.random() < 0.5:
         p.write_bytes(gzip.compress(data, compresslevel=1))
