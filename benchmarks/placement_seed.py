@@ -34,8 +34,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import polars as pl
+from whatif_validate import _injected_cross_node, _paired_median_ci, _predicted, _step_pairs
 
 import ep_trace
 from ep_trace.analysis.config import AnalysisConfig
@@ -95,20 +95,6 @@ def analyze_op(run_dir: Path, work: Path) -> dict[str, object]:
     }
 
 
-def _injected(d: Path) -> dict[int, float]:
-    """Step -> the cross-node delay the demo asked for in it, ns (per call the largest over the ranks)."""
-    per_call: dict[tuple[int, int], float] = {}
-    for f in d.glob("rank*.ep.jsonl"):
-        for rec in map(json.loads, f.read_text().splitlines()):
-            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
-                k = (rec["step"], rec["call"])
-                per_call[k] = max(per_call.get(k, 0.0), float(rec["cross_node_delay_ns"]))
-    step: dict[int, float] = {}
-    for (s, _), v in per_call.items():
-        step[s] = step.get(s, 0.0) + v
-    return step
-
-
 def rerun(a: argparse.Namespace, tokens: int, file: Path, work: Path) -> dict[str, object]:
     """Steps 3 and 4: the in-run A/B with the proposal on odd steps; measured, predicted, injected."""
     d = work / "ab"
@@ -117,27 +103,24 @@ def rerun(a: argparse.Namespace, tokens: int, file: Path, work: Path) -> dict[st
         "demo", "--out", str(d), *_scenario(a), "--tokens", str(tokens), "--steps", str(n), "--alt-placement", str(file)
     )
     an = ep_trace.load([d], config=AnalysisConfig(steps=(2, n - 1)))
-    per = dict(an.steps.group_by("step").agg(pl.col("step_time_ns").mean()).iter_rows())
-    pairs = [(per[s], per[s + 1]) for s in range(2, n - 1, 2) if s in per and s + 1 in per]
-    diffs = np.array([x - y for x, y in pairs])
-    rng = np.random.default_rng(0)
-    lo, hi = np.percentile(np.median(rng.choice(diffs, (2000, diffs.size)), axis=1), [2.5, 97.5])
-    pred = []
-    for s in range(2, n - 1, 2):
-        w = ep_trace.load([d], config=AnalysisConfig(steps=(s, s))).whatif
-        pred.append(float(w.filter(pl.col("scenario") == "node_local")["saving_ns"][0]))
-    inj = _injected(d)
-    known = [inj[s] - inj[s + 1] for s in range(2, n - 1, 2) if s in inj and s + 1 in inj]
+    pairs = _step_pairs(an.steps.group_by("step").agg(pl.col("step_time_ns").mean()))
+    diffs = [x - y for x, y in pairs]
+    lo, hi = _paired_median_ci(diffs)
+    pred = [
+        _predicted(ep_trace.load([d], config=AnalysisConfig(steps=(s, s))), "node_local") or 0.0
+        for s in range(2, n - 1, 2)
+    ]
+    inj = _injected_cross_node(d)  # (A, B) per step pair from step 2
     return {
         "A_ms": statistics.median(x for x, _ in pairs) / 1e6,
         "B_ms": statistics.median(y for _, y in pairs) / 1e6,
-        "measured_ms": float(np.median(diffs)) / 1e6,
+        "measured_ms": statistics.median(diffs) / 1e6,
         "ci_ms": (lo / 1e6, hi / 1e6),
         "predicted_ms": statistics.median(pred) / 1e6,
         "predicted_range_ms": (min(pred) / 1e6, max(pred) / 1e6),
-        "injected_A_ms": statistics.median(inj[s] for s in range(2, n, 2) if s in inj) / 1e6,
-        "injected_B_ms": statistics.median(inj[s] for s in range(3, n, 2) if s in inj) / 1e6,
-        "known_ms": statistics.median(known) / 1e6,
+        "injected_A_ms": statistics.median(a for a, _ in inj) / 1e6,
+        "injected_B_ms": statistics.median(b for _, b in inj) / 1e6,
+        "known_ms": statistics.median(a - b for a, b in inj) / 1e6,
         "pairs": len(pairs),
         "invariants": {r["check"]: r["status"] for r in an.ep_invariants.iter_rows(named=True)},
     }
