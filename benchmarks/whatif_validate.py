@@ -37,9 +37,7 @@ Pairs (2 ranks, same seed, A has the cause, B does not):
   and every token on the other node (``affinity:2:1``); ``_uniform``: the control. The row gives the
   cross-node delay the demo injected per step on each side (from the sidecars), the known part of the
   measured saving.
-  Each row says how many of the analysed A steps proposed exactly the placement B ran. Without the
-  analysis side of issue 41 (no ``--propose-placement``), the pair runs the fixed placement of
-  :data:`FALLBACK_PROPOSALS` and prints the prediction as n/a.
+  Each row says how many of the analysed A steps proposed exactly the placement B ran.
 
 measured saving = stat(A) - stat(B), stat = median over steps of the mean over ranks of the step
 length (the warm-up rule drops an outlier first step). The prediction pairs each A step with its
@@ -213,18 +211,6 @@ PLACEMENT_PAIRS = {
     ),
 }
 
-#: The B placement of a pair when the analysis cannot propose one (before issue 41's analysis side):
-#: the hot experts' rank gives one expert a replica on the other rank; node_local swaps the nodes' blocks.
-FALLBACK_PROPOSALS = {
-    "placement_ab": {"num_experts": 8, "ranks": [[0, 1, 2, 3], [4, 5, 6, 7, 1]]},
-    "placement_ab_hotset": {"num_experts": 8, "ranks": [[0, 2, 3], [4, 5, 6, 7, 1]]},
-    "placement_ab_zipf": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
-    "placement_ab_uniform": {"num_experts": 8, "ranks": [[0, 2, 4, 6], [1, 3, 5, 7]]},
-    "node_local_ab": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
-    "node_local_ab_latency": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
-    "node_local_ab_uniform": {"num_experts": 8, "ranks": [[4, 5], [6, 7], [0, 1], [2, 3]]},
-}
-
 
 def _propose(name: str, steps: int, work: Path, demo_extra: tuple[str, ...], tokens: int) -> tuple[Path, str]:
     """A calibration run of the pair's A side, analysed with ``--propose-placement``: ``(B's placement file, source)``."""
@@ -236,16 +222,12 @@ def _propose(name: str, steps: int, work: Path, demo_extra: tuple[str, ...], tok
     cmd += ["-o", str(d / "report.html"), "--json", str(d / "summary.json"), "--propose-placement", str(prop)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     chosen = prop.with_name(f"{prop.stem}.{scenario}.json")  # ep_trace.cli.outputs.placement_paths
-    if p.returncode == 0 and chosen.exists():
-        rows = json.loads((d / "summary.json").read_text()).get("whatif") or []
-        saving = next((r["saving_ns"] for r in rows if r.get("scenario") == scenario), None)
-        said = "n/a" if saving is None else f"{saving / 1e6:.1f} ms"
-        return chosen, f"proposed (the calibration run predicts {said})"
-    if "--propose-placement" not in p.stderr or "No such option" not in p.stderr:
-        raise RuntimeError(f"{name}: ep-trace analyze --propose-placement failed: {p.stderr.strip()}")
-    fallback = work / f"{name}_fallback.json"
-    fallback.write_text(json.dumps(FALLBACK_PROPOSALS[name]))
-    return fallback, "fallback (no --propose-placement)"
+    if p.returncode != 0 or not chosen.exists():
+        raise RuntimeError(f"{name}: ep-trace analyze --propose-placement wrote no {chosen.name}: {p.stderr.strip()}")
+    rows = json.loads((d / "summary.json").read_text()).get("whatif") or []
+    saving = next((r["saving_ns"] for r in rows if r.get("scenario") == scenario), None)
+    said = "n/a" if saving is None else f"{saving / 1e6:.1f} ms"
+    return chosen, f"proposed (the calibration run predicts {said})"
 
 
 def _proposal_of(a: ep_trace.Analysis, scenario: str) -> list[list[int]] | None:

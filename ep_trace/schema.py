@@ -46,8 +46,11 @@ __all__ = [
 #: annotations where a rank has no ``ProfilerStep``, ``parsers/serving_steps.py``; 5: kind
 #: ``python_frame``; 6: gloo calls' process group read from their worker threads,
 #: ``parsers/kineto_gloo_groups.py``; ``ranks.node_rank`` / ``local_world_size``, ``routing_counts.tokens`` /
-#: ``top_k`` / ``dropped`` / ``padded``, ``collectives.link_delay_ns``).
-SCHEMA_VERSION = 6
+#: ``top_k`` / ``dropped`` / ``padded``, ``collectives.link_delay_ns``; 7: ``placement.first_step``, so that
+#: the sidecar's ``placement`` records (a layer re-placed from a step on: an EPLB rearrangement, each flip of
+#: ``ep-trace demo --alt-placement``) are kept beside ``meta.placement`` instead of dropped; a cache of 6 has
+#: only the meta's placement and would check every re-placed step against the wrong one).
+SCHEMA_VERSION = 7
 
 #: Values of ``events.kind``. ``comm_worker`` = a gloo (or other CPU backend) worker-thread range
 #: that performs a collective's transfer; ``python_frame`` = a Python call frame of the profiler's
@@ -262,6 +265,14 @@ _PLACEMENT_COLS = [
     ("layer", _I32, True, "MoE layer (None = same for all layers)"),
     ("expert", _I32, False, "global expert id"),
     ("rank", _I32, False, "a rank holding a replica of the expert"),
+    (
+        "first_step",
+        _I64,
+        True,
+        "first step that runs this placement (None = from the start: the sidecar's meta.placement, a routing "
+        "dump's map); the placement of (step s, layer l) is that of the last first_step <= s of layer l, else "
+        "the one with first_step None (ep_trace/analysis/placement_in_force.py)",
+    ),
 ]
 
 SCHEMAS: dict[str, pl.Schema] = {}

@@ -11,7 +11,8 @@ lists of every all-to-all, the expert placement and rank metadata. Merging one r
   rows = ``send_splits[j]``), ``source = 'sidecar'``; ``count`` exchanges are not token traffic
   and ``bwd`` records (the backward's transposed all-to-alls, carrying gradients back) would count
   every token again in the opposite direction, so both are left out;
-* ``placement`` from ``meta.placement``;
+* ``placement`` from ``meta.placement`` (``first_step`` null) and the ``placement`` records (each with
+  its ``layer`` and ``first_step`` = the record's ``step``: the layer runs it from that step on);
 * ``collectives``: each all-to-all(v) call is matched to the ``a2a`` record whose host window
   ``[start_ns, end_ns]`` (``time.time_ns`` around the call, same epoch clock as Kineto) contains
   the call's host start (when no window matches at all and the counts agree, by order); the
@@ -70,6 +71,8 @@ class Sidecar:
         issues: Warnings (e.g. a cut-short last line).
         routing_lines, a2a_lines: The 1-based line of each ``routing`` / ``a2a`` record (named in
             errors; empty for a Sidecar built in memory).
+        placements: ``placement`` records (a layer re-placed from a step on) in file order;
+            ``placement_lines`` their lines.
     """
 
     path: str
@@ -79,6 +82,8 @@ class Sidecar:
     issues: tuple[schema.LoadIssue, ...] = ()
     routing_lines: tuple[int, ...] = ()
     a2a_lines: tuple[int, ...] = ()
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    placement_lines: tuple[int, ...] = ()
 
     @property
     def rank(self) -> int | None:
@@ -101,9 +106,11 @@ def read_sidecar(path: str | Path) -> Sidecar:
     meta: dict[str, Any] = {}
     routing: list[dict[str, Any]] = []
     a2a: list[dict[str, Any]] = []
+    placements: list[dict[str, Any]] = []
     issues: list[schema.LoadIssue] = []
     routing_lines: list[int] = []
     a2a_lines: list[int] = []
+    placement_lines: list[int] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -151,9 +158,22 @@ def read_sidecar(path: str | Path) -> Sidecar:
         elif kind == "a2a":
             a2a.append(rec)
             a2a_lines.append(i + 1)
+        elif kind == "placement":
+            placements.append(rec)
+            placement_lines.append(i + 1)
     if not meta:
         raise TraceFormatError(path, "no 'meta' record", "the sidecar is corrupt; re-capture or delete it")
-    return Sidecar(str(path), meta, routing, a2a, tuple(issues), tuple(routing_lines), tuple(a2a_lines))
+    return Sidecar(
+        str(path),
+        meta,
+        routing,
+        a2a,
+        tuple(issues),
+        tuple(routing_lines),
+        tuple(a2a_lines),
+        placements,
+        tuple(placement_lines),
+    )
 
 
 def read_workload(trace_dir: str | Path) -> dict[str, Any] | None:
@@ -283,6 +303,26 @@ def _placement(sc: Sidecar) -> pl.DataFrame:
     )
 
 
+def _placement_records(sc: Sidecar) -> pl.DataFrame:
+    """The ``placement`` records' rows: ``layer``, ``first_step`` (the record's ``step``), ``expert``, ``rank``.
+
+    The records passed :mod:`~ep_trace.parsers.sidecar_checks` before the merge (types, ranges, replicas
+    only as the record's own ``redundant_experts`` declares).
+    """
+    rows: list[tuple[int, int, int, int]] = []
+    for rec in sc.placements:
+        step, layer = rec["step"], rec["layer"]
+        rows += [(layer, step, e, r) for e, o in enumerate(rec["placement"]) for r in o]
+    if not rows:
+        return schema.empty("placement")
+    df = pl.DataFrame(
+        rows,
+        schema={"layer": pl.Int32, "first_step": pl.Int64, "expert": pl.Int32, "rank": pl.Int32},
+        orient="row",
+    )
+    return schema.conform("placement", df)
+
+
 def _annotate_collectives(colls: pl.DataFrame, a2a: pl.DataFrame) -> pl.DataFrame:
     if colls.height == 0 or a2a.height == 0:
         return colls
@@ -377,7 +417,9 @@ def merge_sidecar(tables: schema.TraceTables, sc: Sidecar) -> schema.TraceTables
             "routing_matrix", pl.concat([tables.routing_matrix, _routing_matrix(a2a, rank)]), src
         ),
         placement=schema.validate(
-            "placement", pl.concat([tables.placement, _placement(sc)]).unique(maintain_order=True), src
+            "placement",
+            pl.concat([tables.placement, _placement(sc), _placement_records(sc)]).unique(maintain_order=True),
+            src,
         ),
         load_report=tables.load_report + sc.issues,
     )

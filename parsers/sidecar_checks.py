@@ -16,6 +16,9 @@ the sidecar out (the rank stays, without routing records, and the load report sa
 * ``routing``: ``step`` / ``layer`` / ``microbatch`` integers in range (a layer of 10^9 is refused),
   ``expert_counts`` ``num_experts`` non-negative integers summing to
   ``tokens x top_k - dropped + padded``, one record per (step, layer, micro-batch);
+* ``placement`` (a layer re-placed from a step on): ``step`` / ``layer`` integers in range, its
+  ``placement`` a partition of the experts as the meta's, replicas only as the record's own
+  ``redundant_experts`` declares; one record per (step, layer);
 * ``a2a``: ``direction`` / ``phase`` from the vocabulary, ``group_ranks`` distinct ranks of the
   world holding this rank, ``send_splits`` / ``recv_splits`` the group's length, one record per
   (step, call);
@@ -161,34 +164,37 @@ def _dup(xs: Sequence[int]) -> int:
     return next(x for x in xs if x in seen or seen.add(x))  # type: ignore[func-returns-value]
 
 
-def _check_placement(c: _Ctx, pl_: object, e: int | None, r_extra: int, world: int | None) -> None:
-    """``placement`` is a partition of the experts over ranks, replicas only as declared."""
+def _check_placement(c: _Ctx, pl_: object, e: int | None, r_extra: int, world: int | None, record: str = "meta") -> int:
+    """``placement`` (of ``record``: the meta or a ``placement`` record's line) is a partition of the experts
+    over ranks, replicas only as declared; returns its copies."""
     if not isinstance(pl_, list):
-        c.fail("meta", f"'placement' is {str(pl_)[:40]!r}, not a list of rank lists")
+        c.fail(record, f"'placement' is {str(pl_)[:40]!r}, not a list of rank lists")
     assert isinstance(pl_, list)
     if e is not None and len(pl_) != e:
-        c.fail("meta", f"'placement' has {len(pl_):,} entries but 'num_experts' is {e:,}")
+        c.fail(record, f"'placement' has {len(pl_):,} entries but 'num_experts' is {e:,}")
     if len(pl_) > _max_experts():
-        c.fail("meta", f"'placement' has {len(pl_):,} entries, above the cap of {_max_experts():,} experts")
+        c.fail(record, f"'placement' has {len(pl_):,} entries, above the cap of {_max_experts():,} experts")
     owners = 0
     for x, entry in enumerate(pl_):
-        got = c.int_list("meta", f"placement[{x}]", entry, 0, world)
+        got = c.int_list(record, f"placement[{x}]", entry, 0, world)
         if not got:
-            c.fail("meta", f"'placement[{x}]' is empty: expert {x} has no rank")
+            c.fail(record, f"'placement[{x}]' is empty: expert {x} has no rank")
         if len(set(got)) != len(got):
-            c.fail("meta", f"'placement[{x}]' lists rank {_dup(got)} twice")
+            c.fail(record, f"'placement[{x}]' lists rank {_dup(got)} twice")
         owners += len(got)
     n = len(pl_)
     if owners != n + r_extra:
         most = max(range(n), key=lambda x: len(pl_[x]))
+        whose = "meta" if record == "meta" else "the record's"
         c.fail(
-            "meta",
+            record,
             f"'placement' holds {owners:,} expert copies for {n:,} experts (expert {most} on ranks "
             f"{_short(pl_[most])}) but 'redundant_experts' is {r_extra}: each expert has one rank plus the "
             "declared replicas",
-            "declare the replicas as meta 'redundant_experts' (docs/sidecar.md), or re-capture the sidecar "
+            f"declare the replicas as {whose} 'redundant_experts' (docs/sidecar.md), or re-capture the sidecar "
             "(--keep-going leaves it out)",
         )
+    return owners
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -302,6 +308,23 @@ def _check_sum(c: _Ctx, rec: str, r: dict[str, Any], total: int, meta_k: int | N
         )
 
 
+def _check_placements(c: _Ctx, sc: Any, e: int | None, world: int | None, traced: set[int], trace_file: str) -> int:
+    """The ``placement`` records (module doc); returns their expert copies."""
+    recs = getattr(sc, "placements", [])
+    got: Sequence[int] = getattr(sc, "placement_lines", ())
+    lines = got if len(got) == len(recs) else range(1, len(recs) + 1)
+    for key, hi in (("step", None), ("layer", MAX_LAYER)):
+        _int_column(c, lines, key, [r.get(key, _MISSING) for r in recs], hi, nullable=False)
+    _no_duplicates(c, lines, [(r["step"], r["layer"]) for r in recs], lambda k: f"step {k[0]} layer {k[1]}")
+    _steps_traced(c, lines, [r["step"] for r in recs], traced, trace_file)
+    cells = 0
+    for i, r in enumerate(recs):
+        r_extra = r.get("redundant_experts", 0)
+        c.int_field(f"line {lines[i]}", "redundant_experts", r_extra, 0, _max_experts() + 1)
+        cells += _check_placement(c, r.get("placement"), e, r_extra, world, f"line {lines[i]}")
+    return cells
+
+
 def _check_a2a(c: _Ctx, sc: Any, world: int | None, rank: int, traced: set[int], trace_file: str) -> int:
     """The all-to-all records; returns their split cells."""
     recs: list[dict[str, Any]] = sc.a2a
@@ -379,6 +402,7 @@ def check_sidecar(trace: schema.TraceTables, sc: Any) -> None:
     traced = _traced_steps(trace)
     cells = _check_routing(c, sc, e, k, traced, str(r.get("source_file")))
     cells += _check_a2a(c, sc, world, int(r["rank"]), traced, str(r.get("source_file")))
+    cells += _check_placements(c, sc, e, world, traced, str(r.get("source_file")))
     if cells > MAX_ROUTING_CELLS:
         raise ResourceLimitError(
             c.path, f"more than {MAX_ROUTING_CELLS:,} expert counts and split entries", "analyse fewer steps"

@@ -9,8 +9,9 @@ A silent mis-routing is worse than a slow layer, so the report and the summary s
   layer, source rank) the rows it sends in the forward dispatch (``count_matrix``) = Σ_e count (drops
   and padding named with their totals when recorded; the ingest refuses a sidecar whose records
   contradict themselves, this checks records against the all-to-alls).
-* ``ownership`` — every expert's tokens land on a rank that holds it under the recorded placement:
-  per (step, layer, source, destination) the rows sent lie between the assignments to experts only
+* ``ownership`` — every expert's tokens land on a rank that holds it under the recorded placement in
+  force at that step (:mod:`~ep_trace.analysis.placement_in_force`: a layer may be re-placed during the
+  run): per (step, layer, source, destination) the rows sent lie between the assignments to experts only
   the destination holds and the assignments to experts it holds at all (equal without replicas).
 * ``split_consistency`` — rank i's send split to j equals rank j's receive split from i
   (:func:`~ep_trace.analysis.imbalance.split_violations`).
@@ -21,8 +22,6 @@ Each check is ``ok``, ``violated`` or ``not_checked`` (with why).
 from __future__ import annotations
 
 import polars as pl
-
-from ep_trace.analysis.placement import Placement
 
 __all__ = ["INVARIANT_SCHEMA", "ep_invariants"]
 
@@ -98,28 +97,28 @@ def _conservation(rc: pl.DataFrame, cm: pl.DataFrame) -> tuple[str, str, int, in
     return _row(name, "violated" if bad else "ok", checked, bad, "; ".join(parts))
 
 
-def _ownership(
-    rc: pl.DataFrame, cm: pl.DataFrame, placement: Placement | None, recorded: bool
-) -> tuple[str, str, int, int, str]:
+def _ownership(rc: pl.DataFrame, cm: pl.DataFrame, owners: pl.DataFrame | None) -> tuple[str, str, int, int, str]:
     name = "ownership"
     if rc.is_empty():
         return _row(name, "not_checked", 0, 0, "no routing counts")
-    if placement is None or not recorded:
+    if owners is None or owners.is_empty():
         return _row(
             name, "not_checked", 0, 0, "no expert placement recorded (sidecar meta.placement or a routing dump's map)"
         )
     disp = cm.filter((pl.col("direction") == "dispatch") & pl.col("layer").is_not_null())
     if disp.is_empty():
         return _row(name, "not_checked", 0, 0, "no dispatch count matrix per layer")
-    own = placement.frame()
-    ncopies = own.group_by("expert").agg(pl.len().alias("_n"))
+    key = ["step", "layer", "expert"]
+    own = owners.select(pl.col("step").cast(pl.Int64), pl.col("layer").cast(pl.Int32), "expert", "rank")
+    ncopies = own.group_by(key).agg(pl.len().alias("_n"))
     per = rc.group_by("step", "layer", pl.col("rank").alias("src"), "expert").agg(pl.col("count").sum())
-    per = per.join(own.rename({"rank": "dst"}), on="expert").join(ncopies, on="expert")
+    per = per.join(own.rename({"rank": "dst"}), on=key).join(ncopies, on=key)
     bounds = per.group_by("step", "layer", "src", "dst").agg(
         pl.col("count").sum().alias("_hi"), pl.col("count").filter(pl.col("_n") == 1).sum().alias("_lo")
     )
     sent = disp.group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum().alias("_rows"))
-    steps = rc.select("step", "layer").unique()
+    # the (step, layer)s with both counts and a recorded placement
+    steps = rc.select("step", "layer").unique().join(own.select("step", "layer").unique(), on=["step", "layer"])
     j = (
         sent.with_columns(pl.col("src").cast(pl.Int32), pl.col("dst").cast(pl.Int32))
         .join(steps, on=["step", "layer"], how="semi")
@@ -142,8 +141,7 @@ def ep_invariants(
     routing_counts: pl.DataFrame,
     count_matrix: pl.DataFrame,
     split_violations: pl.DataFrame,
-    placement: Placement | None,
-    placement_recorded: bool,
+    owners: pl.DataFrame | None,
     n_split_pairs: int,
 ) -> pl.DataFrame:
     """The three checks (module doc), one row each (:data:`INVARIANT_SCHEMA`).
@@ -152,8 +150,9 @@ def ep_invariants(
         routing_counts: Canonical ``routing_counts``.
         count_matrix: ``Analysis.count_matrix``.
         split_violations: ``Analysis.split_violations``.
-        placement: The placement the counts are checked against.
-        placement_recorded: The placement was recorded (not the contiguous default).
+        owners: ``step, layer, expert, rank``: the recorded placement in force at each (step, layer) the
+            counts are checked against (:meth:`~ep_trace.analysis.placement_in_force.InForce.per_key`);
+            None or empty: none recorded (not checked).
         n_split_pairs: (call, pair) split pairs compared (for the ``checked`` column).
     """
     rc = routing_counts
@@ -173,5 +172,5 @@ def ep_invariants(
             "split_consistency", "not_checked", 0, 0, "no call recorded both its send and its peer's receive splits"
         )
     )
-    rows = [_conservation(rc, cm), _ownership(rc, cm, placement, placement_recorded), split]
+    rows = [_conservation(rc, cm), _ownership(rc, cm, owners), split]
     return pl.DataFrame(rows, schema=INVARIANT_SCHEMA, orient="row")

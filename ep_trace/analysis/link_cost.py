@@ -14,7 +14,12 @@ dispatch / combine calls gives all α and β at once (numpy ``lstsq``, one row p
 class' β counts as fitted when the class carries bytes in at least :data:`MIN_CALLS` calls with at
 least two sizes and the slope is positive at the 95 % level; its α when the class is the farthest in
 at least :data:`MIN_CALLS` calls and the intercept is not significantly negative (a
-slightly negative one counts as 0). What is not fitted takes the
+slightly negative one counts as 0); one failing coefficient is fixed to its default at a time, the least
+significant first, and the fit redone. A coefficient the calls cannot tell apart from the others (its
+column a combination of theirs: e.g. a workload whose every rank sends each peer the same count
+exchange, where the same-rank and same-node bytes move in lock-step with the cross-node ones) is not
+fitted, the α first kept, then the β of the classes that carry the most bytes; without this one
+collinear column sank the whole fit to the defaults. What is not fitted takes the
 user's default (``AnalysisConfig.link_defaults``), with the fit redone on what remains; r² is per
 class over the calls it is the farthest in.
 """
@@ -31,7 +36,15 @@ from ep_trace.analysis.matching import splits_long
 from ep_trace.analysis.topology import LINK_CLASSES, with_link_class
 from ep_trace.dtypes import itemsize_expr
 
-__all__ = ["MIN_CALLS", "LinkCosts", "call_class_bytes", "fit_link_costs", "link_bytes", "LINK_COST_SCHEMA"]
+__all__ = [
+    "MIN_CALLS",
+    "LinkCosts",
+    "call_class_bytes",
+    "fit_link_costs",
+    "table_of",
+    "link_bytes",
+    "LINK_COST_SCHEMA",
+]
 
 #: Calls a class needs before its α or β is fitted (fewer: the default).
 MIN_CALLS = 3
@@ -50,10 +63,17 @@ LINK_COST_SCHEMA = {
 
 @dataclass(frozen=True)
 class LinkCosts:
-    """α (ns) and β (bytes / ns = GB/s) per link class, in :data:`LINK_CLASSES` order."""
+    """α (ns) and β (bytes / ns = GB/s) per link class, in :data:`LINK_CLASSES` order; ``delay``: the
+    part of them that is an injected delay before the call (an emulated network,
+    :mod:`~ep_trace.analysis.link_delay`), None where there is none."""
 
     alpha_ns: np.ndarray
     beta: np.ndarray
+    delay: LinkCosts | None = None
+
+    def price_delay(self, b: np.ndarray) -> np.ndarray:
+        """The injected delay's part of :meth:`price` (0 without one)."""
+        return self.delay.price(b) if self.delay is not None else np.zeros(b.shape[0])
 
     def price(self, b: np.ndarray) -> np.ndarray:
         """Modelled transfer (ns) of each row of ``b`` (bytes per class, ``[n, 3]``): α of the farthest
@@ -116,8 +136,9 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
     far = _farthest(b)
     a_fit = np.array([(far == k).sum() >= MIN_CALLS for k in range(_K)])
     b_fit = np.array([_varies(b[:, k]) for k in range(_K)])
+    a_fit, b_fit = _identifiable(b, far, a_fit, b_fit)
     coef: np.ndarray | None = None
-    for _ in range(2 * _K + 1):  # each pass fixes at least one more α or β to its default, or stops
+    for _ in range(2 * _K + 1):  # each pass fixes one more α or β to its default, or stops
         coef, se = _solve(b, y, far, a_fit, b_fit, alpha, beta)
         if coef is None or se is None:
             a_fit[:], b_fit[:] = False, False
@@ -125,10 +146,15 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
         slope = coef[_K:]
         bad_b = b_fit & ~((slope > 0) & (slope - 1.96 * se[_K:] > 0))
         bad_a = a_fit & (coef[:_K] + 1.96 * se[:_K] < -1.0)  # significantly negative (1 ns of float noise)
-        if not bad_b.any() and not bad_a.any():
+        bad = np.concatenate([bad_a, bad_b])
+        if not bad.any():
             break
-        b_fit &= ~bad_b
-        a_fit &= ~bad_a
+        # the least significant one only: near-collinear classes (a count exchange's few same-node bytes
+        # beside its cross-node ones, the same calls' large ones beside theirs) blur each other's slope,
+        # and dropping every blurred one at once dropped the class that carries the cost too
+        t = np.where(bad, coef / np.maximum(se, 1e-300), np.inf)
+        worst = int(np.argmin(t))
+        (a_fit if worst < _K else b_fit)[worst % _K] = False
     if coef is not None:
         alpha = np.where(a_fit, np.maximum(coef[:_K], 0.0), alpha)
         beta = np.where(b_fit, 1.0 / np.where(b_fit, coef[_K:], 1.0), beta)
@@ -136,9 +162,35 @@ def fit_link_costs(obs: pl.DataFrame, defaults: LinkDefaults) -> tuple[LinkCosts
     return costs, _table(costs, b, y, far, a_fit, b_fit)
 
 
+def table_of(costs: LinkCosts, obs: pl.DataFrame, a_fit: np.ndarray, b_fit: np.ndarray) -> pl.DataFrame:
+    """The :data:`LINK_COST_SCHEMA` table of ``costs`` on ``obs`` (as :func:`fit_link_costs` takes it), the
+    α / β of the classes marked in ``a_fit`` / ``b_fit`` said fitted."""
+    b = obs.select([f"b_{k}" for k in LINK_CLASSES]).to_numpy().astype(np.float64) if obs.height else np.zeros((0, _K))
+    y = obs["y_ns"].to_numpy().astype(np.float64) if obs.height else np.zeros(0)
+    keep = b.sum(axis=1) > 0
+    return _table(costs, b[keep], y[keep], _farthest(b[keep]), a_fit, b_fit)
+
+
 def _farthest(b: np.ndarray) -> np.ndarray:
     has = b > 0
     return np.where(has.any(axis=1), _K - 1 - np.argmax(has[:, ::-1], axis=1), -1)
+
+
+def _identifiable(
+    b: np.ndarray, far: np.ndarray, a_fit: np.ndarray, b_fit: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The α / β candidates kept as free coefficients, one at a time while each adds a direction the
+    kept ones do not span (module doc): α first, then β by the bytes their class carries."""
+    cols = [(False, k, (far == k).astype(np.float64)) for k in range(_K) if a_fit[k]]
+    cols += [(True, int(k), b[:, k]) for k in sorted(np.flatnonzero(b_fit), key=lambda k: -b[:, k].sum())]
+    keep_a, keep_b = np.zeros(_K, dtype=bool), np.zeros(_K, dtype=bool)
+    kept: list[np.ndarray] = []
+    for is_beta, k, col in cols:
+        x = np.stack([*kept, col / max(float(np.abs(col).max()), 1e-30)], axis=1)
+        if np.linalg.matrix_rank(x) > len(kept):
+            kept.append(x[:, -1])
+            (keep_b if is_beta else keep_a)[k] = True
+    return keep_a, keep_b
 
 
 def _varies(col: np.ndarray) -> bool:

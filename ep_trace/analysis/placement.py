@@ -34,7 +34,16 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-__all__ = ["Placement", "contiguous", "from_table", "route", "balanced", "node_local", "rank_loads", "cross_rows"]
+__all__ = [
+    "Placement",
+    "contiguous",
+    "route",
+    "route_rows",
+    "balanced",
+    "node_local",
+    "rank_loads",
+    "cross_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -77,34 +86,27 @@ def contiguous(num_experts: int, ranks: Sequence[int]) -> Placement:
     return Placement(tuple((ranks[e // per],) for e in range(num_experts)), tuple(ranks))
 
 
-def from_table(placement: pl.DataFrame, num_experts: int, ranks: Sequence[int]) -> Placement | None:
-    """The recorded placement (``tables.placement``, layer-independent rows) or None when it does not
-    cover every expert with a rank of ``ranks``."""
-    p = placement.filter(pl.col("layer").is_null()) if "layer" in placement.columns else placement
-    p = p.filter(pl.col("rank").is_in(list(ranks)) & (pl.col("expert") < num_experts) & (pl.col("expert") >= 0))
-    own: list[set[int]] = [set() for _ in range(num_experts)]
-    for e, r in p.select("expert", "rank").iter_rows():
-        own[int(e)].add(int(r))
-    if any(not o for o in own):
-        return None
-    return Placement(tuple(tuple(sorted(o)) for o in own), tuple(ranks))
+def _candidates(owners: pl.DataFrame, node_of: dict[int, int], by: Sequence[str]) -> pl.DataFrame:
+    """``*by, node, expert, dst, n, i``: the replicas each node's sources route expert e to (rule above):
+    the copies on the node, else every copy; ``i`` = the copy's position in rank order, ``n`` = copies.
 
-
-def _candidates(pl_: Placement, node_of: dict[int, int]) -> pl.DataFrame:
-    """``node, expert, dst, n, i``: the replicas each node's sources route expert e to (rule above)."""
-    nodes = sorted(set(node_of.values()))
-    rows: list[tuple[int, int, int, int, int]] = []
-    for e, own in enumerate(pl_.owners):
-        by_node: dict[int, list[int]] = {}
-        for r in own:
-            by_node.setdefault(node_of.get(r, -1), []).append(r)
-        for n in nodes:
-            cand = by_node.get(n) or list(own)
-            rows.extend((n, e, d, len(cand), i) for i, d in enumerate(sorted(cand)))
-    return pl.DataFrame(
-        rows,
-        schema={"node": pl.Int32, "expert": pl.Int32, "dst": pl.Int32, "n": pl.Int64, "i": pl.Int64},
-        orient="row",
+    Args:
+        owners: ``*by, expert, rank`` (one row per copy).
+        node_of: ``rank -> node id``.
+        by: Columns that tell placements apart (none for one placement).
+    """
+    nodes = pl.DataFrame({"node": sorted(set(node_of.values()))}, schema={"node": pl.Int32})
+    own = owners.select(*by, pl.col("expert").cast(pl.Int32), pl.col("rank").cast(pl.Int32).alias("dst")).unique()
+    own = own.with_columns(pl.col("dst").replace_strict(node_of, default=-1, return_dtype=pl.Int32).alias("_dn"))
+    x = own.join(nodes, how="cross")
+    key = [*by, "node", "expert"]
+    local = x.filter(pl.col("_dn") == pl.col("node"))
+    cand = pl.concat([local, x.join(local.select(key).unique(), on=key, how="anti")])
+    return cand.select(
+        *key,
+        "dst",
+        pl.len().over(key).cast(pl.Int64).alias("n"),
+        (pl.col("dst").rank("ordinal").over(key) - 1).cast(pl.Int64).alias("i"),
     )
 
 
@@ -119,13 +121,22 @@ def route(counts: pl.DataFrame, pl_: Placement, node_of: dict[int, int]) -> pl.D
     Returns:
         ``step, layer, src, dst, rows`` (pairs with rows > 0), sorted.
     """
-    cand = _candidates(pl_, node_of)
+    return route_rows(counts, pl_.frame(), node_of)
+
+
+def route_rows(
+    counts: pl.DataFrame, owners: pl.DataFrame, node_of: dict[int, int], by: Sequence[str] = ()
+) -> pl.DataFrame:
+    """:func:`route` for placements given as rows: ``owners`` = ``*by, expert, rank``, each count routed
+    under the placement of its own ``by`` values (``counts`` carries them too), e.g. the placement in
+    force at its step (:mod:`~ep_trace.analysis.placement_in_force`)."""
+    cand = _candidates(owners, node_of, by)
     c = counts.with_columns(
         pl.col("src").cast(pl.Int32),
         pl.col("expert").cast(pl.Int32),
         pl.col("src").cast(pl.Int32).replace_strict(node_of, default=-1, return_dtype=pl.Int32).alias("node"),
     )
-    j = c.join(cand, on=["node", "expert"], how="inner")
+    j = c.join(cand, on=[*by, "node", "expert"], how="inner")
     rows = pl.col("count") // pl.col("n") + (pl.col("i") < pl.col("count") % pl.col("n")).cast(pl.Int64)
     return (
         j.group_by("step", "layer", "src", "dst")

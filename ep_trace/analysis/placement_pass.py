@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from ep_trace.analysis import ep_invariants, imbalance, link_cost, topology
+from ep_trace.analysis import ep_invariants, imbalance, link_cost, link_delay, topology
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.analysis.load_pass import LoadPass
 from ep_trace.analysis.match_pass import MatchPass
@@ -40,16 +40,26 @@ class PlacementPass:
 
 
 def _observations(m: MatchPass, call_bytes: pl.DataFrame) -> pl.DataFrame:
-    """One row per (valid all-to-all call, rank): bytes per class and the wait-free transfer ``y_ns``."""
+    """One row per (valid all-to-all call, rank): bytes per class, the wait-free transfer ``y_ns`` and the
+    injected link delay before the call ``delay_ns``."""
     if m.calls.is_empty() or call_bytes.is_empty():
-        return pl.DataFrame(schema={**{f"b_{k}": pl.Float64 for k in topology.LINK_CLASSES}, "y_ns": pl.Float64})
+        return pl.DataFrame(
+            schema={**{f"b_{k}": pl.Float64 for k in topology.LINK_CLASSES}, "y_ns": pl.Float64, "delay_ns": pl.Float64}
+        )
     ok = m.calls.filter(pl.col("valid") & pl.col("collective").str.starts_with("all_to_all")).select("match_id")
     cr = m.call_ranks.join(ok, on="match_id", how="semi").select(
         "match_id", pl.col("rank").cast(pl.Int32), pl.col("transfer_ns").cast(pl.Float64).alias("y_ns")
     )
-    # an injected link delay before the call (ep-trace demo's emulated link) is part of its link cost
-    j = cr.join(call_bytes, on=["match_id", "rank"], how="inner")
-    return j.with_columns(pl.col("y_ns") + pl.col("delay_ns"))
+    return cr.join(call_bytes, on=["match_id", "rank"], how="inner")
+
+
+def _fit(obs: pl.DataFrame, config: AnalysisConfig) -> tuple[link_cost.LinkCosts, pl.DataFrame]:
+    """The α–β per link class; where the sidecar recorded an injected delay before the calls (ep-trace
+    demo's emulated network) it is part of the link cost, fitted apart from the transport
+    (:mod:`~ep_trace.analysis.link_delay`)."""
+    if link_delay.has_delays(obs):
+        return link_delay.fit_emulated(obs, config.link_defaults)
+    return link_cost.fit_link_costs(obs, config.link_defaults)
 
 
 def _delays(matched: pl.DataFrame) -> pl.DataFrame:
@@ -74,7 +84,7 @@ def placement_pass(
         notes.append(note)
     cb = link_cost.call_class_bytes(m.matched, nodes).join(_delays(m.matched), on=["match_id", "rank"], how="left")
     cb = cb.with_columns(pl.col("delay_ns").fill_null(0.0))
-    costs, cost_table = link_cost.fit_link_costs(_observations(m, cb), config.link_defaults)
+    costs, cost_table = _fit(_observations(m, cb), config)
     lb = link_cost.link_bytes(ld.count_matrix, nodes)
     plan = build_plan(
         tables.ranks,
@@ -90,8 +100,7 @@ def placement_pass(
         tables.routing_counts.filter(pl.col("step").is_in(steps)) if steps else tables.routing_counts,
         ld.count_matrix,
         ld.split_violations,
-        plan.current if plan is not None else None,
-        plan is not None and plan.recorded,
+        plan.in_force.per_key(recorded_only=True) if plan is not None and plan.in_force is not None else None,
         imbalance.split_pairs_compared(m.matched),
     )
     inputs = None
@@ -99,6 +108,12 @@ def placement_pass(
         notes.append(
             "the routing counts' steps are none of the analysed profiler steps (a routing dump numbers its own): their "
             "mean per step stands for each analysed step in the placement model"
+        )
+    if plan is not None and plan.in_force is not None and plan.in_force.distinct > 1:
+        notes.append(
+            f"the analysed steps ran {plan.in_force.distinct} expert placements (a layer re-placed during the run, "
+            "the sidecar's placement records): each step's counts are checked and routed under the placement it ran; "
+            "'current' lists the one most of them ran"
         )
     if plan is not None:
         if not plan.recorded:

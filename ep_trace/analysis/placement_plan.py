@@ -2,8 +2,10 @@
 every rank's expert load and to the bytes that cross nodes (:mod:`~ep_trace.analysis.placement`).
 
 The counts are ``routing_counts`` of the analysed steps summed over micro-batches; the recorded
-placement is the sidecar's ``meta.placement`` (or a routing dump's map), else Megatron-Core's /
-vLLM's default of contiguous blocks (``placement_recorded`` False: the report says it was assumed).
+placement is the one in force at each analysed (step, layer) (:mod:`~ep_trace.analysis.placement_in_force`:
+the sidecar's ``meta.placement`` or a routing dump's map, then the sidecar's ``placement`` records), else
+Megatron-Core's / vLLM's default of contiguous blocks (``placement_recorded`` False: the report says it
+was assumed). The ``current`` scenario routes each step's counts under the placement it ran.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from ep_trace.analysis import placement as plm
+from ep_trace.analysis.placement_in_force import InForce, in_force
 from ep_trace.dtypes import itemsize
 
 if TYPE_CHECKING:
@@ -64,7 +67,7 @@ class PlacementPlan:
 
     Attributes:
         counts: ``step, layer, src, expert, count`` of the analysed steps.
-        current: The recorded placement (or the contiguous default).
+        current: The recorded placement most analysed (step, layer)s ran (or the contiguous default).
         recorded: ``current`` was recorded, not assumed.
         proposals: ``scenario -> Placement`` (:data:`SCENARIOS` that apply).
         node_of: ``rank -> node id``.
@@ -72,6 +75,7 @@ class PlacementPlan:
         per_rank: :data:`PER_RANK_SCHEMA` rows for ``current`` and each proposal (mean per step).
         steps_matched: The counts are those of the analysed steps (False: a routing dump's mean per
             step stands for each of them).
+        in_force: The placement each analysed (step, layer) ran (``pairs['current']`` routes by it).
     """
 
     counts: pl.DataFrame
@@ -82,6 +86,7 @@ class PlacementPlan:
     pairs: dict[str, pl.DataFrame]
     per_rank: pl.DataFrame
     steps_matched: bool = True
+    in_force: InForce | None = None
 
     def proposal(self, scenario: str, budget: int) -> PlacementProposal:
         """The proposal of ``scenario`` as data."""
@@ -142,15 +147,15 @@ def build_plan(
         return None
     group = _group_ranks(tables_ranks)
     n_exp = max(int(cast(int, tables_ranks["num_experts"].max() or 0)), int(cast(int, counts["expert"].max())) + 1)
-    recorded_p = plm.from_table(placement_table, n_exp, group)
-    current = recorded_p or plm.contiguous(n_exp, group)
+    now = in_force(placement_table, counts.select("step", "layer"), n_exp, group)
+    current = now.main
     node_of = {int(r): int(n) for r, n in nodes.select("rank", "node_id").iter_rows()}
     weight = np.zeros(n_exp)
     per_e = counts.group_by("expert").agg(pl.col("count").sum())
     weight[per_e["expert"].to_numpy()] = per_e["count"].to_numpy()
     proposals = {"placement": plm.balanced(weight, group, budget)}
     pairs = {
-        "current": plm.route(counts, current, node_of),
+        "current": now.route(counts, node_of),
         "placement": plm.route(counts, proposals["placement"], node_of),
     }
     node_ids = sorted({node_of.get(r, -1) for r in group})
@@ -170,9 +175,9 @@ def build_plan(
         proposals["node_local"] = plm.node_local(demand, group, rank_node, budget, cap)
         pairs["node_local"] = plm.route(counts, proposals["node_local"], node_of)
     per_rank = _per_rank(pairs, {"current": current, **proposals}, group, nodes, node_of, row_bytes).with_columns(
-        pl.lit(recorded_p is not None).alias("recorded")
+        pl.lit(now.recorded).alias("recorded")
     )
-    return PlacementPlan(counts, current, recorded_p is not None, proposals, node_of, pairs, per_rank, matched)
+    return PlacementPlan(counts, current, now.recorded, proposals, node_of, pairs, per_rank, matched, now)
 
 
 def _step_counts(routing_counts: pl.DataFrame, steps: list[int]) -> tuple[pl.DataFrame, bool]:

@@ -88,8 +88,9 @@ def _class_rows(pairs: pl.DataFrame, node_of: dict[int, int]) -> pl.DataFrame:
 
 def _transfer_delta(g: StepGraph, inp: PlacementInputs, scenario: str) -> tuple[np.ndarray, np.ndarray]:
     """Per node: the modelled change of its link cost, ns, as ``(lead gap change, transfer change)``: an
-    injected link delay the caller waited before the call (``delay_ns``) sits in the lead gap, so the
-    change is shared between the two in proportion to the delay and the measured transfer."""
+    injected link delay the caller waited before the call sits in the lead gap, so the change of the
+    delay's part of the costs (:attr:`~ep_trace.analysis.link_cost.LinkCosts.delay`) goes there and the
+    rest to the transfer."""
     dg, dt = np.zeros(g.nodes.height), np.zeros(g.nodes.height)
     calls = g.nodes.filter(
         (pl.col("kind") == "call") & pl.col("direction").is_in(["dispatch", "combine"]) & pl.col("layer").is_not_null()
@@ -109,13 +110,9 @@ def _transfer_delta(g: StepGraph, inp: PlacementInputs, scenario: str) -> tuple[
     old_b = c.select(_B).to_numpy().astype(np.float64)
     new_b = c.select([(pl.col(f"r_{k}") * scale).fill_null(0.0) for k in LINK_CLASSES]).to_numpy().astype(np.float64)
     change = inp.costs.price(new_b) - inp.costs.price(old_b)
-    delay = (
-        c["delay_ns"].fill_null(0.0).to_numpy().astype(np.float64) if "delay_ns" in c.columns else np.zeros(c.height)
-    )
-    total = delay + c["transfer_ns"].to_numpy().astype(np.float64)
-    share = np.divide(delay, total, out=np.zeros_like(delay), where=total > 0)
+    in_gap = inp.costs.price_delay(new_b) - inp.costs.price_delay(old_b)
     idx = c["node"].to_numpy()
-    dg[idx], dt[idx] = change * share, change * (1.0 - share)
+    dg[idx], dt[idx] = in_gap, change - in_gap
     return dg, dt
 
 

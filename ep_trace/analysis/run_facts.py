@@ -127,8 +127,9 @@ def run_knobs(a: Analysis, workload: dict[str, Any] | None = None) -> dict[str, 
 
 
 def run_identity(a: Analysis) -> dict[str, Any]:
-    """What makes two runs the same job: world size and expert placement (the model is in :func:`run_knobs`)."""
-    p = a.tables.placement
+    """What makes two runs the same job: world size and expert placement at the start (the model is in
+    :func:`run_knobs`; a layer re-placed during the run, ``first_step`` set, does not make another job)."""
+    p = a.tables.placement.filter(pl.col("first_step").is_null())
     placement = None
     if p.height:
         placement = tuple(

@@ -66,10 +66,15 @@ NO_VIOL = pl.DataFrame(
 GOOD = {(0, 0): 10, (0, 1): 6, (1, 0): 3, (1, 1): 13}
 
 
+def _owners(placement: Placement, step: int = 0) -> pl.DataFrame:
+    """The placement in force at (step, layer 0)."""
+    return placement.frame().with_columns(pl.lit(step, pl.Int64).alias("step"), pl.lit(0, pl.Int32).alias("layer"))
+
+
 def _check(
     rc: pl.DataFrame, cm: pl.DataFrame, placement: Placement | None = OWN, recorded: bool = True
 ) -> dict[str, dict]:
-    out = ep_invariants(rc, cm, NO_VIOL, placement, recorded, 8)
+    out = ep_invariants(rc, cm, NO_VIOL, _owners(placement) if placement is not None and recorded else None, 8)
     return {r["check"]: r for r in out.iter_rows(named=True)}
 
 
@@ -147,3 +152,22 @@ def test_not_checkable_without_counts_or_placement():
     assert r["assignment_conservation"]["status"] == "not_checked" and r["ownership"]["status"] == "not_checked"
     r = _check(_rc(C), _cm(GOOD), OWN, recorded=False)
     assert r["ownership"]["detail"] == "no expert placement recorded (sidecar meta.placement or a routing dump's map)"
+
+
+def test_each_step_is_checked_against_the_placement_in_force_at_it():
+    # step 0 runs OWN; from step 1 the layer is re-placed (a placement record): e2 moves to rank 0
+    moved = Placement(((0,), (0,), (0,), (1,)), (0, 1))
+    rc = pl.concat([_rc(C), _rc(C).with_columns(pl.lit(1, pl.Int64).alias("step"))])
+    step1 = {(0, 0): 13, (0, 1): 3, (1, 0): 8, (1, 1): 8}  # rank 1's 5 e2 rows now go to rank 0
+    cm = pl.concat([_cm(GOOD), _cm(step1).with_columns(pl.lit(1, pl.Int64).alias("step"))])
+    owners = pl.concat([_owners(OWN, 0), _owners(moved, 1)])
+    out = {r["check"]: r for r in ep_invariants(rc, cm, NO_VIOL, owners, 8).iter_rows(named=True)}
+    assert (out["ownership"]["status"], out["ownership"]["checked"]) == ("ok", 8)
+    # the same rows judged against the placement at the start: step 1's e2 rows are off
+    stale = pl.concat([_owners(OWN, 0), _owners(OWN, 1)])
+    out = {r["check"]: r for r in ep_invariants(rc, cm, NO_VIOL, stale, 8).iter_rows(named=True)}
+    assert (out["ownership"]["status"], out["ownership"]["violations"]) == ("violated", 4)
+    assert (
+        "first off: step 1 layer 0: rank 0 sent 13 rows to rank 0, whose experts were assigned 10..10"
+        in (out["ownership"]["detail"])
+    )

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 import ep_trace
-from ep_trace.analysis import placement as plm
 from ep_trace.analysis.config import AnalysisConfig, TopologySpec
+from ep_trace.analysis.placement_in_force import in_force
 
 SAMPLES = ["skewed_straggler", "balanced", "chunked_overlap", "backward"]
 TWO_NODES = AnalysisConfig(topology=TopologySpec(ranks_per_node=2, source="ranks-per-node=2"))
@@ -42,10 +42,10 @@ def test_routing_rule_reproduces_the_recorded_count_matrix(analyses, sample):
     a = analyses[sample]
     rc = a.tables.routing_counts
     counts = rc.group_by("step", "layer", pl.col("rank").alias("src"), "expert").agg(pl.col("count").sum())
-    current = plm.from_table(a.tables.placement, 8, [0, 1, 2, 3])
-    assert current is not None
+    current = in_force(a.tables.placement, counts.select("step", "layer"), 8, [0, 1, 2, 3])
+    assert current.recorded and current.distinct == 1
     nodes = {r: r // 2 for r in range(4)}
-    model = plm.route(counts, current, nodes).rename({"rows": "model"})
+    model = current.route(counts, nodes).rename({"rows": "model"})
     cm = a.count_matrix.filter(pl.col("direction") == "dispatch")
     measured = cm.group_by("step", "layer", "src", "dst").agg(pl.col("rows").sum().alias("measured"))
     j = measured.filter(pl.col("measured") > 0).join(

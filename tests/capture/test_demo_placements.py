@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import orjson
+import polars as pl
 import pytest
 
 import ep_trace
@@ -81,6 +82,10 @@ def test_ab_dispatch_rows_follow_the_replica_rule(ab_run: tuple[Path, DemoConfig
         )
     a = ep_trace.load([out])  # the analysis takes a run with replicas and placement records
     assert set(a.steps["step"].unique().to_list()) >= {1, 2, 3}  # (step 0 may go to the warm-up rule)
+    # each step's rows are checked against the placement it ran (odd steps: the replicated one)
+    own = a.ep_invariants.filter(pl.col("check") == "ownership").row(0, named=True)
+    assert (own["status"], own["violations"]) == ("ok", 0)
+    assert own["checked"] == 4 * a.steps["step"].n_unique()  # 2 x 2 pairs per analysed step
 
 
 @pytest.fixture(scope="module")
