@@ -16,6 +16,10 @@ gates exactly as its trace directory, tests/reports/test_regression_gate.py):
   earlier one as BASE: the false-alarm rate when BASE was recorded earlier (CI's main vs a pull request);
 * straggler: (BASE_k, STRAG_k) and hot expert: (SAME_k, HOT_k), adjacent: the detection rates.
 
+With ``--history N`` each pair is judged as ``ep-trace compare --history`` would with N earlier runs of
+BASE's configuration: the BASE runs of the N rounds before BASE's (wrapping round; never NEW's round).
+``--rejudge DIR`` judges the summaries an earlier ``--work DIR`` kept, without running anything.
+
 Prints the configuration, the load average, one Markdown table of rates (pairs where the gate failed)
 and one of failures per metric (failed / judged pairs), for benchmarks/README.md.
 
@@ -76,15 +80,22 @@ def pairs(rounds: list[dict[str, Path]]) -> dict[str, list[tuple[Path, Path]]]:
     }
 
 
-def judge(base: Path, new: Path, threshold: float, gates: tuple[str, ...]) -> tuple[bool, Counter, Counter]:
-    """(gate failed, failures per metric, judged pairs per metric) of one pair."""
-    from ep_trace.analysis.regression_gate import evaluate
-    from ep_trace.analysis.run_compare import compare_runs
+def _digest(path: Path):  # noqa: ANN202 (RunDigest, imported lazily)
     from ep_trace.analysis.run_digest import digest_summary
 
-    a = digest_summary(orjson.loads(base.read_bytes()), base.name)
-    b = digest_summary(orjson.loads(new.read_bytes()), new.name)
-    g = evaluate(compare_runs(a, b), threshold, gates)
+    return digest_summary(orjson.loads(path.read_bytes()), path.name)
+
+
+def judge(
+    base: Path, new: Path, threshold: float, gates: tuple[str, ...], history: list[Path] | None = None
+) -> tuple[bool, Counter, Counter]:
+    """(gate failed, failures per metric, judged pairs per metric) of one pair (``history``: as --history)."""
+    from ep_trace.analysis.regression_gate import evaluate, history_noise
+    from ep_trace.analysis.run_compare import compare_runs
+
+    a, b = _digest(base), _digest(new)
+    noise = history_noise(a, [_digest(h) for h in history]) if history else None
+    g = evaluate(compare_runs(a, b), threshold, gates, noise)
     judged = [r for r in g.lines.iter_rows(named=True) if r["status"] != "n/a"]
     return (
         not g.passed,
@@ -93,7 +104,20 @@ def judge(base: Path, new: Path, threshold: float, gates: tuple[str, ...]) -> tu
     )
 
 
-def report(by_type: dict[str, list[tuple[Path, Path]]], threshold: float, gates: tuple[str, ...]) -> list[str]:
+def history_of(base: Path, new: Path, n: int) -> list[Path]:
+    """The BASE runs of the ``n`` rounds before BASE's round (wrapping round), never NEW's round; [] for n = 0."""
+    if n <= 0:
+        return []
+    rounds = sorted({int(p.name[1:].split("_")[0]) for p in base.parent.glob("r*_base.json")})
+    ka, kb = (int(p.name[1:].split("_")[0]) for p in (base, new))
+    i = rounds.index(ka)
+    earlier = [rounds[(i - j) % len(rounds)] for j in range(1, len(rounds))]
+    return [base.parent / f"r{k}_base.json" for k in earlier if k != kb][:n]
+
+
+def report(
+    by_type: dict[str, list[tuple[Path, Path]]], threshold: float, gates: tuple[str, ...], history: int = 0
+) -> list[str]:
     """The two Markdown tables (rates; failures per metric)."""
     rates = ["| pairs | n | gate failed | rate |", "|---|---|---|---|"]
     fails: dict[str, Counter] = {}
@@ -101,7 +125,7 @@ def report(by_type: dict[str, list[tuple[Path, Path]]], threshold: float, gates:
     for name, ps in by_type.items():
         failed, fails[name], seen[name] = 0, Counter(), Counter()
         for base, new in ps:
-            f, fm, sm = judge(base, new, threshold, gates)
+            f, fm, sm = judge(base, new, threshold, gates, history_of(base, new, history))
             failed += f
             fails[name].update(fm)
             seen[name].update(sm)
@@ -128,20 +152,29 @@ def main() -> None:
     ap.add_argument("--demo-args", default="", help="extra demo options for every run, one string")
     ap.add_argument("--work", type=Path, default=None, help="keep the saved summaries here (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the trace directories too (under --work)")
+    ap.add_argument("--history", type=int, default=0, help="judge with N earlier BASE runs (as compare --history)")
+    ap.add_argument(
+        "--rejudge", type=Path, default=None, help="judge the summaries kept in this --work dir; run nothing"
+    )
     args = ap.parse_args()
     from ep_trace.analysis.regression_gate import parse_gates
 
     gates = parse_gates(args.gate)
     t0, load0 = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or Path(tmp)
+        work = args.rejudge or args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        rounds = [run_round(k, args, work) for k in range(args.rounds)]
-        lines = report(pairs(rounds), args.threshold, gates)
+        if args.rejudge:
+            n = len(list(work.glob("r*_base.json")))
+            rounds = [{kind: work / f"r{k}_{kind}.json" for kind in ORDER} for k in range(n)]
+        else:
+            rounds = [run_round(k, args, work) for k in range(args.rounds)]
+        lines = report(pairs(rounds), args.threshold, gates, args.history)
     print(
         f"gate_false_alarm: {args.rounds} rounds x 4 runs; {args.ranks} ranks, {args.steps} steps, {args.tokens} "
         f"tokens, {args.layers} layers, seed 0{' ' + args.demo_args if args.demo_args else ''}; straggler "
-        f"{args.straggler}, {args.hot}; threshold {args.threshold:g} %, gate {','.join(gates)}; "
+        f"{args.straggler}, {args.hot}; threshold {args.threshold:g} %, gate {','.join(gates)}"
+        f"{f', history {args.history} runs' if args.history else ''}{f', rejudged {args.rejudge}' if args.rejudge else ''}; "
         f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; {time.monotonic() - t0:.0f} s"
     )
     print()

@@ -39,8 +39,10 @@ def _change(r: dict[str, Any]) -> str:
 
 def gate_header(g: Gate) -> str:
     """What the gate checked, one sentence."""
+    noise = "the runs' noise (2 standard errors"
+    noise += f"; at least the run-to-run spread over {g.history_runs} runs)" if g.history_runs else ")"
     return (
-        f"regression gate: a metric fails when NEW - BASE exceeds both the runs' noise (2 standard errors) "
+        f"regression gate: a metric fails when NEW - BASE exceeds both {noise} "
         f"and {g.threshold_pct:g}% of its reference (its BASE value; the BASE step for exposed_comm, "
         "barrier_wait and finding:*)"
     )
@@ -108,6 +110,7 @@ def gate_to_dict(g: Gate) -> dict[str, Any]:
         "threshold_pct": g.threshold_pct,
         "gates": list(g.gates),
         "passed": g.passed,
+        "history_runs": g.history_runs,
         "failed": list(g.failed),
         "metrics": g.lines.to_dicts(),  # polars nulls, never NaN: JSON-ready
     }

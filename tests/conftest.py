@@ -60,3 +60,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the long fuzz campaign (>= 10,000 cases of every class, ~3.7 s a case a worker; tests/robustness/fuzz.py --workers N is faster)",
     )
+    parser.addoption(
+        "--validation",
+        action="store_true",
+        default=False,
+        help="also assert what a rerun measured on this machine (a placement's measured saving, two identical "
+        "runs passing the gate): run alone on a quiet machine; benchmarks/ report the figures over many pairs",
+    )
+
+
+@pytest.fixture(scope="session")
+def validation(request: pytest.FixtureRequest) -> bool:
+    """``--validation``: assert figures measured by rerunning on this machine. A shared CI machine's load
+    moves them (CI run of 2026-12-05 at load average 1.7: two identical gate runs 25 % apart in the expert
+    stage; replicated hot experts measured 0.8 ms slower in 3 of 4 step pairs), so CI does not assert them."""
+    return bool(request.config.getoption("--validation"))

@@ -8,6 +8,12 @@ A gated metric fails when NEW - BASE exceeds BOTH
   alone decides; and
 * the threshold: ``threshold_pct`` % of the metric's reference, and 1 µs for times.
 
+With earlier runs of BASE's configuration (``--history``, :func:`history_noise`) the noise of a metric is
+also at least its run-to-run spread: ``t(0.975, m - 1) x sqrt(2) x`` the standard deviation of the metric
+over BASE and those runs (m values): the noise of the difference of two single runs when whole runs differ
+by more than their steps do (on the 2-vCPU CI machine identical demo runs stepped 20 or 28 ms, run by run,
+with a 2 ms spread within each: benchmarks/README.md, "CI gate").
+
 Every metric here is worse when larger. Metrics (docs/ci.md), with the reference of their threshold:
 
 ========================  ========================================================  ====================
@@ -31,7 +37,8 @@ the step time's (a saving is a paired difference of steps, never noisier than th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -50,13 +57,22 @@ __all__ = [
     "Gate",
     "parse_gates",
     "check_threshold",
+    "check_history",
     "evaluate",
+    "history_noise",
+    "RunNoise",
+    "MIN_HISTORY_RUNS",
 ]
 
 #: ``--threshold`` default, percent.
 DEFAULT_THRESHOLD_PCT = 5.0
 #: Names ``--gate`` takes besides ``stage:NAME`` and ``finding:KIND``.
 GATE_METRICS: tuple[str, ...] = ("all", "step_time", "stages", "exposed_comm", "barrier_wait", "I_e", "I_r", "findings")
+#: Earlier runs ``--history`` needs (with BASE: 3 values of each metric).
+MIN_HISTORY_RUNS = 2
+#: Two-sided 95 % Student t quantiles by degrees of freedom (1..10; 2.0 beyond): the spread of few runs is
+#: itself uncertain, and 2 standard deviations of 3 runs would false-alarm far above 5 %.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 #: A time change below this is never a regression (the clock's resolution on old traces), ns.
 TIME_FLOOR_NS = 1000.0
 #: Columns of :attr:`Gate.lines`.
@@ -76,6 +92,7 @@ GATE_SCHEMA = pl.Schema(
         "note": pl.Utf8,
     }
 )
+_RUN_TO_RUN = "noise: run-to-run spread over BASE and its earlier runs (--history)"
 _NOISE_UNKNOWN = "noise unknown (a run with one step, or a summary without step_spread): the threshold alone decides"
 
 
@@ -89,12 +106,14 @@ class Gate:
         lines: The metrics: base / new values, delta (new - base), change_pct (percent of the reference
             value; null when it is 0), noise (null: unknown), reference ('base value' or 'base step') and
             its value, limit (the largest of noise, threshold and floor: a delta above it fails), status,
-            note (why n/a, or that the noise is unknown).
+            note (why n/a, that the noise is unknown, or that it is the run-to-run spread).
+        history_runs: Runs the run-to-run noise was measured over (BASE and ``--history``); 0 without.
     """
 
     threshold_pct: float
     gates: tuple[str, ...]
     lines: pl.DataFrame
+    history_runs: int = 0
 
     @property
     def failed(self) -> tuple[str, ...]:
@@ -118,6 +137,22 @@ def check_threshold(pct: float) -> float:
     if not (isinstance(pct, (int, float)) and math.isfinite(pct) and pct >= 0):
         raise ConfigError(f"--threshold: must be a percentage >= 0 (e.g. 5 for 5 %), got {pct!r}")
     return float(pct)
+
+
+def check_history(n: int) -> int:
+    """``n`` when ``--history`` names enough earlier runs (:data:`MIN_HISTORY_RUNS`).
+
+    Raises:
+        ConfigError: naming ``--history``.
+    """
+    from ep_trace.errors import ConfigError
+
+    if n < MIN_HISTORY_RUNS:
+        raise ConfigError(
+            f"--history: give at least {MIN_HISTORY_RUNS} earlier runs of BASE's configuration (got {n}): "
+            f"the run-to-run spread needs {MIN_HISTORY_RUNS + 1} runs with BASE"
+        )
+    return n
 
 
 def parse_gates(values: Iterable[str] | None) -> tuple[str, ...]:
@@ -246,15 +281,64 @@ def _selected(rows: list[dict[str, Any]], gates: tuple[str, ...], c: Comparison)
     return out
 
 
-def evaluate(c: Comparison, threshold_pct: float = DEFAULT_THRESHOLD_PCT, gates: tuple[str, ...] = ("all",)) -> Gate:
+@dataclass(frozen=True)
+class RunNoise:
+    """Run-to-run noise per metric (:func:`history_noise`).
+
+    Attributes:
+        runs: Runs it was measured over (BASE and its earlier runs).
+        by_metric: Metric name -> noise of a difference of two single runs, in the metric's unit (ns or ratio).
+    """
+
+    runs: int
+    by_metric: Mapping[str, float]
+
+
+def history_noise(base: RunDigest, history: Sequence[RunDigest]) -> RunNoise:
+    """Per metric, the run-to-run noise of a difference of two single runs (module doc): ``t x sqrt(2) x``
+    the standard deviation of the metric over ``base`` and ``history`` (earlier runs of its configuration),
+    in the metric's unit. A finding a run lacks counts as a saving of 0 there; a metric some run lacks
+    otherwise (a stage, routing data) gets no entry.
+
+    Raises:
+        ConfigError: fewer than :data:`MIN_HISTORY_RUNS` runs in ``history``, naming ``--history``.
+    """
+    from ep_trace.analysis.run_compare import compare_runs
+
+    check_history(len(history))
+    runs = [{r["metric"]: r["base"] for r in _candidates(compare_runs(d, d))} for d in (base, *history)]
+    findings = {m for r in runs for m in r if m.startswith("finding:")}
+    out: dict[str, float] = {}
+    for metric in set().union(*runs):
+        values = [r.get(metric, 0.0 if metric in findings else None) for r in runs]
+        if any(v is None for v in values):
+            continue
+        m = len(values)
+        t = _T975[m - 2] if m - 1 <= len(_T975) else 2.0
+        out[metric] = t * math.sqrt(2.0) * statistics.stdev(float(v) for v in values)  # type: ignore[arg-type]
+    return RunNoise(len(runs), out)
+
+
+def evaluate(
+    c: Comparison,
+    threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+    gates: tuple[str, ...] = ("all",),
+    run_noise: RunNoise | None = None,
+) -> Gate:
     """Judge every gated metric of ``c`` (module doc): pass, fail, or n/a where a run lacks the metric.
 
     Args:
         c: The comparison, A = BASE and B = NEW.
         threshold_pct: Percent of each metric's reference a change must exceed (as well as the noise).
         gates: Metric names and groups (:func:`parse_gates`).
+        run_noise: :func:`history_noise` of BASE and its earlier runs: a metric's noise is at least this.
     """
     rows = _selected(_candidates(c), gates, c)
+    for r in rows:
+        extra = run_noise.by_metric.get(r["metric"]) if run_noise is not None else None
+        if extra is not None and r["base"] is not None and r["new"] is not None:
+            if r["noise"] is None or extra > r["noise"]:
+                r["noise"], r["note"] = extra, _RUN_TO_RUN
     num = dict.fromkeys(("base", "new", "noise", "ref"), pl.Float64)
     df = pl.DataFrame(rows, schema={**dict.fromkeys(("metric", "unit", "reference", "note"), pl.Utf8), **num})
     base, new, ref = pl.col("base"), pl.col("new"), pl.col("ref")
@@ -274,4 +358,5 @@ def evaluate(c: Comparison, threshold_pct: float = DEFAULT_THRESHOLD_PCT, gates:
         .otherwise(pl.lit("pass"))
         .alias("status")
     )
-    return Gate(threshold_pct, gates, lines.select(GATE_SCHEMA.names()).cast(GATE_SCHEMA))  # type: ignore[arg-type]
+    runs = 0 if run_noise is None else run_noise.runs
+    return Gate(threshold_pct, gates, lines.select(GATE_SCHEMA.names()).cast(GATE_SCHEMA), runs)  # type: ignore[arg-type]

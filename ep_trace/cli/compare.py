@@ -42,6 +42,12 @@ def compare_cmd(
         metavar="PCT",
         help="Gate threshold, percent of each metric's reference (its BASE value; the BASE step for exposed_comm, barrier_wait, finding:*); default 5.",
     ),
+    history: Optional[list[Path]] = typer.Option(
+        None,
+        "--history",
+        metavar="RUN",
+        help="An earlier run of BASE's configuration (saved summary or trace directory, e.g. one of main's last runs); repeatable, at least 2. Each metric's noise is then at least its run-to-run spread over BASE and these.",
+    ),
     gate: Optional[list[str]] = typer.Option(
         None,
         "--gate",
@@ -62,8 +68,17 @@ def compare_cmd(
       ep-trace compare main.json pr.json --json diff.json
 
       ep-trace compare main.json pr_traces/ --fail-on-regression --threshold 5 --gate step_time,stages
+
+      ep-trace compare main.json pr.json --fail-on-regression --history main-1.json --history main-2.json
     """
-    from ep_trace.analysis.regression_gate import DEFAULT_THRESHOLD_PCT, check_threshold, evaluate, parse_gates
+    from ep_trace.analysis.regression_gate import (
+        DEFAULT_THRESHOLD_PCT,
+        check_history,
+        check_threshold,
+        evaluate,
+        history_noise,
+        parse_gates,
+    )
     from ep_trace.cli.analyze import check_format
     from ep_trace.cli.output_guard import Output, check_outputs
     from ep_trace.cli.outputs import write_atomic, write_json
@@ -73,9 +88,11 @@ def compare_cmd(
 
     gates = parse_gates(gate)
     pct = DEFAULT_THRESHOLD_PCT if threshold is None else check_threshold(threshold)
+    if history:
+        check_history(len(history))
     check_format(fmt)
     check_outputs(
-        [a, b],
+        [a, b, *(history or [])],
         Output("-o", out) if out is not None else None,
         Output("--json", json_out) if json_out is not None else None,
     )
@@ -84,7 +101,8 @@ def compare_cmd(
 
     rmap = parse_rank_map(rank_map)
     cmp = compare_runs(load_run(a, fmt, on_error, rmap), load_run(b, fmt, on_error, rmap))
-    verdict = evaluate(cmp, pct, gates)
+    run_noise = history_noise(cmp.a, [load_run(h, fmt, on_error, rmap) for h in history]) if history else None
+    verdict = evaluate(cmp, pct, gates, run_noise)
     _print_comparison(cmp)
     shown = fail_on_regression or bool(gate) or threshold is not None
     if shown:

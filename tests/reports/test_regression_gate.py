@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from fake_analysis import make_fake_analysis
 
-from ep_trace.analysis.regression_gate import check_threshold, evaluate, parse_gates
+from ep_trace.analysis.regression_gate import check_threshold, evaluate, history_noise, parse_gates
 from ep_trace.analysis.result import FindingKind
 from ep_trace.analysis.run_compare import compare_runs
 from ep_trace.analysis.run_digest import digest_analysis, digest_summary
@@ -354,3 +354,62 @@ def test_step_spread_keys_are_documented(samples):
     keys = set(sp) | set(sp["ranks"][0]) | set(sp["stages"][0]) | set(sp["imbalance"]) | set(sp["step_time_ns"])
     assert sorted(k for k in keys if f"`{k}`" not in doc) == []
     assert sp["n_steps"] == len(samples["balanced"].summary()["steps"]) and sp["imbalance"]["I_e"]["n"] >= 2
+
+
+def _digest(summary: dict, label: str):
+    return digest_summary(summary, label)
+
+
+# Two earlier runs of BASE's configuration: rank 1 steps 12.1 and 8.1 ms, so the slowest rank steps 12.1 and
+# 10.0 ms (rank 0's) beside BASE's 10.1 (sd 1.1846 ms over the three runs); the same expert window (sd 0); one
+# lacks the straggler finding (savings 0.3, 0.3, 0 ms).
+H1 = _summary(12.1e6, 4e6, (1.0e6, 1.2e6), (400_000, 300_000))
+H2 = _summary(8.1e6, 4e6, (1.0e6, 1.2e6), (400_000, 300_000), findings=[])
+
+
+def test_history_noise_is_the_run_to_run_spread_of_each_metric():
+    noise = history_noise(_digest(BASE, "base.json"), [_digest(H1, "h1.json"), _digest(H2, "h2.json")])
+    t = 4.303  # Student t, 97.5 %, 2 degrees of freedom (3 runs)
+    assert noise.runs == 3
+    assert noise.by_metric["step_time"] == pytest.approx(t * 2**0.5 * 1.184624e6, rel=1e-4)  # 7.21 ms
+    assert noise.by_metric["stage:expert"] == 0.0
+    assert noise.by_metric["finding:straggler_wait"] == pytest.approx(t * 2**0.5 * 173_205.08, rel=1e-4)
+    g = _gate(BASE, NEW, run_noise=noise)
+    rows = {r["metric"]: r for r in g.lines.iter_rows(named=True)}
+    # the step (+0.8 ms) and the straggler's saving (+0.6 ms) are now inside run-to-run noise; the expert
+    # window, I_e and exposed comm, steady across the runs, still fail on their within-run noise
+    assert rows["step_time"]["status"] == "pass" and rows["step_time"]["limit"] == pytest.approx(7.209e6, rel=1e-3)
+    assert rows["step_time"]["note"] == "noise: run-to-run spread over BASE and its earlier runs (--history)"
+    assert g.failed == ("stage:expert", "exposed_comm", "I_e") and g.history_runs == 3
+    assert rows["stage:expert"]["noise"] == pytest.approx(282_842.7, rel=1e-4) and rows["stage:expert"]["note"] is None
+    assert gate_lines(g)[0].startswith(
+        "regression gate: a metric fails when NEW - BASE exceeds both the runs' noise (2 standard errors; at "
+        "least the run-to-run spread over 3 runs) and 5% of its reference"
+    )
+    assert gate_to_dict(g)["history_runs"] == 3
+
+
+def test_history_needs_two_earlier_runs():
+    with pytest.raises(ConfigError) as e:
+        history_noise(_digest(BASE, "base.json"), [_digest(H1, "h1.json")])
+    assert str(e.value) == (
+        "--history: give at least 2 earlier runs of BASE's configuration (got 1): the run-to-run spread needs 3 "
+        "runs with BASE"
+    )
+
+
+def test_cli_history_widens_the_noise(capsys, tmp_path):
+    for name, s in (("h1", H1), ("h2", H2)):
+        (tmp_path / f"{name}.json").write_bytes(orjson.dumps(s))
+    hist = ["--history", str(tmp_path / "h1.json"), "--history", str(tmp_path / "h2.json")]
+    code, out, err = _cli(capsys, tmp_path, BASE, NEW, "--fail-on-regression", *hist)
+    assert code == 3
+    assert err == (
+        "regression: NEW is worse than BASE beyond the runs' noise and the 5% threshold on 3 of 10 gated metrics: "
+        "stage:expert +600 µs (+15.0%), exposed_comm +700 µs (+6.9% of step), I_e +0.30 (+25.0%)\n"
+    )
+    code, out, err = _cli(capsys, tmp_path, BASE, NEW, "--fail-on-regression", *hist[:2])
+    assert code == 2 and out == "" and err.strip() == (
+        "error: --history: give at least 2 earlier runs of BASE's configuration (got 1): the run-to-run spread "
+        "needs 3 runs with BASE"
+    )
