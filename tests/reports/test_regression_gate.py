@@ -409,7 +409,8 @@ def test_cli_history_widens_the_noise(capsys, tmp_path):
         "stage:expert +600 µs (+15.0%), exposed_comm +700 µs (+6.9% of step), I_e +0.30 (+25.0%)\n"
     )
     code, out, err = _cli(capsys, tmp_path, BASE, NEW, "--fail-on-regression", *hist[:2])
-    assert code == 2 and out == "" and err.strip() == (
+    message = (
         "error: --history: give at least 2 earlier runs of BASE's configuration (got 1): the run-to-run spread "
         "needs 3 runs with BASE"
     )
+    assert code == 2 and out == "" and err.strip() == message
