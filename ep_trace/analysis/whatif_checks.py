@@ -44,6 +44,8 @@ class RerunCheck:
 #: the demo runs gloo's threads on SCHED_FIFO). ``chunked_pipeline``: the sets since stop 25 (the model
 #: prices the calls' post since then, and the demo's pipeline has no per-chunk gather), measured as the
 #: median of neighbouring-step differences since stop 26 (the two kept stop-25 sets re-measured so).
+#: ``placement`` and ``node_local``: stop 27 (2026-12-06, in-run A/B of the proposal written by
+#: ``--propose-placement``, 5 runs x 10 steps, quiet machine but for ~45 s of one other process).
 RERUN_CHECKS: dict[str, RerunCheck] = {
     c.scenario: c
     for c in (
@@ -59,6 +61,20 @@ RERUN_CHECKS: dict[str, RerunCheck] = {
             "at 4 chunks and 2048 tokens 1.4-12.7 % in 4 of 4 sets; at 512 tokens the measured cost was 1.12-1.30x "
             "the predicted one (small pieces of an expert's rows cost more per row than a 1-chunk trace shows), at "
             "8 chunks 0.76-0.89x: read the saving to about ±30 %",
+        ),
+        RerunCheck(
+            "placement",
+            4.1,
+            22.0,
+            "the proposal vs contiguous experts on 2 ranks at 2048 tokens, hot / hotset / zipf:1.2 routing, 50 step pairs",
+            "under uniform routing predicted 0.0 ms and measured 3.1 ms slower; the model prices moved rows at the "
+            "receiving rank's measured cost per row, which moves with other load on the machine",
+        ),
+        RerunCheck(
+            "node_local",
+            0.8,
+            7.8,
+            "the proposal vs contiguous experts on 4 ranks in 2 emulated nodes (1-5 ms per cross-node call), 50 step pairs",
         ),
     )
 }
