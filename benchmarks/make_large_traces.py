@@ -2,8 +2,8 @@
 
 Every source rank file (default: ``sample_traces/balanced``, the gloo demo; any Kineto directory
 works, e.g. ``../shared/external/kineto/hta_nccl_metadata`` for NCCL/GPU events) is replicated
-until its uncompressed JSON reaches ``--mb`` MB: copy k of the events is shifted by k x (trace span
-+ 1 ms) in time, and its ids (``External id``, ``correlation``, flow ``id``, ``Ev Idx``) by k x
+until its uncompressed JSON reaches ``--mb`` MB (the same number of copies on every rank): copy k of
+the events is shifted by k x (the largest trace span of the source ranks + 1 ms) in time, and its ids (``External id``, ``correlation``, flow ``id``, ``Ev Idx``) by k x
 (largest id + 1), so links stay one-to-one and ``ProfilerStep#N`` numbers keep increasing. Output
 ranks 0..R-1 reuse source rank ``r % n_sources`` with ``distributedInfo.rank`` rewritten. The
 header is written with ``"rank": r`` (with a space) so HTA's rank regex reads it. Output goes to
@@ -32,13 +32,28 @@ def _load(path: Path) -> dict:
     return orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
-def replicate(doc: dict, rank: int, world: int, target_bytes: int) -> bytes:
-    """One rank's document, its events replicated to about ``target_bytes`` of JSON."""
-    events = doc["traceEvents"]
-    timed = [e for e in events if isinstance(e.get("ts"), (int, float))]
+def span_us(doc: dict) -> float:
+    """The document's trace span + 1 ms, µs: the time shift between two copies."""
+    timed = [e for e in doc["traceEvents"] if isinstance(e.get("ts"), (int, float))]
     t0 = min(e["ts"] for e in timed)
     t1 = max(e["ts"] + (e.get("dur") or 0) for e in timed)
-    span = (t1 - t0) + 1000.0  # µs
+    return (t1 - t0) + 1000.0
+
+
+def copies_for(doc: dict, target_bytes: int) -> int:
+    """Copies of the document's events that make about ``target_bytes`` of JSON."""
+    per_copy = sum(len(orjson.dumps(e)) + 2 for e in doc["traceEvents"])
+    return max(1, -(-target_bytes // per_copy))
+
+
+def replicate(doc: dict, rank: int, world: int, copies: int, span: float) -> bytes:
+    """One rank's document, its events replicated ``copies`` times, copy k shifted by k x ``span`` µs.
+
+    Every rank of a job takes the same ``span`` and ``copies`` (the largest over its source ranks): with
+    each rank's own span, copy k of rank r's collectives drifts k x (span_r - span_s) from its peers' (the
+    8 param_dlrm ranks replicated to 20 MB ended their matched calls 21 ms apart, which the clock check
+    rightly refuses as calls paired with the wrong calls)."""
+    events = doc["traceEvents"]
     ids = [
         v
         for e in events
@@ -48,9 +63,6 @@ def replicate(doc: dict, rank: int, world: int, target_bytes: int) -> bytes:
     id_step = max(ids, default=0) + 1
     steps = [int(m.group(1)) for e in events if (m := _STEP.match(str(e.get("name", ""))))]
     step_step = (max(steps) - min(steps) + 1) if steps else 0
-    body = [orjson.dumps(e) for e in events]
-    per_copy = sum(len(b) + 2 for b in body)
-    copies = max(1, -(-target_bytes // per_copy))
     header = {k: v for k, v in doc.items() if k not in ("traceEvents", "baseTimeNanoseconds", "traceName")}
     dist = dict(header.get("distributedInfo") or {})
     dist.update(rank=rank, world_size=world)
@@ -102,8 +114,11 @@ def main(argv: list[str] | None = None) -> None:
     for old in args.out.glob("rank*.pt.trace.json*"):
         old.unlink()
     docs = [_load(p) for p in sources]
+    used = [docs[r % len(docs)] for r in range(args.ranks)]
+    span = max(span_us(d) for d in used)
+    copies = max(copies_for(d, int(args.mb * 1e6)) for d in used)
     for r in range(args.ranks):
-        data = replicate(docs[r % len(docs)], r, args.ranks, int(args.mb * 1e6))
+        data = replicate(used[r], r, args.ranks, copies, span)
         name = f"rank{r}.pt.trace.json" + (".gz" if args.gzip else "")
         (args.out / name).write_bytes(gzip.compress(data, compresslevel=1) if args.gzip else data)
         print(f"{args.out / name}: {len(data) / 1e6:.1f} MB uncompressed")
