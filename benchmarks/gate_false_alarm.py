@@ -30,6 +30,7 @@ Run on a quiet machine (each demo run takes 5-15 s plus about 2 s of analysis; K
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import shutil
@@ -80,7 +81,8 @@ def pairs(rounds: list[dict[str, Path]]) -> dict[str, list[tuple[Path, Path]]]:
     }
 
 
-def _digest(path: Path):  # noqa: ANN202 (RunDigest, imported lazily)
+@functools.cache
+def _digest(path: Path):  # noqa: ANN202 (RunDigest, imported lazily; each summary read once, however many pairs use it)
     from ep_trace.analysis.run_digest import digest_summary
 
     return digest_summary(orjson.loads(path.read_bytes()), path.name)

@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         old.unlink()
     docs = [_load(p) for p in sources]
     used = [docs[r % len(docs)] for r in range(args.ranks)]
-    span = max(span_us(d) for d in used)
-    copies = max(copies_for(d, int(args.mb * 1e6)) for d in used)
+    sources_used = docs[: min(len(docs), args.ranks)]  # each source once, however many ranks reuse it
+    span = max(span_us(d) for d in sources_used)
+    copies = max(copies_for(d, int(args.mb * 1e6)) for d in sources_used)
     for r in range(args.ranks):
         data = replicate(used[r], r, args.ranks, copies, span)
         name = f"rank{r}.pt.trace.json" + (".gz" if args.gzip else "")

@@ -268,21 +268,11 @@ def run_placement_ab(
 
 
 def _injected_cross_node(d: Path) -> list[tuple[float, float]]:
-    """``(A, B)`` per neighbouring step pair: the cross-node delay the demo injected per step, ns.
+    """``(A, B)`` per neighbouring step pair: the cross-node delay the demo injected per step, ns
+    (:func:`ep_trace.workloads.links.injected_cross_node_ns`); steps 0 and 1 left out as in :func:`run_ab_pair`."""
+    from ep_trace.workloads.links import injected_cross_node_ns
 
-    Per all-to-all call the largest ``cross_node_delay_ns`` over the ranks (the call ends after its
-    latest rank), summed over the step's calls; steps 0 and 1 left out as in :func:`run_ab_pair`.
-    """
-    per_call: dict[tuple[int, int], float] = {}
-    for f in d.glob("rank*.ep.jsonl"):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
-                key = (rec["step"], rec["call"])
-                per_call[key] = max(per_call.get(key, 0.0), float(rec["cross_node_delay_ns"]))
-    step: dict[int, float] = {}
-    for (s, _), v in per_call.items():
-        step[s] = step.get(s, 0.0) + v
+    step = injected_cross_node_ns(d)
     return [(v, step[t + 1]) for t, v in sorted(step.items()) if t % 2 == 0 and t >= 2 and t + 1 in step]
 
 

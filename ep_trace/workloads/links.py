@@ -28,11 +28,32 @@ op; the sidecar's ``a2a`` records carry it (``link_delay_ns``: slept, ``cross_no
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["LinkDelay", "node_blocks"]
+__all__ = ["LinkDelay", "node_blocks", "injected_cross_node_ns"]
+
+
+def injected_cross_node_ns(run_dir: Path) -> dict[int, float]:
+    """The cross-node delay a demo run asked for, per step, ns (the known answer of a node A/B run).
+
+    Per all-to-all call the largest ``cross_node_delay_ns`` over the ranks' sidecars (the call ends after
+    its latest rank), summed over the step's calls. Steps without such a record are absent.
+    """
+    per_call: dict[tuple[int, int], float] = {}
+    for f in Path(run_dir).glob("rank*.ep.jsonl"):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
+                key = (rec["step"], rec["call"])
+                per_call[key] = max(per_call.get(key, 0.0), float(rec["cross_node_delay_ns"]))
+    step: dict[int, float] = {}
+    for (s, _), v in per_call.items():
+        step[s] = step.get(s, 0.0) + v
+    return step
 
 
 def node_blocks(ranks: int, nodes: int) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ from ep_trace import load
 from ep_trace.analysis.config import AnalysisConfig
 from ep_trace.cli import main
 from ep_trace.workloads.demo import DemoConfig, run_demo
+from ep_trace.workloads.links import injected_cross_node_ns
 
 pytestmark = pytest.mark.slow
 
@@ -105,16 +106,8 @@ def _helps(what: str, ok: bool, figure: object, busy: float, limit: float) -> No
 
 def _injected(d: Path) -> list[float]:
     """Per neighbouring (A, B) step pair from step 2: the cross-node delay the demo asked for per step
-    under A minus under B (per call the largest over the ranks, summed over the step's calls), ns."""
-    per_call: dict[tuple[int, int], float] = {}
-    for f in d.glob("rank*.ep.jsonl"):
-        for rec in map(json.loads, f.read_text().splitlines()):
-            if rec.get("type") == "a2a" and "cross_node_delay_ns" in rec:
-                k = (rec["step"], rec["call"])
-                per_call[k] = max(per_call.get(k, 0.0), float(rec["cross_node_delay_ns"]))
-    step: dict[int, float] = {}
-    for (s, _), v in per_call.items():
-        step[s] = step.get(s, 0.0) + v
+    under A minus under B, ns."""
+    step = injected_cross_node_ns(d)
     return [step[s] - step[s + 1] for s in sorted(step) if s % 2 == 0 and s >= 2 and s + 1 in step]
 
 
