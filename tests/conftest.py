@@ -64,8 +64,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--validation",
         action="store_true",
         default=False,
-        help="also assert what a rerun measured on this machine (a placement's measured saving, two identical "
-        "runs passing the gate): run alone on a quiet machine; benchmarks/ report the figures over many pairs",
+        help="also assert what rests on this machine's timings (a placement's measured saving, two identical "
+        "runs passing the gate, a verdict priced from the ranks' expert time per row): run alone on a quiet "
+        "machine; benchmarks/ report the figures over many pairs",
     )
 
 
@@ -73,5 +74,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def validation(request: pytest.FixtureRequest) -> bool:
     """``--validation``: assert figures measured by rerunning on this machine. A shared CI machine's load
     moves them (CI run of 2026-12-05 at load average 1.7: two identical gate runs 25 % apart in the expert
-    stage; replicated hot experts measured 0.8 ms slower in 3 of 4 step pairs), so CI does not assert them."""
+    stage; replicated hot experts measured 0.8 ms slower in 3 of 4 step pairs; a skewed run's routing_imbalance
+    verdict missing in the CI run of 2026-12-06), so CI does not assert them."""
     return bool(request.config.getoption("--validation"))

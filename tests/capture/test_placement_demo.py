@@ -36,8 +36,13 @@ def test_invariants_hold_and_the_hot_expert_is_replicated(hot_run):
 
 def test_placement_and_balanced_routing_agree(hot_run):
     w = {r["scenario"]: r for r in hot_run.whatif.iter_rows(named=True)}
-    # the proposal's loads are within a few rows of the mean: its saving has balanced routing's sign
-    assert (w["placement"]["saving_ns"] > 0) == (w["balanced_routing"]["saving_ns"] > 0)
+    # the proposal's loads are within a few rows of the mean: the same edit as balanced routing on nearly
+    # the same loads. Next to zero the sign is noise (a busy loop beside 6 runs: balanced -1.12..+0.86 ms,
+    # placement within 0.10 ms of it each time, stop 28), so it is compared beyond 0.5 ms only.
+    pl_ns, bal_ns = w["placement"]["saving_ns"], w["balanced_routing"]["saving_ns"]
+    assert abs(pl_ns - bal_ns) <= 0.25e6 + 0.25 * abs(bal_ns)
+    if abs(bal_ns) > 0.5e6:
+        assert (pl_ns > 0) == (bal_ns > 0)
     assert hot_run.link_costs is not None
     same_node = hot_run.link_costs.filter(pl.col("link_class") == "same_node").row(0, named=True)
     assert same_node["n"] > 0  # 2 ranks on one host: every all-to-all's farthest class
