@@ -78,7 +78,7 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
     # their pieces are read (every piece's columns as arrays cost ~65 MB of the peak over 4,096
     # param DLRM ranks, 2.3 M pieces); an int in a step's list stands for that node's pieces, in
     # the order the walk met them (``_tile`` sorts stably: the order decides ties)
-    walks: list[tuple[int, int, int, int, list[_Seg | int]]] = []
+    walks: list[_Walk] = []
     for stp, rho, t_lo, t_hi in crit.select("step", "rank", "start_ns", "end_ns").iter_rows():
         seg: list[_Seg | int] = []
         cur: int | None = end_node.get((int(rho), int(stp)))
@@ -112,14 +112,9 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
                 )
             break
         walks.append((int(stp), int(rho), int(t_lo), int(t_hi), seg))
-    pieces = _pieces(g.work, {x for *_, seg in walks for x in seg if isinstance(x, int)})
-    rows: list[tuple[int, int, int, int, str, str | None, str]] = []
-    for stp, rho, t_lo, t_hi, seg in walks:
-        full_seg = [p for x in seg for p in (pieces.get(x, []) if isinstance(x, int) else [x])]
-        rows += _tile(stp, full_seg, t_lo, t_hi, rho)
-    if not rows:
+    out = _tile(_segments(g.work, walks), walks)
+    if out.is_empty():
         return pl.DataFrame(schema=CP_SCHEMA)
-    out = pl.DataFrame(rows, schema={c: t for c, t in CP_SCHEMA.items() if c != "seq"}, orient="row")
     return (
         out.sort("step", "start_ns")
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int32).over("step").alias("seq"))
@@ -129,37 +124,105 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
 
 
 _Seg = tuple[int, int, int, str, str | None, str]
+_Walk = tuple[int, int, int, int, list[_Seg | int]]
+#: A walk's segments before tiling: ``wi`` (walk), ``pos`` (its place in the walk), ``sub`` (a piece's
+#: place in its node's work, the work's row order), then the segment's own columns.
+_SEG_SCHEMA: dict[str, PolarsDataType] = {
+    "wi": pl.Int64,
+    "pos": pl.Int64,
+    "sub": pl.Int64,
+    "rank": pl.Int32,
+    "start_ns": pl.Int64,
+    "end_ns": pl.Int64,
+    "cause": pl.Utf8,
+    "stage": pl.Utf8,
+    "name": pl.Utf8,
+}
 
 
-def _pieces(work: pl.DataFrame, nodes: set[int]) -> dict[int, list[_Seg]]:
-    """The work pieces of ``nodes`` as path segments, per node in ``start_ns`` order (the work's row order)."""
-    w = work.filter(pl.col("node").is_in(sorted(nodes)))
-    out: dict[int, list[_Seg]] = {}
-    for node, rank, start, end, cause, stage in w.select(
-        "node", "rank", "start_ns", "end_ns", pl.col("cause").cast(pl.Utf8), pl.col("stage").cast(pl.Utf8)
-    ).iter_rows():
-        out.setdefault(int(node), []).append((int(rank), int(start), int(end), str(cause), stage, stage or cause))
-    return out
+def _segments(work: pl.DataFrame, walks: list[_Walk]) -> pl.DataFrame:
+    """Every walk's segments (:data:`_SEG_SCHEMA`): the explicit ones as they are, a node's as its work
+    pieces (only the walked nodes' pieces are read), each piece named by its stage, else its cause."""
+    refs = [(wi, pos, x) for wi, (*_, seg) in enumerate(walks) for pos, x in enumerate(seg) if isinstance(x, int)]
+    own = [
+        (wi, pos, 0, *x) for wi, (*_, seg) in enumerate(walks) for pos, x in enumerate(seg) if not isinstance(x, int)
+    ]
+    parts = [pl.DataFrame(own, schema=_SEG_SCHEMA, orient="row")]
+    if refs:
+        r = pl.DataFrame(refs, schema={"wi": pl.Int64, "pos": pl.Int64, "node": pl.Int64}, orient="row")
+        w = (
+            work.lazy()
+            .filter(pl.col("node").is_in(r["node"].unique().implode()))
+            .select(
+                pl.col("node").cast(pl.Int64),
+                "rank",
+                "start_ns",
+                "end_ns",
+                pl.col("cause").cast(pl.Utf8),
+                pl.col("stage").cast(pl.Utf8),
+            )
+            .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("node").alias("sub"))
+        )
+        parts.append(
+            r.lazy()
+            .join(w, on="node", how="inner")
+            .select(
+                "wi",
+                "pos",
+                "sub",
+                "rank",
+                "start_ns",
+                "end_ns",
+                "cause",
+                "stage",
+                pl.coalesce("stage", "cause").alias("name"),
+            )  # fmt: skip
+            .cast(pl.Schema(_SEG_SCHEMA))
+            .collect()
+        )
+    return pl.concat(parts, how="vertical")
 
 
-def _tile(
-    stp: int, seg: list[tuple[int, int, int, str, str | None, str]], t_lo: int, t_hi: int, rho: int
-) -> list[tuple[int, int, int, int, str, str | None, str]]:
-    """Clip to the critical rank's window, drop overlaps, fill holes with ``unexplained``."""
-    seg = sorted(((r, max(a, t_lo), min(b, t_hi), c, st, nm) for r, a, b, c, st, nm in seg), key=lambda x: x[1])
-    out: list[tuple[int, int, int, int, str, str | None, str]] = []
-    t = t_lo
-    for r, a, b, c, st, nm in seg:
-        a = max(a, t)
-        if b <= a:
-            continue
-        if a > t:
-            out.append((stp, rho, t, a, "unexplained", None, "not explained by the graph"))
-        out.append((stp, r, a, b, c, st, nm))
-        t = b
-    if t < t_hi:
-        out.append((stp, rho, t, t_hi, "unexplained", None, "not explained by the graph"))
-    return out
+def _tile(seg: pl.DataFrame, walks: list[_Walk]) -> pl.DataFrame:
+    """Clip each walk's segments to its critical rank's window, sort them by start (ties in walk order),
+    cut each at the latest end before it (a segment left empty is dropped), and fill the holes and the
+    tail with ``unexplained``: ``step, rank, start_ns, end_ns, cause, stage, name``, tiling each window."""
+    win = pl.DataFrame(
+        [(wi, stp, rho, lo, hi) for wi, (stp, rho, lo, hi, _) in enumerate(walks)],
+        schema={"wi": pl.Int64, "step": pl.Int64, "rho": pl.Int32, "_lo": pl.Int64, "_hi": pl.Int64},
+        orient="row",
+    )
+    hole = {
+        "cause": pl.lit("unexplained"),
+        "stage": pl.lit(None, pl.Utf8),
+        "name": pl.lit("not explained by the graph"),
+    }
+    cols = ["step", "rank", "start_ns", "end_ns", "cause", "stage", "name"]
+    s = (
+        seg.join(win, on="wi", how="inner")
+        .with_columns(
+            pl.max_horizontal("start_ns", "_lo").alias("start_ns"), pl.min_horizontal("end_ns", "_hi").alias("end_ns")
+        )
+        .sort("wi", "start_ns", "pos", "sub")
+        # the time tiled before each segment: the window start, or the latest end of the segments before it
+        # (a dropped segment never ends later than that, so the maximum over all of them is the same)
+        .with_columns(pl.max_horizontal(pl.col("end_ns").cum_max().shift(1).over("wi"), "_lo").alias("_t"))
+        .with_columns(pl.max_horizontal("start_ns", "_t").alias("start_ns"))
+        .filter(pl.col("end_ns") > pl.col("start_ns"))
+    )
+    holes = s.filter(pl.col("start_ns") > pl.col("_t")).select(
+        "step", pl.col("rho").alias("rank"), pl.col("_t").alias("start_ns"), pl.col("start_ns").alias("end_ns"), **hole
+    )
+    ends = s.group_by("wi").agg(pl.col("end_ns").max().alias("_t"))
+    tails = (
+        win.join(ends, on="wi", how="left")
+        .with_columns(pl.max_horizontal("_t", "_lo").alias("_t"))
+        .filter(pl.col("_t") < pl.col("_hi"))
+        .select(
+            "step", pl.col("rho").alias("rank"), pl.col("_t").alias("start_ns"), pl.col("_hi").alias("end_ns"), **hole
+        )
+    )
+    return pl.concat([s.select(cols), holes.select(cols), tails.select(cols)], how="vertical_relaxed")
 
 
 def composition(cp: pl.DataFrame, step: int) -> dict[str, object]:
