@@ -96,6 +96,10 @@ def op_windows(ops: pl.DataFrame, taken: pl.DataFrame) -> tuple[pl.DataFrame, pl
         ``(windows, items)``: windows ``wid, rank, tid, start_ns, end_ns`` (``wid`` from 0) and their
         items ``wid, rank, tid, start_ns, end_ns, role``.
     """
+    if not bool((ops.get_column("role") == "route").any()):
+        # every window opens at a routing op (``_k`` below counts them): with none there is no window,
+        # and a trace without MoE skips the sort of all its CPU ops (0.23 s of an_dlrm8's 2.6 s analysis)
+        ops = ops.head(0)
     top = top_level(ops, ["rank", "tid"])
     if not taken.is_empty():
         t = taken.select("rank", "tid", pl.col("start_ns").alias("_ts"), pl.col("end_ns").alias("_te"))

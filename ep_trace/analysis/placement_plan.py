@@ -243,18 +243,30 @@ def _per_rank(
     return pl.concat(out).select(cols).cast({c: PER_RANK_SCHEMA[c] for c in cols})
 
 
+#: The summary's order of the placement scenarios.
+_SCENARIO_ORDER = {"current": 0, "placement": 1, "node_local": 2}
+
+
 def scenario_stats(per_rank: pl.DataFrame | None) -> dict[str, dict[str, Any]]:
     """Per scenario of a :data:`PER_RANK_SCHEMA` frame (``current``, ``placement``, ``node_local``): the
     largest rank load, the mean, their ratio ``I_r``, cross-node rows and bytes (per step, summed over
     layers) and the most experts a rank holds."""
     if per_rank is None or per_rank.is_empty():
         return {}
-    g = per_rank.group_by("scenario").agg(
-        pl.col("load").max().alias("max_load"),
-        pl.col("load").mean().alias("mean_load"),
-        pl.col("cross_node_rows").sum(),
-        pl.col("cross_node_bytes").sum(),
-        pl.col("experts").list.len().max().alias("max_experts_per_rank"),
+    # one order of the scenarios and of the rows summed (the summary's bytes must not depend on the
+    # group order: the same trace gave "current" / "placement" in either order and means 2048.0 or
+    # 2047.9999999999998)
+    order = pl.col("scenario").cast(pl.Utf8).replace_strict(_SCENARIO_ORDER, default=len(_SCENARIO_ORDER))
+    g = (
+        per_rank.sort(order, pl.col("scenario").cast(pl.Utf8), "rank")
+        .group_by("scenario", maintain_order=True)
+        .agg(
+            pl.col("load").max().alias("max_load"),
+            pl.col("load").mean().alias("mean_load"),
+            pl.col("cross_node_rows").sum(),
+            pl.col("cross_node_bytes").sum(),
+            pl.col("experts").list.len().max().alias("max_experts_per_rank"),
+        )
     )
     out = {}
     for r in g.iter_rows(named=True):

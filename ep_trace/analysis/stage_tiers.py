@@ -69,9 +69,12 @@ class StageDetection:
     attributed: pl.DataFrame
 
 
-def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _windows(
+    ev: pl.DataFrame, ops: pl.DataFrame, cont: pl.DataFrame, ranges: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """All MoE host windows (``wid, rank, tid, start_ns, end_ns, method, kind``) and their items
-    (``wid, start_ns, cat``)."""
+    (``wid, start_ns, cat``); ``cont`` and ``ranges``: :func:`ep_trace.analysis.stages.detect_containers`
+    and :func:`ep_trace.analysis.stages.detect_ranges` of ``ev``."""
     frames = moe_blocks.module_frames(ev)
     topk = ops.filter(pl.col("role") == "route")
     in_frames = range_join(
@@ -103,7 +106,6 @@ def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[
     items.append(lone.select("wid", "start_ns", pl.lit("expert").alias("cat")))
     mod = pl.concat([mod, lone.with_columns(pl.lit("module").alias("kind"))])
     # framework MoE ops / ranges (containers) outside every block: their top-level ops and stage ranges
-    cont = stages.detect_containers(ev, presets)
     off = int(ev.select(pl.col("event_id").max().fill_null(0)).item()) + 1
     cw = cont.with_row_index("wid").select(
         (pl.col("wid").cast(pl.Int64) + off).alias("wid"),
@@ -115,7 +117,7 @@ def _windows(ev: pl.DataFrame, presets: list[dict], ops: pl.DataFrame) -> tuple[
         pl.lit("container").alias("kind"),
     )
     cw = cw.join(_inside(cw, mod), on="wid", how="anti")
-    rng = stages.detect_ranges(ev, presets).select(
+    rng = ranges.select(
         "rank", "tid", pl.col("cpu_start_ns").alias("start_ns"), pl.col("cpu_end_ns").alias("end_ns"), "stage"
     )
     c_items = moe_ops.items_in(
@@ -261,8 +263,9 @@ def detect(
     """
     act = act.with_row_index("aid").with_columns(pl.col("aid").cast(pl.Int64))
     ops = moe_ops.op_items(ev)
-    win, items = _windows(ev, presets, ops)
     pc = stages.detect_containers(ev, presets)
+    ranges = stages.detect_ranges(ev, presets)
+    win, items = _windows(ev, ops, pc, ranges)
     found = win.filter(pl.col("kind") != "container").select(
         "rank",
         "tid",
@@ -271,7 +274,6 @@ def detect(
         pl.lit(None, pl.Int32).alias("layer"),
     )
     cont = stage_families.container_index(_outermost(pl.concat([pc, found], how="vertical_relaxed")), steps)
-    ranges = stages.detect_ranges(ev, presets)
     st, att = stages.attribute(ranges, act, mode, steps, exposed_iv)
     st = stage_families.layers_from_containers(st, cont)
     parts = [st]

@@ -225,13 +225,17 @@ def test_demo_straggler_hot_expert_and_pipelining(tmp_path, skewed):
     assert a.calls["valid"].all() and a.misaligned.height == 0
 
 
-def test_same_trace_same_summary(samples_dir):
+@pytest.mark.parametrize("sample", ["chunked_overlap", "balanced"])
+def test_same_trace_same_summary(samples_dir, sample):
     # the pipelined sample has overlapping dispatch / expert windows: which stage keeps a piece of
     # work they share must not depend on the range join's output order (it did: 5 runs gave 5
-    # different critical_path.by_stage)
-    t = read_trace_dir(samples_dir / "chunked_overlap")
+    # different critical_path.by_stage). Compared as the bytes users diff, key order included: the
+    # placement section's scenarios came in group order ("current" / "placement" either way, a mean
+    # of 2048.0 or 2047.9999999999998) until stop 28
+    t = read_trace_dir(samples_dir / sample)
     first = analyze(t)
-    for _ in range(3):
+    text = json.dumps(first.summary())
+    for _ in range(5):
         again = analyze(t)
         assert again.critical_path.equals(first.critical_path)
-        assert again.summary() == first.summary()
+        assert json.dumps(again.summary()) == text
