@@ -57,3 +57,24 @@ def test_pattern_table_shape() -> None:
     families = [f for f, _ in COMM_KERNEL_PATTERNS]
     assert len(set(families)) == 10
     assert families.index("rccl") < families.index("nccl")
+
+
+def test_memo_gives_the_same_families_when_warm_and_when_emptied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-process memo of classified names (``comm_classifier._MEMO``): a warm call, a call that
+    empties it past its cap, and a cold call agree name for name, nulls and order kept."""
+    import ep_trace.comm_classifier as cc
+
+    names = pl.Series(
+        "name",
+        ["ncclDevKernel_AllReduce_Sum_f32_RING_LL", None, "void at::native::vectorized_elementwise_kernel<4>"] * 3
+        + ["ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"],
+    )
+    monkeypatch.setattr(cc, "_MEMO", {})
+    cold = cc._classify(names)
+    assert cold.name == "name" and cold.to_list() == (["nccl", None, None] * 3) + ["nccl"]
+    assert set(cc._MEMO) == {n for n in names.to_list() if n is not None}
+    assert cc._classify(names).equals(cold)  # warm: every name from the memo
+    monkeypatch.setattr(cc, "_MEMO_CAP", 2)
+    assert cc._classify(names.reverse()).equals(cold.reverse())  # new names past the cap: emptied first
+    assert cc._classify(pl.Series("name", ["x" * 10], dtype=pl.Utf8)).to_list() == [None]
+    assert len(cc._MEMO) == 1
