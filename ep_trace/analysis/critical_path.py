@@ -176,7 +176,7 @@ def _segments(work: pl.DataFrame, walks: list[_Walk]) -> pl.DataFrame:
                 "cause",
                 "stage",
                 pl.coalesce("stage", "cause").alias("name"),
-            )  # fmt: skip
+            )
             .cast(pl.Schema(_SEG_SCHEMA))
             .collect()
         )
