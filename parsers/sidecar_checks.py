@@ -58,6 +58,7 @@ MAX_MICROBATCH = 1 << 16
 #: Most expert counts plus split entries per sidecar (rows of its routing tables).
 MAX_ROUTING_CELLS = 1 << 26
 
+_CELLS_FIX = "analyse fewer steps (a shorter profiler window), or split the run"
 _FIX = "the sidecar is corrupt or holds lines of another rank or run; re-capture it or remove it (--keep-going leaves it out)"
 _DIRECTIONS = ("count", "dispatch", "combine")
 _PHASES = ("fwd", "bwd")
@@ -82,6 +83,11 @@ class _Ctx:
 
     def fail(self, record: str, problem: str, fix: str = _FIX) -> NoReturn:
         raise TraceFormatError(self.path, problem, fix, record=record)
+
+    def cap_cells(self, cells: int, what: str, record: str | None = None, fix: str = _CELLS_FIX) -> None:
+        """At most :data:`MAX_ROUTING_CELLS` routing cells (``what``: the cells counted) so far."""
+        if cells > MAX_ROUTING_CELLS:
+            raise ResourceLimitError(self.path, f"more than {MAX_ROUTING_CELLS:,} {what}", fix, record=record)
 
     def int_field(self, record: str, key: str, v: object, lo: int | None = 0, hi: int | None = None) -> None:
         """``v`` (the value of ``key``) is an integer in ``[lo, hi)``."""
@@ -269,13 +275,7 @@ def _check_routing(c: _Ctx, sc: Any, e: int | None, k: int | None, traced: set[i
         if len(got) != want:
             c.fail(rec, f"'expert_counts' has {len(got):,} entries but there are {want:,} experts")
         cells += len(got)
-        if cells > MAX_ROUTING_CELLS:
-            raise ResourceLimitError(
-                c.path,
-                f"more than {MAX_ROUTING_CELLS:,} expert counts",
-                "analyse fewer steps (a shorter profiler window), or split the run",
-                record=rec,
-            )
+        c.cap_cells(cells, "expert counts", rec)
         _check_sum(c, rec, recs[i], sum(got), k)
     keys = [(s, l_, 0 if m is None else m) for s, l_, m in zip(steps, layers, mbs, strict=True)]
     _no_duplicates(c, lines, keys, lambda t: f"step {t[0]}, layer {t[1]}, micro-batch {t[2]}")
@@ -362,13 +362,7 @@ def _check_a2a(c: _Ctx, sc: Any, world: int | None, rank: int, traced: set[int],
             if g is not None and len(got) != len(g):
                 c.fail(rec, f"'{key}' has {len(got):,} entries but the group has {len(g):,} ranks")
             cells += len(got)
-        if cells > MAX_ROUTING_CELLS:
-            raise ResourceLimitError(
-                c.path,
-                f"more than {MAX_ROUTING_CELLS:,} split entries",
-                "analyse fewer steps (a shorter profiler window), or split the run",
-                record=rec,
-            )
+        c.cap_cells(cells, "split entries", rec)
     keyed = [(i, (s, cl)) for i, (s, cl) in enumerate(zip(steps, calls, strict=True)) if cl is not None]
     _no_duplicates(c, [lines[i] for i, _ in keyed], [k for _, k in keyed], lambda t: f"step {t[0]}, call {t[1]}")
     _steps_traced(c, lines, steps, traced, trace_file)
@@ -403,10 +397,7 @@ def check_sidecar(trace: schema.TraceTables, sc: Any) -> None:
     cells = _check_routing(c, sc, e, k, traced, str(r.get("source_file")))
     cells += _check_a2a(c, sc, world, int(r["rank"]), traced, str(r.get("source_file")))
     cells += _check_placements(c, sc, e, world, traced, str(r.get("source_file")))
-    if cells > MAX_ROUTING_CELLS:
-        raise ResourceLimitError(
-            c.path, f"more than {MAX_ROUTING_CELLS:,} expert counts and split entries", "analyse fewer steps"
-        )
+    c.cap_cells(cells, "expert counts and split entries", fix="analyse fewer steps")
 
 
 def sidecar_facts(sc: Any) -> tuple[Any, ...]:
