@@ -125,18 +125,15 @@ def critical_path(g: StepGraph) -> pl.DataFrame:
 
 _Seg = tuple[int, int, int, str, str | None, str]
 _Walk = tuple[int, int, int, int, list[_Seg | int]]
+#: The columns of a tiled segment: :data:`CP_SCHEMA` less ``seq`` (numbered once the steps are tiled).
+_TILED = {c: t for c, t in CP_SCHEMA.items() if c != "seq"}
 #: A walk's segments before tiling: ``wi`` (walk), ``pos`` (its place in the walk), ``sub`` (a piece's
-#: place in its node's work, the work's row order), then the segment's own columns.
+#: place in its node's work, the work's row order), then the segment's own columns (``_TILED`` less ``step``).
 _SEG_SCHEMA: dict[str, PolarsDataType] = {
     "wi": pl.Int64,
     "pos": pl.Int64,
     "sub": pl.Int64,
-    "rank": pl.Int32,
-    "start_ns": pl.Int64,
-    "end_ns": pl.Int64,
-    "cause": pl.Utf8,
-    "stage": pl.Utf8,
-    "name": pl.Utf8,
+    **{c: t for c, t in _TILED.items() if c != "step"},
 }
 
 
@@ -197,7 +194,7 @@ def _tile(seg: pl.DataFrame, walks: list[_Walk]) -> pl.DataFrame:
         "stage": pl.lit(None, pl.Utf8),
         "name": pl.lit("not explained by the graph"),
     }
-    cols = ["step", "rank", "start_ns", "end_ns", "cause", "stage", "name"]
+    cols = list(_TILED)
     s = (
         seg.join(win, on="wi", how="inner")
         .with_columns(
